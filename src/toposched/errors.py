@@ -1,0 +1,110 @@
+"""Every exception toposched raises on purpose.
+
+Exceptions are for bad input at the edges and for bugs; expected outcomes (a request that does not
+fit, a stale DomainMap) are values. The CLI turns any ``ToposchedError`` into one or two lines on
+stderr and a non-zero exit; everything else is a bug and keeps its traceback.
+
+    ToposchedError                  base; ``str()`` is the one-line message, ``fix`` a hint
+    ├── InputError                  bad input at an edge (a file, a flag, a config value)
+    │   ├── TopologyParseError      nvidia-smi text that is not a readable topo matrix (line, column)
+    │   ├── SpecError               a cluster spec / config file that fails validation (key path)
+    │   ├── UnknownNameError        a name not in a registry or catalog ("did you mean ...?")
+    │   └── InfeasibleError         a request that cannot be satisfied as asked (tp, pp, memory)
+    ├── DiscoveryError              a probe of real hardware failed
+    │   └── NoDriverError           no NVIDIA driver / NVML library on this machine
+    └── StateError                  the persistent state cannot be read or written
+"""
+
+from __future__ import annotations
+
+import difflib
+from collections.abc import Iterable
+
+
+class ToposchedError(Exception):
+    """Base class: a message that names the input, and an optional hint on how to fix it."""
+
+    exit_code: int = 1
+
+    def __init__(self, message: str, *, fix: str | None = None) -> None:
+        super().__init__(message)
+        self.message = message
+        self.fix = fix
+
+    def __str__(self) -> str:
+        return self.message
+
+
+class InputError(ToposchedError):
+    """Bad input at an edge: a file, a flag or a config value."""
+
+    exit_code = 2
+
+
+class TopologyParseError(InputError):
+    """``nvidia-smi topo -m`` text that cannot be read; carries the source, line and column."""
+
+    def __init__(
+        self,
+        problem: str,
+        *,
+        source: str = "<input>",
+        line: int | None = None,
+        column: str | None = None,
+        fix: str | None = None,
+    ) -> None:
+        where = source
+        if line is not None:
+            where += f", line {line}"
+        if column is not None:
+            where += f", column {column}"
+        super().__init__(f"{where}: {problem}", fix=fix)
+        self.problem = problem
+        self.source = source
+        self.line = line
+        self.column = column
+
+
+class SpecError(InputError):
+    """A cluster spec or config that fails validation; ``path`` is the dotted key path."""
+
+    def __init__(self, source: str, path: str, problem: str, *, fix: str | None = None) -> None:
+        super().__init__(f"{source}: {path}: {problem}" if path else f"{source}: {problem}", fix=fix)
+        self.source = source
+        self.path = path
+        self.problem = problem
+
+
+class UnknownNameError(InputError):
+    """A name that is not in a registry or catalog; suggests the closest valid names."""
+
+    def __init__(self, kind: str, name: str, valid: Iterable[str]) -> None:
+        valid_list = sorted(valid)
+        close = difflib.get_close_matches(name.lower(), [v.lower() for v in valid_list], n=3, cutoff=0.5)
+        by_lower = {v.lower(): v for v in valid_list}
+        suggestions = [by_lower[c] for c in close]
+        if suggestions:
+            hint = "did you mean " + " or ".join(repr(s) for s in suggestions) + "?"
+        else:
+            hint = "valid: " + ", ".join(valid_list)
+        super().__init__(f"unknown {kind} {name!r}; {hint}")
+        self.kind = kind
+        self.name = name
+        self.valid = valid_list
+        self.suggestions = suggestions
+
+
+class InfeasibleError(InputError):
+    """A request that cannot be satisfied as asked (a tp that does not divide the heads, no fit)."""
+
+
+class DiscoveryError(ToposchedError):
+    """Probing real hardware failed."""
+
+
+class NoDriverError(DiscoveryError):
+    """No NVIDIA driver or NVML library on this machine."""
+
+
+class StateError(ToposchedError):
+    """The persistent state (SQLite file, etcd) cannot be read or written."""

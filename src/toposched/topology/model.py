@@ -1,0 +1,253 @@
+"""The topology model: Cluster -> Node -> GPU / NIC, with the links between them.
+
+Every class is an immutable pydantic model, so a snapshot round-trips through JSON
+(``Cluster.model_dump_json()`` / ``Cluster.model_validate_json()``) and carries a schema version.
+
+A GPU is addressed inside its node by ``index`` (the ``nvidia-smi`` index as the source gave it)
+and across the cluster by ``GpuRef`` ("node/index"). Links between GPUs of one node are stored once
+per unordered pair (``a < b``); links between nodes come from the cluster's fabric and from
+multi-node NVLink cliques (GB200 NVL72), not from per-pair entries.
+"""
+
+from __future__ import annotations
+
+from enum import StrEnum
+from typing import Literal
+
+from pydantic import BaseModel, ConfigDict, Field, model_validator
+
+SCHEMA_VERSION = 1
+
+
+class LinkKind(StrEnum):
+    """How two devices talk, best first (``nvidia-smi topo -m`` vocabulary, then between nodes)."""
+
+    NVLINK = "NVLINK"  # NV#: a bonded set of # NVLinks (direct, or through an NVSwitch)
+    PIX = "PIX"  # at most one PCIe bridge
+    PXB = "PXB"  # several PCIe bridges, no host bridge
+    PHB = "PHB"  # through a PCIe host bridge (the CPU)
+    NODE = "NODE"  # across PCIe host bridges inside one NUMA node
+    SYS = "SYS"  # across NUMA nodes (QPI/UPI/Infinity Fabric)
+    MNNVL = "MNNVL"  # multi-node NVLink (GB200 NVL72 clique)
+    IB = "IB"  # InfiniBand between nodes
+    ROCE = "ROCE"  # RDMA over converged Ethernet between nodes
+    ETHERNET = "ETHERNET"  # plain TCP between nodes
+
+    @property
+    def rank(self) -> int:
+        """0 for the best kind; larger is worse."""
+        return _KIND_ORDER.index(self)
+
+    @property
+    def intra_node(self) -> bool:
+        return self not in (LinkKind.MNNVL, LinkKind.IB, LinkKind.ROCE, LinkKind.ETHERNET)
+
+
+_KIND_ORDER = list(LinkKind)
+
+# Nominal one-direction bandwidth (GB/s) and latency (us) per link kind, for when a source gives
+# only the kind. NVLink is per lane and multiplied by the lane count: 25 GB/s per lane per
+# direction for NVLink 2/3/4 (V100 6x25=150, A100 12x25=300, H100 18x25=450 GB/s: NVIDIA
+# datasheets, reference/perf-anchors.md section 2); NVLink 5 lanes are 50 GB/s (B200 18x50=900),
+# set per GPU model below. PCIe figures are x16 Gen4 ~31 GB/s (perf-anchors section 2); paths
+# through more bridges or the CPU lose peer-to-peer efficiency, which the lower figures record as
+# an ordering (they are not measured per machine). Latencies are the order of magnitude NCCL sees
+# (perf-anchors section 0: NVLink all-reduce floor 6-7 us for 2 GPUs; P2P latency 10 us).
+NVLINK_LANE_GBPS = 25.0
+NVLINK5_LANE_GBPS = 50.0
+NOMINAL: dict[LinkKind, tuple[float, float]] = {
+    LinkKind.NVLINK: (NVLINK_LANE_GBPS, 2.0),
+    LinkKind.PIX: (31.0, 5.0),
+    LinkKind.PXB: (28.0, 6.0),
+    LinkKind.PHB: (24.0, 8.0),
+    LinkKind.NODE: (20.0, 9.0),
+    LinkKind.SYS: (12.0, 12.0),
+    # GB200 NVL72: NVLink 5, 18 lanes x 50 GB/s = 900 GB/s per GPU per direction.
+    LinkKind.MNNVL: (900.0, 3.0),
+    # Per NIC: NDR 400 Gb/s = 50 GB/s (perf-anchors section 2); IB/RoCE ~ 5 us, TCP ~ 30 us.
+    LinkKind.IB: (50.0, 5.0),
+    LinkKind.ROCE: (50.0, 6.0),
+    LinkKind.ETHERNET: (12.5, 30.0),
+}
+
+
+def nvlink_lane_gbps(gpu_model: str | None) -> float:
+    """Per-lane NVLink bandwidth for a GPU model name (NVLink 5 on Blackwell, else 25 GB/s)."""
+    name = (gpu_model or "").upper()
+    if any(tag in name for tag in ("B200", "B300", "GB200", "GB300")):
+        return NVLINK5_LANE_GBPS
+    return NVLINK_LANE_GBPS
+
+
+def nominal_link(kind: LinkKind, nvlinks: int = 0, gpu_model: str | None = None) -> tuple[float, float]:
+    """(bandwidth GB/s per direction, latency us) for a link described only by its kind."""
+    bandwidth, latency = NOMINAL[kind]
+    if kind is LinkKind.NVLINK:
+        bandwidth = nvlink_lane_gbps(gpu_model) * max(nvlinks, 1)
+    return bandwidth, latency
+
+
+class Health(StrEnum):
+    OK = "ok"
+    DEGRADED = "degraded"  # e.g. fewer NVLink lanes up than the model has
+    UNAVAILABLE = "unavailable"
+
+
+class _Value(BaseModel):
+    model_config = ConfigDict(frozen=True, extra="forbid")
+
+
+class GPU(_Value):
+    """One GPU as a node sees it."""
+
+    index: int = Field(ge=0, description="nvidia-smi index as the source gave it")
+    uuid: str | None = None
+    pci_bus_id: str | None = None
+    model: str | None = None
+    hbm_gib: float | None = Field(default=None, gt=0)
+    numa_node: int | None = Field(default=None, description="single NUMA node, or None when unknown/many")
+    numa_affinity: str | None = Field(default=None, description="raw NUMA affinity text (e.g. '0-1', 'N/A')")
+    cpu_affinity: str | None = Field(default=None, description="CPU list, e.g. '0-51,104-155'")
+    health: Health = Health.OK
+
+
+class NIC(_Value):
+    """A network interface the topology source lists (``NICn`` / ``mlx5_N``)."""
+
+    name: str = Field(description="column name in the source: 'NIC0' or 'mlx5_0'")
+    device: str | None = Field(default=None, description="RDMA device, e.g. 'mlx5_0'")
+    numa_node: int | None = None
+
+
+class Link(_Value):
+    """A link between two GPUs of one node, stored once with ``a < b``."""
+
+    a: int
+    b: int
+    kind: LinkKind
+    nvlinks: int = Field(default=0, ge=0, description="NVLink lane count (NV#), 0 for PCIe kinds")
+    bandwidth_gbps: float = Field(gt=0, description="GB/s per direction")
+    latency_us: float = Field(ge=0)
+
+    @model_validator(mode="after")
+    def _check(self) -> Link:
+        if self.a >= self.b:
+            raise ValueError(f"link endpoints must satisfy a < b (got a={self.a}, b={self.b})")
+        if (self.kind is LinkKind.NVLINK) != (self.nvlinks > 0):
+            raise ValueError(f"nvlinks={self.nvlinks} does not match kind {self.kind.value}")
+        return self
+
+
+class NicLink(_Value):
+    """The PCIe path between a GPU and a NIC of the same node."""
+
+    gpu: int
+    nic: str
+    kind: LinkKind
+
+
+class Node(_Value):
+    """One machine: its GPUs, NICs and the links between them."""
+
+    name: str = Field(min_length=1, description="hostname")
+    rack: str | None = None
+    zone: str | None = None
+    labels: dict[str, str] = Field(default_factory=dict)
+    gpus: tuple[GPU, ...] = ()
+    nics: tuple[NIC, ...] = ()
+    links: tuple[Link, ...] = ()
+    nic_links: tuple[NicLink, ...] = ()
+    nvswitch: bool | None = Field(default=None, description="NVLinks end at NVSwitches (None: unknown)")
+    source: str = Field(default="", description="where this node's topology came from")
+
+    @model_validator(mode="after")
+    def _check(self) -> Node:
+        indices = [g.index for g in self.gpus]
+        if len(set(indices)) != len(indices):
+            raise ValueError(f"node {self.name}: duplicate GPU indices {sorted(indices)}")
+        known = set(indices)
+        seen: set[tuple[int, int]] = set()
+        for link in self.links:
+            if link.a not in known or link.b not in known:
+                raise ValueError(f"node {self.name}: link {link.a}-{link.b} names an unknown GPU")
+            if (link.a, link.b) in seen:
+                raise ValueError(f"node {self.name}: link {link.a}-{link.b} given twice")
+            seen.add((link.a, link.b))
+        return self
+
+    def gpu(self, index: int) -> GPU:
+        for g in self.gpus:
+            if g.index == index:
+                return g
+        raise KeyError(f"node {self.name} has no GPU {index}")
+
+    def link(self, a: int, b: int) -> Link | None:
+        lo, hi = min(a, b), max(a, b)
+        for link in self.links:
+            if link.a == lo and link.b == hi:
+                return link
+        return None
+
+
+class Fabric(_Value):
+    """The network between nodes."""
+
+    kind: Literal["IB", "ROCE", "ETHERNET"] = "IB"
+    nic_gbps: float = Field(default=50.0, gt=0, description="GB/s per NIC per direction (NDR 400G = 50)")
+    nics_per_node: int = Field(default=8, ge=0)
+    rail_optimized: bool = True
+    latency_us: float = Field(default=5.0, ge=0)
+    socket_ifname: str | None = Field(default=None, description="NCCL_SOCKET_IFNAME for bootstrap traffic")
+
+    @property
+    def link_kind(self) -> LinkKind:
+        return LinkKind(self.kind)
+
+
+class NVLinkClique(_Value):
+    """A multi-node NVLink domain (e.g. one GB200 NVL72 rack: 72 GPUs over 18 trays)."""
+
+    id: str = Field(min_length=1)
+    nodes: tuple[str, ...] = Field(min_length=1)
+    bandwidth_gbps: float = Field(default=900.0, gt=0)
+
+
+class Cluster(_Value):
+    """A whole cluster: nodes, the fabric between them and multi-node NVLink cliques."""
+
+    schema_version: int = SCHEMA_VERSION
+    name: str = "cluster"
+    nodes: tuple[Node, ...] = Field(min_length=1)
+    fabric: Fabric | None = None
+    cliques: tuple[NVLinkClique, ...] = ()
+
+    @model_validator(mode="after")
+    def _check(self) -> Cluster:
+        if self.schema_version != SCHEMA_VERSION:
+            raise ValueError(
+                f"schema_version {self.schema_version} is not supported (this toposched reads {SCHEMA_VERSION})"
+            )
+        names = [n.name for n in self.nodes]
+        dupes = sorted({n for n in names if names.count(n) > 1})
+        if dupes:
+            raise ValueError(f"duplicate node names: {', '.join(dupes)}")
+        known = set(names)
+        in_clique: dict[str, str] = {}
+        for clique in self.cliques:
+            for node in clique.nodes:
+                if node not in known:
+                    raise ValueError(f"clique {clique.id} names unknown node {node!r}")
+                if node in in_clique:
+                    raise ValueError(f"node {node} is in two cliques ({in_clique[node]}, {clique.id})")
+                in_clique[node] = clique.id
+        return self
+
+    def node(self, name: str) -> Node:
+        for n in self.nodes:
+            if n.name == name:
+                return n
+        raise KeyError(f"cluster has no node {name!r}")
+
+    @property
+    def gpu_count(self) -> int:
+        return sum(len(n.gpus) for n in self.nodes)

@@ -1,0 +1,243 @@
+"""A fake NVML with pynvml's function names and error classes, for machines without a GPU.
+
+``probe_node(FakeNvml(...))`` runs exactly the code that ``probe_node(pynvml)`` runs on a GPU node.
+Fakes are built from captured outputs: a parsed ``nvidia-smi topo -m`` node (``from_node``) or
+``nvidia-smi nvlink -s`` plus ``nvidia-smi nvlink -R`` text (``from_nvlink_text``). Errors are
+pynvml's own exception classes, so the translation in ``nvml.py`` is exercised too.
+"""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass, field
+from types import SimpleNamespace
+from typing import Any
+
+import pynvml
+
+from toposched.topology.model import LinkKind, Node
+from toposched.topology.nvml import FEATURE_ENABLED, NVLINK_DEVICE_TYPE_GPU, NVLINK_DEVICE_TYPE_SWITCH
+
+_LEVEL = {
+    LinkKind.PIX: 10,
+    LinkKind.PXB: 20,
+    LinkKind.PHB: 30,
+    LinkKind.NODE: 40,
+    LinkKind.SYS: 50,
+}
+
+
+@dataclass
+class FakeLink:
+    up: bool
+    remote_bus: str
+    remote_type: int = NVLINK_DEVICE_TYPE_GPU
+
+
+@dataclass
+class FakeGpu:
+    name: str
+    uuid: str
+    bus_id: str
+    memory_bytes: int
+    numa_node: int | None = None
+    cpus: tuple[int, ...] = ()
+    links: list[FakeLink] = field(default_factory=list)
+    fabric: tuple[str, int] | None = None  # (clusterUuid, cliqueId)
+
+
+def _error(code: int) -> Exception:
+    error: Exception = pynvml.NVMLError(code)
+    return error  # pynvml maps the code to its subclass, e.g. NVMLError_NotSupported
+
+
+class FakeNvml:
+    """The subset of pynvml that ``probe_node`` calls."""
+
+    def __init__(
+        self, gpus: list[FakeGpu], *, ancestors: dict[tuple[int, int], int] | None = None, driver: bool = True
+    ) -> None:
+        self.gpus = gpus
+        self.ancestors = ancestors or {}
+        self.driver = driver
+        self.initialised = False
+
+    def nvmlInit(self) -> None:
+        if not self.driver:
+            raise _error(pynvml.NVML_ERROR_LIBRARY_NOT_FOUND)
+        self.initialised = True
+
+    def nvmlShutdown(self) -> None:
+        self.initialised = False
+
+    def _gpu(self, handle: int) -> FakeGpu:
+        if not self.initialised:
+            raise _error(pynvml.NVML_ERROR_UNINITIALIZED)
+        return self.gpus[handle]
+
+    def nvmlDeviceGetCount(self) -> int:
+        if not self.initialised:
+            raise _error(pynvml.NVML_ERROR_UNINITIALIZED)
+        return len(self.gpus)
+
+    def nvmlDeviceGetHandleByIndex(self, index: int) -> int:
+        if not 0 <= index < len(self.gpus):
+            raise _error(pynvml.NVML_ERROR_INVALID_ARGUMENT)
+        return index
+
+    def nvmlDeviceGetPciInfo(self, handle: int) -> Any:
+        return SimpleNamespace(busId=self._gpu(handle).bus_id.encode())
+
+    def nvmlDeviceGetName(self, handle: int) -> str:
+        return self._gpu(handle).name
+
+    def nvmlDeviceGetUUID(self, handle: int) -> str:
+        return self._gpu(handle).uuid
+
+    def nvmlDeviceGetMemoryInfo(self, handle: int) -> Any:
+        total = self._gpu(handle).memory_bytes
+        return SimpleNamespace(total=total, free=total, used=0)
+
+    def nvmlDeviceGetNumaNodeId(self, handle: int) -> int:
+        numa = self._gpu(handle).numa_node
+        if numa is None:
+            raise _error(pynvml.NVML_ERROR_NOT_SUPPORTED)
+        return numa
+
+    def nvmlDeviceGetCpuAffinity(self, handle: int, words: int) -> list[int]:
+        masks = [0] * words
+        for cpu in self._gpu(handle).cpus:
+            masks[cpu // 64] |= 1 << (cpu % 64)
+        return masks
+
+    def nvmlDeviceGetGpuFabricInfo(self, handle: int) -> Any:
+        fabric = self._gpu(handle).fabric
+        if fabric is None:
+            raise _error(pynvml.NVML_ERROR_NOT_SUPPORTED)
+        return SimpleNamespace(clusterUuid=fabric[0].encode(), cliqueId=fabric[1], state=3, status=0)
+
+    def _link(self, handle: int, link: int) -> FakeLink:
+        links = self._gpu(handle).links
+        if link >= len(links):
+            raise _error(pynvml.NVML_ERROR_INVALID_ARGUMENT)
+        return links[link]
+
+    def nvmlDeviceGetNvLinkState(self, handle: int, link: int) -> int:
+        return FEATURE_ENABLED if self._link(handle, link).up else 0
+
+    def nvmlDeviceGetNvLinkRemoteDeviceType(self, handle: int, link: int) -> int:
+        return self._link(handle, link).remote_type
+
+    def nvmlDeviceGetNvLinkRemotePciInfo(self, handle: int, link: int) -> Any:
+        fake = self._link(handle, link)
+        if not fake.up:
+            raise _error(pynvml.NVML_ERROR_NOT_SUPPORTED)
+        return SimpleNamespace(busId=fake.remote_bus.encode())
+
+    def nvmlDeviceGetTopologyCommonAncestor(self, a: int, b: int) -> int:
+        self._gpu(a), self._gpu(b)
+        return self.ancestors.get((min(a, b), max(a, b)), 50)
+
+    @classmethod
+    def from_node(
+        cls,
+        node: Node,
+        *,
+        model: str = "NVIDIA H100 80GB HBM3",
+        memory_gib: float = 80.0,
+        nvswitch: bool = True,
+        fabric: tuple[str, int] | None = None,
+    ) -> FakeNvml:
+        """Emulate what NVML reports on the machine a topo matrix was captured from."""
+        bus = {g.index: f"00000000:{0x18 + 0x10 * n:02X}:00.0" for n, g in enumerate(node.gpus)}
+        position = {g.index: n for n, g in enumerate(node.gpus)}
+        gpus = [
+            FakeGpu(
+                name=model,
+                uuid=f"GPU-fake-{node.name}-{g.index}",
+                bus_id=bus[g.index],
+                memory_bytes=int(memory_gib * 2**30),
+                numa_node=g.numa_node,
+                cpus=_cpus(g.cpu_affinity),
+                fabric=fabric,
+            )
+            for g in node.gpus
+        ]
+        ancestors: dict[tuple[int, int], int] = {}
+        for link in node.links:
+            pa, pb = position[link.a], position[link.b]
+            if link.kind is LinkKind.NVLINK:
+                if nvswitch:
+                    continue
+                for _ in range(link.nvlinks):
+                    gpus[pa].links.append(FakeLink(True, bus[link.b]))
+                    gpus[pb].links.append(FakeLink(True, bus[link.a]))
+            else:
+                ancestors[(min(pa, pb), max(pa, pb))] = _LEVEL[link.kind]
+        if nvswitch:
+            for g in node.gpus:
+                lanes = max((x.nvlinks for x in node.links if g.index in (x.a, x.b)), default=0)
+                gpus[position[g.index]].links.extend(
+                    FakeLink(True, "00000000:FF:00.0", NVLINK_DEVICE_TYPE_SWITCH) for _ in range(lanes)
+                )
+        return cls(gpus, ancestors=ancestors)
+
+    @classmethod
+    def from_nvlink_text(cls, status: str, remote: str, *, memory_gib: float = 80.0) -> FakeNvml:
+        """Build from ``nvidia-smi nvlink -s`` (link up/down) and ``nvidia-smi nvlink -R`` (remote ends).
+
+        ``-R`` lists active links in order; their numbering is the same as the ``-s`` active links.
+        A GPU's own bus id is what its peers name as their remote end.
+        """
+        heads = re.findall(r"GPU (\d+): (.+?) \(UUID: (GPU-[0-9a-f-]+)\)", status)
+        up: dict[int, list[bool]] = {}
+        current = -1
+        for line in status.splitlines():
+            m = re.search(r"GPU (\d+):", line)
+            if m:
+                current = int(m.group(1))
+                up[current] = []
+                continue
+            m = re.search(r"Link (\d+): (.+)$", line)
+            if m and current >= 0:
+                up[current].append("inactive" not in m.group(2))
+        remotes: dict[int, list[str]] = {}
+        for line in remote.splitlines():
+            m = re.search(r"GPU (\d+):", line)
+            if m:
+                current = int(m.group(1))
+                remotes[current] = []
+                continue
+            m = re.search(r"Remote Device ([0-9A-Fa-f]+:[0-9A-Fa-f]+:[0-9A-Fa-f]+\.\d)", line)
+            if m and current >= 0:
+                remotes[current].append(m.group(1).upper())
+        own_bus = {}
+        for gpu in remotes:
+            for other, other_buses in remotes.items():
+                if other != gpu and other_buses:
+                    own_bus[gpu] = other_buses[0]
+        gpus = []
+        for index, name, uuid in heads:
+            i = int(index)
+            remote_iter = iter(remotes.get(i, []))
+            links = [FakeLink(True, next(remote_iter)) if is_up else FakeLink(False, "") for is_up in up.get(i, [])]
+            gpus.append(
+                FakeGpu(
+                    name=name,
+                    uuid=uuid,
+                    bus_id=own_bus.get(i, f"00000000:{0x18 + 0x10 * i:02X}:00.0"),
+                    memory_bytes=int(memory_gib * 2**30),
+                    links=links,
+                )
+            )
+        return cls(gpus)
+
+
+def _cpus(cpulist: str | None) -> tuple[int, ...]:
+    if not cpulist:
+        return ()
+    cpus: list[int] = []
+    for part in cpulist.split(","):
+        lo, _, hi = part.partition("-")
+        cpus.extend(range(int(lo), int(hi or lo) + 1))
+    return tuple(cpus)

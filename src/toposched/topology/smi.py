@@ -1,0 +1,377 @@
+"""Reader for ``nvidia-smi topo -m`` text, as captured from real machines.
+
+Real captures vary a lot (see ../shared/fixtures/README.md): raw tab-separated output or pasted
+copies with runs of spaces; ANSI SGR codes around the header; indentation, ``#`` prefixes and a
+shell-prompt line; ``X`` centred or left-aligned; glued cells (``NIC7NIC8``, ``SYSSYS``); NIC
+columns as ``NICn`` with a NIC Legend or as ``mlx5_N``; CPU / NUMA / GPU-NUMA columns present or
+not; NUMA as a number, a range, a list or ``N/A``; old drivers' ``SOC`` for ``SYS``.
+
+The reader recovers what is complete and refuses to guess: when a GPU row is cut short, the
+whole read fails with a ``TopologyParseError`` naming the line and column; when only NIC rows are
+cut (every GPU row is whole), the GPU picture is complete and the read succeeds with a warning.
+
+How affinity cells are mapped: the text after the link cells is split on tabs or spaces and empty
+cells are dropped (raw output pads with empty tab cells). With as many values as affinity columns
+they map in order. With fewer, only ``CPU Affinity`` may be missing (it is empty on some
+containerised GB200 nodes; the NUMA columns print ``N/A`` rather than nothing), so values are
+right-aligned and a warning says so. A GPU row that ends the input without all its affinity values
+is treated as truncated.
+"""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass
+
+from toposched.errors import TopologyParseError
+from toposched.topology.model import GPU, NIC, Link, LinkKind, NicLink, Node, nominal_link
+
+_ANSI = re.compile(r"\x1b\[[0-9;?]*[A-Za-z]")
+_CELL = re.compile(r"[ \t]*(X|NV\d+|PIX|PXB|PHB|NODE|SYS|SOC)")
+_P2P_CELL = re.compile(r"^(OK|CNS|GNS|TNS|NS|DR|U)$")
+_AFFINITY_LABELS = ("CPU Affinity", "NUMA Affinity", "GPU NUMA ID")
+_DEVICE_TOKEN = re.compile(r"GPU\d+|NIC\d+|mlx\d+_(?:bond_)?\d+|[A-Za-z][\w.:-]*")
+_GLUED = re.compile(r"(?:GPU\d+|NIC\d+|mlx\d+_(?:bond_)?\d+)")
+_PROMPT = re.compile(r"[\w.-]+@([\w.-]+):[^$#]*[$#]")
+_NIC_LEGEND = re.compile(r"^(NIC\d+):\s*(\S+)\s*$")
+_CPULIST = re.compile(r"^\d+(?:-\d+)?(?:,\d+(?:-\d+)?)*$")
+_NUMA_ID = re.compile(r"^\d+$")
+
+
+@dataclass(frozen=True)
+class SmiTopology:
+    """What one ``nvidia-smi topo -m`` capture says, and what the reader had to work around."""
+
+    node: Node
+    warnings: tuple[str, ...] = ()
+
+
+@dataclass(frozen=True)
+class _Line:
+    number: int  # 1-based line number in the input
+    text: str  # ANSI removed, prefix ('#', indentation) removed, trailing whitespace kept
+
+
+@dataclass(frozen=True)
+class _Header:
+    line: int
+    devices: tuple[str, ...]  # GPU columns then NIC columns, as named in the header
+    gpus: tuple[str, ...]
+    affinity: tuple[str, ...]  # affinity column labels present, in order
+
+
+def _clean(raw: str) -> str:
+    text = _ANSI.sub("", raw).replace("\r", "")
+    stripped = text.lstrip()
+    if stripped.startswith("#"):
+        stripped = stripped[1:]
+    return stripped.lstrip(" \t")
+
+
+def _split_header(text: str) -> list[str]:
+    for i, label in enumerate(_AFFINITY_LABELS):
+        text = text.replace(label, f" \x00{i} ")
+    tokens: list[str] = []
+    for token in text.split():
+        if token.startswith("\x00"):
+            tokens.append(_AFFINITY_LABELS[int(token[1:])])
+            continue
+        parts = _GLUED.findall(token)
+        if parts and "".join(parts) == token:
+            tokens.extend(parts)
+        else:
+            tokens.append(token)
+    return tokens
+
+
+def _find_header(lines: list[_Line], source: str) -> _Header:
+    for line in lines:
+        if not line.text.startswith("GPU0"):
+            continue
+        tokens = _split_header(line.text)
+        if len(tokens) < 2 or tokens[1] in ("X",) or _CELL.fullmatch(tokens[1]) or _P2P_CELL.match(tokens[1]):
+            continue  # a matrix row, not the header
+        devices: list[str] = []
+        affinity: list[str] = []
+        for token in tokens:
+            if token in _AFFINITY_LABELS:
+                affinity.append(token)
+            elif affinity:
+                raise TopologyParseError(
+                    f"unexpected column {token!r} after the affinity columns",
+                    source=source,
+                    line=line.number,
+                    column=token,
+                )
+            elif _DEVICE_TOKEN.fullmatch(token):
+                devices.append(token)
+            else:
+                raise TopologyParseError(
+                    f"cannot read header column {token!r}", source=source, line=line.number, column=token
+                )
+        gpus = tuple(d for d in devices if re.fullmatch(r"GPU\d+", d))
+        if devices[: len(gpus)] != list(gpus):
+            raise TopologyParseError(
+                "GPU columns must come before NIC columns in the header", source=source, line=line.number
+            )
+        if len(set(devices)) != len(devices):
+            raise TopologyParseError("a column name appears twice in the header", source=source, line=line.number)
+        return _Header(line.number, tuple(devices), gpus, tuple(affinity))
+    raise TopologyParseError(_not_a_matrix_reason(lines), source=source, fix="pass the output of `nvidia-smi topo -m`")
+
+
+def _not_a_matrix_reason(lines: list[_Line]) -> str:
+    text = "\n".join(line.text for line in lines)
+    if not text.strip():
+        return "the input is empty; expected the output of `nvidia-smi topo -m`"
+    if "ROCm" in text or "rocm-smi" in text:
+        return "this is rocm-smi output, not `nvidia-smi topo -m`"
+    if "Status Ok" in text or re.search(r"\bGNS\b|\bCNS\b", text):
+        return "this is `nvidia-smi topo -p2p` output; toposched needs `nvidia-smi topo -m`"
+    return "no `nvidia-smi topo -m` header (a line starting 'GPU0 GPU1 ...' or 'GPU0 CPU Affinity') found"
+
+
+def _numa_node(value: str | None) -> int | None:
+    """A single NUMA node, or None for N/A, ranges over several nodes and lists."""
+    if value is None:
+        return None
+    if _NUMA_ID.match(value):
+        return int(value)
+    m = re.fullmatch(r"(\d+)-(\d+)", value)
+    if m and m.group(1) == m.group(2):
+        return int(m.group(1))
+    return None
+
+
+def _cells(text: str, count: int) -> tuple[list[str], str]:
+    """Read up to ``count`` link cells from the start of ``text``; return them and the rest."""
+    cells: list[str] = []
+    pos = 0
+    while len(cells) < count:
+        m = _CELL.match(text, pos)
+        if not m:
+            break
+        cells.append("SYS" if m.group(1) == "SOC" else m.group(1))
+        pos = m.end()
+    return cells, text[pos:]
+
+
+def _row_label(text: str) -> str:
+    m = re.match(r"(GPU\d+|NIC\d+|mlx\d+_(?:bond_)?\d+|[A-Za-z][\w.:-]*)", text)
+    return m.group(1) if m else ""
+
+
+def parse_topo_matrix(text: str, *, source: str = "<input>", hostname: str | None = None) -> SmiTopology:
+    """Read ``nvidia-smi topo -m`` output into a ``Node``; raise ``TopologyParseError`` on bad input."""
+    raw_lines = text.split("\n")
+    lines = [_Line(i + 1, _clean(raw)) for i, raw in enumerate(raw_lines)]
+    header = _find_header(lines, source)
+    warnings: list[str] = []
+    n_dev = len(header.devices)
+    n_gpu = len(header.gpus)
+    rows: dict[str, list[str]] = {}
+    affinity: dict[str, dict[str, str]] = {}
+    expected = list(header.devices)
+    body = [line for line in lines if line.number > header.line]
+    last_number = max((line.number for line in lines if line.text.strip()), default=header.line)
+
+    for line in body:
+        if not expected:
+            break
+        name = expected[0]
+        label = _row_label(line.text)
+        if label != name:
+            if name in header.gpus:
+                got = f"{line.text.strip()[:40]!r}" if line.text.strip() else "a blank line"
+                raise TopologyParseError(
+                    f"expected the row of {name} but found {got}; the matrix is truncated or damaged "
+                    f"({len(rows)} of {n_gpu} GPU rows read)",
+                    source=source,
+                    line=line.number,
+                )
+            warnings.append(
+                f"line {line.number}: NIC rows stop before {name}; GPU rows are complete, so only "
+                "NIC-to-NIC paths are unknown"
+            )
+            break
+        cells, rest = _cells(line.text[len(label) :], n_dev)
+        if len(cells) < n_dev:
+            column = header.devices[len(cells)]
+            snippet = rest.strip()[:20]
+            if _P2P_CELL.match(snippet.split()[0] if snippet else ""):
+                raise TopologyParseError(
+                    "this is `nvidia-smi topo -p2p` output (cells such as OK/GNS); toposched needs "
+                    "`nvidia-smi topo -m`",
+                    source=source,
+                    line=line.number,
+                    column=column,
+                )
+            if name in header.gpus:
+                raise TopologyParseError(
+                    f"row {name} has {len(cells)} of {n_dev} link cells"
+                    + (f"; {snippet!r} is not a link value" if snippet else "")
+                    + " (truncated or damaged input)",
+                    source=source,
+                    line=line.number,
+                    column=column,
+                )
+            warnings.append(
+                f"line {line.number}: row {name} is cut at column {column}; GPU rows are complete, "
+                "so only NIC-to-NIC paths are unknown"
+            )
+            break
+        if name in header.gpus:
+            affinity[name] = _read_affinity(header, name, rest, line, line.number == last_number, source, warnings)
+        elif rest.strip():
+            raise TopologyParseError(
+                f"row {name} has text after its {n_dev} link cells: {rest.strip()[:20]!r}",
+                source=source,
+                line=line.number,
+            )
+        rows[name] = cells
+        expected.pop(0)
+    else:
+        if any(g in expected for g in header.gpus):
+            missing = [g for g in header.gpus if g in expected]
+            rows_text = missing[0] if len(missing) == 1 else f"{missing[0]}..{missing[-1]} ({len(missing)} rows)"
+            raise TopologyParseError(
+                f"the input ends before the row of {rows_text}; the matrix is truncated",
+                source=source,
+                line=len(raw_lines),
+            )
+        if expected:
+            warnings.append(f"the input ends before the rows of {', '.join(expected)}; NIC-to-NIC paths unknown")
+
+    _check_matrix(header, rows, source)
+    node = _build_node(header, rows, affinity, lines, source, hostname)
+    return SmiTopology(node=node, warnings=tuple(warnings))
+
+
+def _read_affinity(
+    header: _Header, name: str, rest: str, line: _Line, is_last: bool, source: str, warnings: list[str]
+) -> dict[str, str]:
+    values = rest.split()
+    columns = header.affinity
+    if len(values) > len(columns):
+        raise TopologyParseError(
+            f"row {name} has {len(values)} affinity values for {len(columns)} affinity columns",
+            source=source,
+            line=line.number,
+        )
+    if len(values) < len(columns):
+        if is_last:
+            raise TopologyParseError(
+                f"row {name} ends the input with {len(values)} of {len(columns)} affinity values (truncated input)",
+                source=source,
+                line=line.number,
+                column=columns[len(values)],
+            )
+        if columns[0] != "CPU Affinity" or len(columns) - len(values) > 1:
+            raise TopologyParseError(
+                f"row {name} has {len(values)} of {len(columns)} affinity values",
+                source=source,
+                line=line.number,
+            )
+        warnings.append(f"line {line.number}: row {name} has no CPU Affinity value (read as empty)")
+        values = ["", *values]
+    result = dict(zip(columns, values, strict=True))
+    for column, value in result.items():
+        ok = value in ("", "N/A") or (_NUMA_ID.match(value) if column == "GPU NUMA ID" else _CPULIST.match(value))
+        if not ok:
+            raise TopologyParseError(
+                f"row {name}: {value!r} is not a valid {column} value",
+                source=source,
+                line=line.number,
+                column=column,
+            )
+    return result
+
+
+def _check_matrix(header: _Header, rows: dict[str, list[str]], source: str) -> None:
+    index = {d: i for i, d in enumerate(header.devices)}
+    for name, cells in rows.items():
+        i = index[name]
+        if cells[i] != "X":
+            raise TopologyParseError(
+                f"row {name} has {cells[i]!r} on the diagonal where 'X' belongs", source=source, column=name
+            )
+        for j, cell in enumerate(cells):
+            if j != i and cell == "X":
+                raise TopologyParseError(
+                    f"row {name} has 'X' off the diagonal", source=source, column=header.devices[j]
+                )
+            other = header.devices[j]
+            if other in rows and rows[other][i] != cell:
+                raise TopologyParseError(
+                    f"the matrix is not symmetric: {name}->{other} is {cell} but {other}->{name} is {rows[other][i]}",
+                    source=source,
+                    column=other,
+                )
+
+
+def _kind(cell: str) -> tuple[LinkKind, int]:
+    if cell.startswith("NV"):
+        return LinkKind.NVLINK, int(cell[2:])
+    return LinkKind(cell), 0
+
+
+def _build_node(
+    header: _Header,
+    rows: dict[str, list[str]],
+    affinity: dict[str, dict[str, str]],
+    lines: list[_Line],
+    source: str,
+    hostname: str | None,
+) -> Node:
+    legend: dict[str, str] = {}
+    for line in lines:
+        if line.number <= header.line:
+            m = _PROMPT.search(line.text)
+            if m and hostname is None and "topo" in line.text:
+                hostname = m.group(1)
+            continue
+        m = _NIC_LEGEND.match(line.text.strip())
+        if m:
+            legend[m.group(1)] = m.group(2)
+
+    gpu_index = {name: int(name[3:]) for name in header.gpus}
+    gpus = []
+    for name in header.gpus:
+        values = affinity.get(name, {})
+        numa_text = values.get("NUMA Affinity") or None
+        cpu_text = values.get("CPU Affinity") or None
+        gpus.append(
+            GPU(
+                index=gpu_index[name],
+                numa_node=_numa_node(numa_text),
+                numa_affinity=numa_text,
+                cpu_affinity=None if cpu_text in (None, "N/A") else cpu_text,
+            )
+        )
+    nic_names = header.devices[len(header.gpus) :]
+    nics = [NIC(name=n, device=legend.get(n, None if n.startswith("NIC") else n)) for n in nic_names]
+    links: list[Link] = []
+    nic_links: list[NicLink] = []
+    for i, a in enumerate(header.gpus):
+        for j, b in enumerate(header.devices):
+            cell = rows[a][j]
+            if j == i:
+                continue
+            kind, lanes = _kind(cell)
+            if b in gpu_index:
+                if j > i:
+                    bandwidth, latency = nominal_link(kind, lanes)
+                    lo, hi = sorted((gpu_index[a], gpu_index[b]))
+                    links.append(
+                        Link(a=lo, b=hi, kind=kind, nvlinks=lanes, bandwidth_gbps=bandwidth, latency_us=latency)
+                    )
+            else:
+                nic_links.append(NicLink(gpu=gpu_index[a], nic=b, kind=kind))
+    return Node(
+        name=hostname or "localhost",
+        gpus=tuple(gpus),
+        nics=tuple(nics),
+        links=tuple(links),
+        nic_links=tuple(nic_links),
+        source=f"nvidia-smi topo -m: {source}",
+    )

@@ -1,0 +1,97 @@
+"""Topology sources: where a ``Cluster`` snapshot comes from.
+
+One registry of named sources (``smi``, ``preset``, ``cluster``, ``live``); each turns a reference
+(a file path, a preset name, nothing for live) into a ``Cluster`` plus warnings. A ``SourceRef`` is
+stored with every DomainMap version, so ``toposched topo refresh`` can probe the same source again.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Literal
+
+from pydantic import BaseModel, ConfigDict
+
+from toposched.errors import InputError, UnknownNameError
+from toposched.topology.model import Cluster
+from toposched.topology.nvml import probe_live
+from toposched.topology.presets import load_preset
+from toposched.topology.smi import parse_topo_matrix
+from toposched.topology.spec import load_cluster_spec
+
+SourceKind = Literal["smi", "preset", "cluster", "live"]
+
+
+class SourceRef(BaseModel):
+    """Which source, and its argument (a path or preset name; empty for live)."""
+
+    model_config = ConfigDict(frozen=True)
+
+    kind: SourceKind
+    ref: str = ""
+
+    def describe(self) -> str:
+        return f"{self.kind}:{self.ref}" if self.ref else self.kind
+
+
+@dataclass(frozen=True)
+class Loaded:
+    cluster: Cluster
+    source: SourceRef
+    warnings: tuple[str, ...] = ()
+
+
+def _read_text(path: str) -> str:
+    file = Path(path)
+    try:
+        return file.read_bytes().decode("utf-8", errors="replace")
+    except FileNotFoundError as exc:
+        raise InputError(f"topology file {path} does not exist", fix="check the path given to --smi") from exc
+    except IsADirectoryError as exc:
+        raise InputError(f"topology file {path} is a directory", fix="pass the file holding the capture") from exc
+    except OSError as exc:
+        raise InputError(f"cannot read topology file {path}: {exc.strerror}") from exc
+
+
+def _smi(ref: str) -> Loaded:
+    path = Path(ref)
+    result = parse_topo_matrix(_read_text(ref), source=ref, hostname=None)
+    name = path.stem if result.node.name == "localhost" else result.node.name
+    cluster = Cluster(name=name, nodes=(result.node,))
+    return Loaded(cluster, SourceRef(kind="smi", ref=str(path.resolve())), result.warnings)
+
+
+def _preset(ref: str) -> Loaded:
+    return Loaded(load_preset(ref), SourceRef(kind="preset", ref=ref.lower()))
+
+
+def _cluster(ref: str) -> Loaded:
+    return Loaded(load_cluster_spec(ref), SourceRef(kind="cluster", ref=str(Path(ref).resolve())))
+
+
+def _live(ref: str) -> Loaded:
+    probe = probe_live(hostname=ref or None)
+    return Loaded(Cluster(name=probe.node.name, nodes=(probe.node,)), SourceRef(kind="live", ref=ref), probe.warnings)
+
+
+_SOURCES: dict[str, Callable[[str], Loaded]] = {}
+
+
+def register_source(kind: str, load: Callable[[str], Loaded]) -> None:
+    if kind in _SOURCES:
+        raise ValueError(f"topology source {kind!r} is already registered")
+    _SOURCES[kind] = load
+
+
+for _kind, _load in (("smi", _smi), ("preset", _preset), ("cluster", _cluster), ("live", _live)):
+    register_source(_kind, _load)
+
+
+def load_source(ref: SourceRef) -> Loaded:
+    """Load a cluster snapshot from a source reference."""
+    loader = _SOURCES.get(ref.kind)
+    if loader is None:
+        raise UnknownNameError("topology source", ref.kind, _SOURCES)
+    return loader(ref.ref)

@@ -1,0 +1,132 @@
+"""Persistent DomainMap versions in the embedded SQLite state file.
+
+Each ``save`` writes a new version (monotonic integer) with the time, the source it was probed
+from, the cluster snapshot and the DomainMap, in one transaction; older versions stay for audit.
+``latest`` reads the newest one. The file is opened in WAL mode so several processes on one host
+can read while one writes. Errors from sqlite are translated into ``StateError`` naming the file.
+"""
+
+from __future__ import annotations
+
+import sqlite3
+import time
+from collections.abc import Iterator
+from contextlib import contextmanager
+from dataclasses import dataclass
+from pathlib import Path
+
+from pydantic import ValidationError
+
+from toposched.errors import StateError
+from toposched.topology.domains import DomainMap, build_domain_map
+from toposched.topology.model import SCHEMA_VERSION, Cluster
+from toposched.topology.sources import SourceRef
+
+_SCHEMA = """
+CREATE TABLE IF NOT EXISTS domain_maps (
+    version INTEGER PRIMARY KEY AUTOINCREMENT,
+    created_at REAL NOT NULL,
+    schema_version INTEGER NOT NULL,
+    source TEXT NOT NULL,
+    cluster_json TEXT NOT NULL,
+    domain_map_json TEXT NOT NULL
+)
+"""
+
+
+@dataclass(frozen=True)
+class StoredTopology:
+    version: int
+    created_at: float
+    source: SourceRef
+    cluster: Cluster
+    domain_map: DomainMap
+
+    def age_s(self, now: float | None = None) -> float:
+        return (time.time() if now is None else now) - self.created_at
+
+
+class TopologyStore:
+    """DomainMap versions in a SQLite file. The constructor does no I/O; each call opens the file."""
+
+    def __init__(self, path: str | Path) -> None:
+        self.path = Path(path)
+
+    @contextmanager
+    def _connect(self) -> Iterator[sqlite3.Connection]:
+        try:
+            self.path.parent.mkdir(parents=True, exist_ok=True)
+            conn = sqlite3.connect(self.path, timeout=10.0)
+        except (OSError, sqlite3.Error) as exc:
+            raise StateError(f"cannot open the state file {self.path}: {exc}") from exc
+        try:
+            conn.execute("PRAGMA journal_mode=WAL")
+            conn.execute(_SCHEMA)
+            yield conn
+            conn.commit()
+        except sqlite3.DatabaseError as exc:
+            conn.rollback()
+            raise StateError(
+                f"the state file {self.path} is not usable: {exc}",
+                fix="move it aside; `toposched topo refresh` writes a new one",
+            ) from exc
+        finally:
+            conn.close()
+
+    def save(self, cluster: Cluster, source: SourceRef, *, now: float | None = None) -> StoredTopology:
+        """Store a new version; returns it with its version number."""
+        domain_map = build_domain_map(cluster)
+        created = time.time() if now is None else now
+        with self._connect() as conn:
+            cur = conn.execute(
+                "INSERT INTO domain_maps (created_at, schema_version, source, cluster_json, domain_map_json) "
+                "VALUES (?, ?, ?, ?, ?)",
+                (
+                    created,
+                    SCHEMA_VERSION,
+                    source.model_dump_json(),
+                    cluster.model_dump_json(),
+                    domain_map.model_dump_json(),
+                ),
+            )
+            version = int(cur.lastrowid or 0)
+        return StoredTopology(version, created, source, cluster, domain_map)
+
+    def latest(self) -> StoredTopology | None:
+        """The newest stored version, or None when nothing was stored yet."""
+        if not self.path.exists():
+            return None
+        with self._connect() as conn:
+            row = conn.execute(
+                "SELECT version, created_at, schema_version, source, cluster_json, domain_map_json "
+                "FROM domain_maps ORDER BY version DESC LIMIT 1"
+            ).fetchone()
+        if row is None:
+            return None
+        version, created, schema, source, cluster_json, dm_json = row
+        if schema != SCHEMA_VERSION:
+            raise StateError(
+                f"{self.path}: DomainMap version {version} has schema {schema}; this toposched reads {SCHEMA_VERSION}",
+                fix="run `toposched topo refresh` to store a current version",
+            )
+        try:
+            return StoredTopology(
+                version=version,
+                created_at=created,
+                source=SourceRef.model_validate_json(source),
+                cluster=Cluster.model_validate_json(cluster_json),
+                domain_map=DomainMap.model_validate_json(dm_json),
+            )
+        except ValidationError as exc:
+            raise StateError(
+                f"{self.path}: stored DomainMap version {version} is damaged ({exc.error_count()} errors)",
+                fix="run `toposched topo refresh` to store a new version",
+            ) from exc
+
+    def versions(self) -> list[tuple[int, float, str]]:
+        """(version, created_at, source) of every stored version, oldest first."""
+        if not self.path.exists():
+            return []
+        with self._connect() as conn:
+            rows = conn.execute("SELECT version, created_at, source FROM domain_maps ORDER BY version").fetchall()
+        return [(int(v), float(t), SourceRef.model_validate_json(s).describe()) for v, t, s in rows]
