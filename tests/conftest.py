@@ -28,6 +28,9 @@ class CliResult:
     stderr: str
 
 
+RunCli = Callable[..., CliResult]
+
+
 @pytest.fixture
 def run_cli(capsys: pytest.CaptureFixture[str]) -> Callable[..., CliResult]:
     """Run ``toposched ARGS`` in-process and return exit code, stdout and stderr."""

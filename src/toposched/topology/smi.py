@@ -14,8 +14,8 @@ How affinity cells are mapped: the text after the link cells is split on tabs or
 cells are dropped (raw output pads with empty tab cells). With as many values as affinity columns
 they map in order. With fewer, only ``CPU Affinity`` may be missing (it is empty on some
 containerised GB200 nodes; the NUMA columns print ``N/A`` rather than nothing), so values are
-right-aligned and a warning says so. A GPU row that ends the input without all its affinity values
-is treated as truncated.
+right-aligned and a warning says so. A GPU row that is the input's last line, with no newline after
+it, is treated as cut when rows are still expected after it or when it lacks affinity values.
 """
 
 from __future__ import annotations
@@ -163,6 +163,8 @@ def _row_label(text: str) -> str:
 
 def parse_topo_matrix(text: str, *, source: str = "<input>", hostname: str | None = None) -> SmiTopology:
     """Read ``nvidia-smi topo -m`` output into a ``Node``; raise ``TopologyParseError`` on bad input."""
+    if "ROCm System Management Interface" in text or "rocm-smi" in text:
+        raise TopologyParseError("this is rocm-smi output, not `nvidia-smi topo -m`", source=source)
     raw_lines = text.split("\n")
     lines = [_Line(i + 1, _clean(raw)) for i, raw in enumerate(raw_lines)]
     header = _find_header(lines, source)
@@ -173,7 +175,8 @@ def parse_topo_matrix(text: str, *, source: str = "<input>", hostname: str | Non
     affinity: dict[str, dict[str, str]] = {}
     expected = list(header.devices)
     body = [line for line in lines if line.number > header.line]
-    last_number = max((line.number for line in lines if line.text.strip()), default=header.line)
+    # A row that is the input's last line with no newline after it may have been cut anywhere.
+    cut_line = len(raw_lines) if raw_lines[-1].strip() else None
 
     for line in body:
         if not expected:
@@ -221,7 +224,14 @@ def parse_topo_matrix(text: str, *, source: str = "<input>", hostname: str | Non
             )
             break
         if name in header.gpus:
-            affinity[name] = _read_affinity(header, name, rest, line, line.number == last_number, source, warnings)
+            if line.number == cut_line and len(expected) > 1:
+                raise TopologyParseError(
+                    f"row {name} ends the input with no newline while the rows of {expected[1]} and later are "
+                    "still expected; the row may be cut (truncated input)",
+                    source=source,
+                    line=line.number,
+                )
+            affinity[name] = _read_affinity(header, name, rest, line, line.number == cut_line, source, warnings)
         elif rest.strip():
             raise TopologyParseError(
                 f"row {name} has text after its {n_dev} link cells: {rest.strip()[:20]!r}",

@@ -153,13 +153,21 @@ def _node_from(entry: NodeSpec, name: str, where: str, base: Path, source: str) 
 def build_cluster(spec: ClusterSpec, *, base: Path = Path("."), source: str = "<spec>") -> Cluster:
     """Turn a validated spec into a ``Cluster`` (reads smi/probe files relative to ``base``)."""
     nodes: list[Node] = []
+    entry_of: dict[str, int] = {}
     for n, entry in enumerate(spec.nodes):
         for i in range(entry.count):
             try:
                 name = entry.name.format(i=i)
             except (KeyError, IndexError, ValueError) as exc:
                 raise SpecError(source, f"nodes.{n}.name", f"cannot expand {entry.name!r}: {exc}") from exc
+            if name in entry_of:
+                raise SpecError(source, f"nodes.{n}.name", f"node {name!r} is also named by nodes.{entry_of[name]}")
+            entry_of[name] = n
             nodes.append(_node_from(entry, name, f"nodes.{n}", base, source))
+    for k, clique in enumerate(spec.cliques):
+        unknown = [name for name in clique.nodes if name not in entry_of]
+        if unknown:
+            raise SpecError(source, f"cliques.{k}.nodes", f"unknown node(s): {', '.join(unknown)}")
     try:
         return Cluster(
             name=spec.name,

@@ -1,0 +1,128 @@
+"""Cluster specs: many nodes, fabric, cliques; errors name the key path."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+
+from tests.conftest import FIXTURES, RunCli
+from toposched.errors import InputError, SpecError
+from toposched.topology.domains import build_domain_map
+from toposched.topology.spec import load_cluster_spec
+
+
+def _write(tmp_path: Path, text: str) -> Path:
+    path = tmp_path / "cluster.yaml"
+    path.write_text(text)
+    return path
+
+
+def test_mixed_sources_racks_and_fabric(tmp_path: Path) -> None:
+    (tmp_path / "topo").mkdir()
+    (tmp_path / "topo/a100.txt").write_text((FIXTURES / "topo/13_8x-a100-nv12-1nic-numa3157.txt").read_text())
+    path = _write(
+        tmp_path,
+        """
+name: east
+fabric: {kind: IB, nic_gbps: 50, nics_per_node: 8, rail_optimized: true, socket_ifname: eth0}
+nodes:
+  - name: "h100-{i:02d}"
+    count: 4
+    preset: hgx-h100
+    rack: rack0
+    zone: zone-a
+  - name: gpu21001
+    smi: topo/a100.txt
+    gpu_model: NVIDIA A100-SXM4-80GB
+    hbm_gib: 80
+    labels: {pool: batch}
+""",
+    )
+    cluster = load_cluster_spec(path)
+    assert [n.name for n in cluster.nodes] == ["h100-00", "h100-01", "h100-02", "h100-03", "gpu21001"]
+    assert cluster.fabric is not None and cluster.fabric.socket_ifname == "eth0"
+    a100 = cluster.node("gpu21001")
+    assert a100.labels == {"pool": "batch"}
+    assert a100.gpus[0].model == "NVIDIA A100-SXM4-80GB" and a100.gpus[0].hbm_gib == 80
+    assert [g.numa_node for g in a100.gpus] == [3, 3, 1, 1, 7, 7, 5, 5]
+    preset_uuids = [g.uuid for n in cluster.nodes[:4] for g in n.gpus]
+    assert len(set(preset_uuids)) == 32  # UUIDs stay unique across nodes made from one preset
+    dmap = build_domain_map(cluster)
+    assert [d.id for d in dmap.domains] == [f"h100-0{i}/nv0" for i in range(4)] + ["gpu21001/nv0"]
+
+
+def test_multi_node_nvlink_clique_is_one_domain(tmp_path: Path) -> None:
+    path = _write(
+        tmp_path,
+        """
+nodes:
+  - {name: "tray{i}", count: 3, preset: hgx-b200}
+  - {name: other, preset: hgx-b200}
+cliques:
+  - {id: rackA, nodes: [tray0, tray1, tray2]}
+""",
+    )
+    dmap = build_domain_map(load_cluster_spec(path))
+    assert [(d.id, d.kind, d.size) for d in dmap.domains] == [("rackA", "mnnvl", 24), ("other/nv0", "nvswitch", 8)]
+    assert dmap.gpu_domain["tray1/5"] == "rackA"
+
+
+def test_probe_file_round_trip(tmp_path: Path, run_cli: RunCli) -> None:
+    result = run_cli("topo", "show", "--preset", "dgx-a100", "--json")
+    (tmp_path / "probe.json").write_text(result.stdout)
+    path = _write(tmp_path, "nodes:\n  - {name: saved, probe: probe.json, rack: r9}\n")
+    node = load_cluster_spec(path).nodes[0]
+    assert node.name == "saved" and node.rack == "r9"
+    assert [g.numa_node for g in node.gpus] == [3, 3, 1, 1, 7, 7, 5, 5]
+
+
+@pytest.mark.parametrize(
+    ("text", "key", "phrase"),
+    [
+        ("nodes: []\n", "nodes", "at least 1"),
+        ("nodes:\n  - {name: a}\n", "nodes.0", "exactly one of preset, smi, probe"),
+        ("nodes:\n  - {name: a, preset: hgx-h100, smi: x.txt}\n", "nodes.0", "exactly one"),
+        ("nodes:\n  - {name: a, preset: hgx-h10}\n", "nodes.0.preset", "did you mean 'hgx-h100'"),
+        ("nodes:\n  - {name: a, smi: missing.txt}\n", "nodes.0.smi", "cannot read"),
+        ("nodes:\n  - {name: a, preset: dgx2, hbm_gib: -1}\n", "nodes.0.hbm_gib", "greater than 0"),
+        ("nodes:\n  - {name: a, preset: dgx2, colour: red}\n", "nodes.0.colour", "Extra inputs"),
+        ("nodes:\n  - {name: a, count: 2, preset: dgx2}\n", "nodes.0", "no '{i}'"),
+        ("nodes:\n  - {name: a, preset: dgx2}\n  - {name: a, preset: dgx2}\n", "nodes.1.name", "also named by nodes.0"),
+        ("fabric: {kind: FDDI}\nnodes:\n  - {name: a, preset: dgx2}\n", "fabric.kind", "Input should be"),
+        (
+            "nodes:\n  - {name: a, preset: dgx2}\ncliques:\n  - {id: c, nodes: [b]}\n",
+            "cliques.0.nodes",
+            "unknown node(s): b",
+        ),
+        ("nodes: [\n", "line", "not valid YAML"),
+        ("- 1\n- 2\n", "", "top level must be a mapping"),
+    ],
+)
+def test_errors_name_the_key_path(tmp_path: Path, text: str, key: str, phrase: str) -> None:
+    path = _write(tmp_path, text)
+    with pytest.raises(SpecError) as info:
+        load_cluster_spec(path)
+    message = str(info.value)
+    assert message.startswith(str(path))
+    assert key in message and phrase in message, message
+
+
+def test_damaged_smi_in_spec_names_the_key(tmp_path: Path) -> None:
+    (tmp_path / "cut.txt").write_text((FIXTURES / "topo/20_8x-pcie-pix-pxb-numa-na-TRUNCATED.txt").read_text())
+    path = _write(tmp_path, "nodes:\n  - {name: a, smi: cut.txt}\n")
+    with pytest.raises(SpecError, match=r"nodes\.0\.smi: .*row GPU6 has 7 of 8 link cells"):
+        load_cluster_spec(path)
+
+
+def test_missing_spec_file() -> None:
+    with pytest.raises(InputError, match="does not exist"):
+        load_cluster_spec("/nonexistent/cluster.yaml")
+
+
+def test_bad_probe_file(tmp_path: Path) -> None:
+    (tmp_path / "probe.json").write_text(json.dumps({"gpus": "nope"}))
+    path = _write(tmp_path, "nodes:\n  - {name: a, probe: probe.json}\n")
+    with pytest.raises(SpecError, match=r"nodes\.0\.probe: .* is not a saved probe"):
+        load_cluster_spec(path)
