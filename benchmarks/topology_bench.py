@@ -49,7 +49,9 @@ def main() -> None:
         print(f"parse {path.name[:52]:52s} {median_ms(lambda t=text: parse_topo_matrix(t), args.repeat):10.3f}")
     for name in ("dgx1-v100", "gb200-nvl72"):
         cluster = load_preset(name)
-        print(f"{'domain map preset ' + name:58s} {median_ms(lambda c=cluster: build_domain_map(c), args.repeat):10.3f}")
+        print(
+            f"{'domain map preset ' + name:58s} {median_ms(lambda c=cluster: build_domain_map(c), args.repeat):10.3f}"
+        )
     for nodes in (32, 256, 1024):
         cluster = hgx_h100_cluster(nodes=nodes)
         ms = median_ms(lambda c=cluster: build_domain_map(c), max(3, args.repeat // 3))

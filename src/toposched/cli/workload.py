@@ -1,12 +1,242 @@
 """CLI for the workload model and cost model: ``toposched fit`` and ``toposched estimate``.
 
-(Being built under issue 3.)
+``fit`` lists the (tp, pp) an instance could use on one GPU type with the per-GPU memory breakdown
+and KV capacity; ``estimate`` predicts TTFT, TPOT and throughput for one configuration. Both take
+``--json`` (stable keys: see docs/estimator.md).
 """
 
 from __future__ import annotations
 
+from typing import Any
+
 import typer
+from rich import box
+from rich.table import Table
+
+from toposched.cli._common import console, print_json
+from toposched.errors import InfeasibleError
+from toposched.perf.hardware import GpuSpec, get_gpu
+from toposched.perf.latency import LatencyEstimate, StepTime, predict_latency
+from toposched.perf.links import get_link
+from toposched.workload.catalog import resolve_model
+from toposched.workload.dtypes import parse_kv_dtype, parse_weight_dtype
+from toposched.workload.fallbacks import Fallback, capacity_fallbacks
+from toposched.workload.memory import GIB, MemoryConfig, MemoryEstimate, estimate_memory
+from toposched.workload.parallel import DEFAULT_PPS, DEFAULT_TPS, check_degrees, tp_problem
+from toposched.workload.spec import ModelSpec
+
+MODEL_HELP = "Catalog name (e.g. llama-3.1-70b), Hugging Face id, or a local config.json / model dir."
+GPU_HELP = "GPU type, e.g. H100-SXM, H200, A100-SXM-80GB, B200, L40S (case-insensitive)."
+
+
+def _load(model: str, weight_dtype: str | None, kv_dtype: str | None) -> ModelSpec:
+    return resolve_model(
+        model,
+        weight_dtype=parse_weight_dtype(weight_dtype) if weight_dtype else None,
+        kv_dtype=parse_kv_dtype(kv_dtype) if kv_dtype else None,
+    )
+
+
+def _options(spec: ModelSpec, tp: int | None, pp: int | None) -> list[tuple[int, int]]:
+    if tp is not None:
+        check_degrees(spec, tp, pp or 1)
+    tps = [tp] if tp is not None else [t for t in DEFAULT_TPS if tp_problem(spec, t) is None]
+    pps = [pp] if pp is not None else [p for p in DEFAULT_PPS if p <= spec.num_layers]
+    for p in pps:
+        check_degrees(spec, tps[0], p)
+    return [(t, p) for p in pps for t in tps]
+
+
+def _fallback_json(f: Fallback) -> dict[str, Any]:
+    return {"name": f.name, "saves_bytes": f.saves_bytes, "kv_tokens_capacity": f.kv_tokens_capacity, "fits": f.fits}
+
+
+def _option_json(e: MemoryEstimate, fallbacks: tuple[Fallback, ...]) -> dict[str, Any]:
+    return {
+        "tp": e.tp,
+        "pp": e.pp,
+        "ep": e.ep,
+        "gpus": e.gpus,
+        "weights_bytes_per_gpu": e.weights_bytes_per_gpu,
+        "activation_bytes_per_gpu": e.activation_bytes,
+        "workspace_bytes_per_gpu": e.workspace_bytes,
+        "kv_budget_bytes_per_gpu": e.kv_budget_bytes,
+        "kv_bytes_per_token_per_gpu": e.kv_bytes_per_token_per_gpu,
+        "kv_tokens_capacity": e.kv_tokens_capacity,
+        "max_concurrent_seqs": e.max_concurrent_seqs,
+        "fits": e.fits,
+        "reasons": list(e.reasons),
+        "fallbacks": [_fallback_json(f) for f in fallbacks],
+    }
+
+
+def _gib(n: float) -> str:
+    return f"{n / GIB:.2f}"
+
+
+def _fit_table(spec: ModelSpec, gpu: GpuSpec, rows: list[tuple[MemoryEstimate, tuple[Fallback, ...]]]) -> None:
+    first = rows[0][0]
+    console.print(
+        f"{spec.name}: {spec.params_total / 1e9:.2f}B params, weights {spec.weight_dtype}, KV {spec.kv_dtype}, "
+        f"{first.kv_bytes_per_token_model:,} B/token KV for the whole model",
+        soft_wrap=True,
+    )
+    console.print(
+        f"{gpu.name}: budget {_gib(first.budget_bytes)} GiB per GPU, workspace {_gib(first.workspace_bytes)} GiB, "
+        f"max model len {first.max_model_len}",
+        soft_wrap=True,
+    )
+    table = Table("tp", "pp", "weights", "activ.", "KV", "KV B/tok", "KV tokens", "seqs", "fits",
+                  box=box.SIMPLE_HEAD, pad_edge=False,
+                  caption="GiB per GPU; seqs: sequences of max model len that fit")  # fmt: skip
+    for e, _ in rows:
+        table.add_row(
+            str(e.tp), str(e.pp), _gib(e.weights_bytes_per_gpu), _gib(e.activation_bytes),
+            _gib(max(e.kv_budget_bytes, 0)), f"{e.kv_bytes_per_token_per_gpu:,}",
+            f"{e.kv_tokens_capacity:,}", str(e.max_concurrent_seqs), "yes" if e.fits else "no",
+        )  # fmt: skip
+    console.print(table)
+    short = next(((e, fb) for e, fb in rows if not e.fits and e.kv_budget_bytes > 0), None)
+    if short is not None:
+        e, fallbacks = short
+        console.print(f"fallbacks for tp={e.tp} pp={e.pp} ({'; '.join(e.reasons)}):", soft_wrap=True)
+        for f in fallbacks:
+            state = "fits" if f.fits else "still short"
+            console.print(
+                f"  {f.name}: saves {_gib(f.saves_bytes)} GiB, {f.kv_tokens_capacity:,} KV tokens, {state}",
+                soft_wrap=True,
+            )
+
+
+def fit(
+    model: str = typer.Option(..., "--model", "-m", help=MODEL_HELP),
+    gpu: str = typer.Option(..., "--gpu", "-g", help=GPU_HELP),
+    tp: int | None = typer.Option(None, "--tp", help="Only this tensor-parallel degree (default: 1, 2, 4, 8)."),
+    pp: int | None = typer.Option(None, "--pp", help="Only this pipeline-parallel degree (default: 1, 2, 4, 8)."),
+    ep: int = typer.Option(1, "--ep", help="Expert-parallel degree for MoE models (1 or the tp)."),
+    weight_dtype: str | None = typer.Option(None, "--weight-dtype", help="bf16, fp16, fp8, int8, int4."),
+    kv_dtype: str | None = typer.Option(None, "--kv-dtype", help="auto, fp8, int8, int4."),
+    max_model_len: int | None = typer.Option(None, "--max-model-len", help="Default: the model's context."),
+    num_seqs: int = typer.Option(1, "--num-seqs", min=1, help="Sequences of max length that must fit."),
+    gpu_memory_utilization: float = typer.Option(0.92, "--gpu-memory-utilization", help="vLLM default 0.92."),
+    allow_int4_kv: bool = typer.Option(False, "--allow-int4-kv", help="Offer the INT4 KV fallback."),
+    json_out: bool = typer.Option(False, "--json", help="Print JSON instead of a table."),
+) -> None:
+    """Which (tp, pp) fit a model on a GPU type: per-GPU memory breakdown and KV capacity."""
+    spec = _load(model, weight_dtype, kv_dtype)
+    g = get_gpu(gpu)
+    if max_model_len is not None and max_model_len < 1:
+        raise InfeasibleError(f"--max-model-len must be positive, got {max_model_len}")
+    if not 0 < gpu_memory_utilization <= 1:
+        raise InfeasibleError(f"--gpu-memory-utilization must be in (0, 1], got {gpu_memory_utilization}")
+    cfg = MemoryConfig(gpu_memory_utilization=gpu_memory_utilization, allow_int4_kv=allow_int4_kv)
+    rows = []
+    for t, p in _options(spec, tp, pp):
+        if ep > 1:
+            check_degrees(spec, t, p, ep)
+        kw: dict[str, Any] = dict(gpu_memory_bytes=g.memory_bytes, tp=t, pp=p, ep=ep,
+                                  max_model_len=max_model_len, num_seqs=num_seqs, config=cfg)  # fmt: skip
+        rows.append((estimate_memory(spec, **kw), capacity_fallbacks(spec, **kw)))
+    if json_out:
+        print_json({
+            "model": spec.name,
+            "gpu": g.name,
+            "weight_dtype": spec.weight_dtype,
+            "kv_dtype": spec.kv_dtype,
+            "params_total": spec.params_total,
+            "kv_bytes_per_token_model": rows[0][0].kv_bytes_per_token_model,
+            "max_model_len": rows[0][0].max_model_len,
+            "gpu_memory_bytes": g.memory_bytes,
+            "budget_bytes_per_gpu": rows[0][0].budget_bytes,
+            "options": [_option_json(e, fb) for e, fb in rows],
+        })  # fmt: skip
+    else:
+        _fit_table(spec, g, rows)
+    if not any(e.fits for e, _ in rows):
+        tried = ", ".join(f"tp={e.tp} pp={e.pp}" for e, _ in rows)
+        raise InfeasibleError(
+            f"{spec.name} ({spec.weight_dtype}, max model len {rows[0][0].max_model_len}) fits on {g.name} "
+            f"with none of {tried}",
+            fix="try a larger GPU, more GPUs (--pp), --weight-dtype fp8/int4, --kv-dtype fp8 or --max-model-len",
+        )
+
+
+def _step_json(s: StepTime) -> dict[str, Any]:
+    return {
+        "memory_ms": s.memory_ms,
+        "compute_ms": s.compute_ms,
+        "comm_ms": s.comm_ms,
+        "small_kernels_ms": s.small_kernels_ms,
+        "p2p_ms": s.p2p_ms,
+        "overhead_ms": s.overhead_ms,
+        "bound": s.bound,
+    }
+
+
+def _estimate_json(r: LatencyEstimate, extra: dict[str, Any]) -> dict[str, Any]:
+    return {
+        **extra,
+        "ttft_ms": r.ttft_ms,
+        "tpot_ms": r.tpot_ms,
+        "e2e_ms": r.e2e_ms,
+        "tokens_per_s": r.tokens_per_s,
+        "prefill": _step_json(r.prefill),
+        "decode": _step_json(r.decode),
+    }
+
+
+def estimate(
+    model: str = typer.Option(..., "--model", "-m", help=MODEL_HELP),
+    gpu: str = typer.Option(..., "--gpu", "-g", help=GPU_HELP),
+    tp: int = typer.Option(..., "--tp", help="Tensor-parallel degree."),
+    pp: int = typer.Option(1, "--pp", help="Pipeline-parallel degree."),
+    link: str | None = typer.Option(None, "--link", help="Link between TP ranks (default: the GPU's own)."),
+    pp_link: str | None = typer.Option(None, "--pp-link", help="Link between pipeline stages (default: --link)."),
+    weight_dtype: str | None = typer.Option(None, "--weight-dtype", help="bf16, fp16, fp8, int8, int4."),
+    kv_dtype: str | None = typer.Option(None, "--kv-dtype", help="auto, fp8, int8, int4."),
+    batch: int = typer.Option(..., "--batch", min=1, help="Concurrent sequences."),
+    input_len: int = typer.Option(..., "--input-len", min=1, help="Prompt tokens per sequence."),
+    output_len: int = typer.Option(..., "--output-len", min=1, help="Generated tokens per sequence."),
+    json_out: bool = typer.Option(False, "--json", help="Print JSON instead of text."),
+) -> None:
+    """Predicted TTFT, TPOT and throughput of one (tp, pp) instance on a GPU type."""
+    spec = _load(model, weight_dtype, kv_dtype)
+    g = get_gpu(gpu)
+    tp_link = get_link(link or g.native_link)
+    between = get_link(pp_link) if pp_link else tp_link
+    r = predict_latency(spec, g, tp=tp, pp=pp, link=tp_link, pp_link=between,
+                        batch=batch, input_len=input_len, output_len=output_len)  # fmt: skip
+    mem = estimate_memory(spec, gpu_memory_bytes=g.memory_bytes, tp=tp, pp=pp,
+                          max_model_len=input_len + output_len, num_seqs=batch)  # fmt: skip
+    extra = {
+        "model": spec.name, "gpu": g.name, "tp": tp, "pp": pp, "link": tp_link.name,
+        "weight_dtype": spec.weight_dtype, "batch": batch, "input_len": input_len, "output_len": output_len,
+        "fits_memory": mem.fits,
+    }  # fmt: skip
+    if json_out:
+        print_json(_estimate_json(r, extra))
+        return
+    console.print(
+        f"{spec.name} ({spec.weight_dtype}) on {tp * pp}x {g.name}, tp={tp} pp={pp}, link {tp_link.name}; "
+        f"batch {batch}, {input_len} in / {output_len} out",
+        soft_wrap=True,
+    )
+    table = Table("ms", "prefill (TTFT)", "decode step (TPOT)", box=box.SIMPLE_HEAD, pad_edge=False)
+    for label, attr in (("HBM reads", "memory_ms"), ("compute", "compute_ms"), ("all-reduce", "comm_ms"),
+                        ("small kernels", "small_kernels_ms"), ("pp hand-off", "p2p_ms"),
+                        ("engine overhead", "overhead_ms"), ("total", "total_ms")):  # fmt: skip
+        table.add_row(label, f"{getattr(r.prefill, attr):.2f}", f"{getattr(r.decode, attr):.2f}")
+    console.print(table)
+    console.print(
+        f"TTFT {r.ttft_ms:.1f} ms, TPOT {r.tpot_ms:.2f} ms, end to end {r.e2e_ms:.1f} ms, "
+        f"throughput {r.tokens_per_s:.1f} tokens/s",
+        soft_wrap=True,
+    )
+    if not mem.fits:
+        console.print(f"warning: does not fit in memory as asked: {'; '.join(mem.reasons)}", soft_wrap=True)
 
 
 def register(app: typer.Typer) -> None:
     """Add this group's commands to ``app``."""
+    app.command("fit")(fit)
+    app.command("estimate")(estimate)

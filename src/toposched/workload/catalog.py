@@ -1,0 +1,172 @@
+"""The built-in model catalog, made from the ``config.json`` files shipped in ``toposched/data/models``.
+
+Each entry names the config file, the Hugging Face id, and the published parameter total that the
+count derived from the architecture is checked against (tests require agreement within 1 %).
+Names are case-insensitive; Hugging Face ids work as aliases. ``resolve_model`` accepts a catalog
+name, a Hugging Face id, a local ``config.json`` or a local model directory (no downloads).
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass, replace
+from functools import cache
+from importlib import resources
+from pathlib import Path
+
+from toposched.workload.dtypes import KvDtype, WeightDtype
+from toposched.workload.registry import Registry
+from toposched.workload.spec import ModelSpec, load_config, spec_from_config
+
+
+@dataclass(frozen=True)
+class CatalogEntry:
+    """Where a catalog model's config lives and what its publisher says it has."""
+
+    name: str
+    config_file: str
+    hf_id: str
+    published_params: int
+    published_source: str
+    aliases: tuple[str, ...] = ()
+
+
+# Published totals. "safetensors" = the parameter total Hugging Face shows from the checkpoint's
+# weight files; perf-anchors.md §5.2 quotes the exact sums for Llama-3.1-8B and Qwen2.5-72B.
+ENTRIES: tuple[CatalogEntry, ...] = (
+    CatalogEntry(
+        "llama-3-8b",
+        "Meta-Llama-3-8B-Instruct.json",
+        "meta-llama/Meta-Llama-3-8B-Instruct",
+        8_030_261_248,  # HF safetensors total, same as Llama-3.1-8B (perf-anchors.md §5.2)
+        "HF safetensors total 8.03B (perf-anchors.md §5.2)",
+        aliases=("meta-llama/Meta-Llama-3-8B", "llama-3-8b-instruct"),
+    ),
+    CatalogEntry(
+        "llama-3-70b",
+        "Meta-Llama-3-70B.json",
+        "meta-llama/Meta-Llama-3-70B",
+        70_553_706_496,  # ollama PR #6279 log "70.55 B" (engines.md §1.4)
+        "ollama PR #6279 log, 70.55B (engines.md §1.4)",
+        aliases=("meta-llama/Meta-Llama-3-70B-Instruct", "llama-3-70b-instruct"),
+    ),
+    CatalogEntry(
+        "llama-3.1-8b",
+        "Meta-Llama-3.1-8B.json",
+        "meta-llama/Meta-Llama-3.1-8B",
+        8_030_261_248,  # perf-anchors.md §5.2 "Llama-3.1-8B is 8,030,261,248"
+        "perf-anchors.md §5.2, 8,030,261,248",
+        aliases=("meta-llama/Llama-3.1-8B", "meta-llama/Llama-3.1-8B-Instruct", "llama-3.1-8b-instruct"),
+    ),
+    CatalogEntry(
+        "llama-3.1-70b",
+        "Meta-Llama-3.1-70B.json",
+        "meta-llama/Meta-Llama-3.1-70B",
+        70_553_706_496,  # same architecture as Llama-3-70B: 70.55B (engines.md §1.4)
+        "70.55B, same architecture as Llama-3-70B (engines.md §1.4)",
+        aliases=("meta-llama/Llama-3.1-70B", "meta-llama/Llama-3.1-70B-Instruct", "llama-3.1-70b-instruct"),
+    ),
+    CatalogEntry(
+        "llama-3.3-70b",
+        "Meta-Llama-3.1-70B.json",  # Meta's model card: same architecture as Llama 3.1 70B
+        "meta-llama/Llama-3.3-70B-Instruct",
+        70_553_706_496,
+        "70.55B, Llama-3.1-70B architecture (Meta Llama 3.3 model card)",
+        aliases=("llama-3.3-70b-instruct",),
+    ),
+    CatalogEntry(
+        "llama-3.1-405b",
+        "Meta-Llama-3.1-405B.json",
+        "meta-llama/Meta-Llama-3.1-405B",
+        405_853_388_800,  # perf-anchors.md §5.2 table: 405.85B
+        "perf-anchors.md §5.2, 405.85B",
+        aliases=("meta-llama/Llama-3.1-405B", "meta-llama/Llama-3.1-405B-Instruct", "llama-3.1-405b-instruct"),
+    ),
+    CatalogEntry(
+        "mixtral-8x7b",
+        "Mixtral-8x7B-v0.1.json",
+        "mistralai/Mixtral-8x7B-v0.1",
+        46_700_000_000,  # Mistral AI, "Mixtral of experts" (2023-12-11): "46.7B total parameters"
+        "Mistral AI announcement: 46.7B total, 12.9B per token",
+        aliases=("mistralai/Mixtral-8x7B-Instruct-v0.1", "mixtral-8x7b-instruct"),
+    ),
+    CatalogEntry(
+        "mixtral-8x22b",
+        "Mixtral-8x22B-v0.1.json",
+        "mistralai/Mixtral-8x22B-v0.1",
+        141_000_000_000,  # Mistral AI, "Cheaper, Better, Faster, Stronger" (2024-04-17): 141B total
+        "Mistral AI announcement: 141B total, 39B active",
+        aliases=("mistralai/Mixtral-8x22B-Instruct-v0.1", "mixtral-8x22b-instruct"),
+    ),
+    CatalogEntry(
+        "qwen2.5-72b",
+        "Qwen2.5-72B-Instruct.json",
+        "Qwen/Qwen2.5-72B-Instruct",
+        72_706_203_648,  # perf-anchors.md §5.2: "exactly equals the weight-file sum"
+        "perf-anchors.md §5.2, weight-file sum 72,706,203,648",
+        aliases=("qwen2.5-72b-instruct", "Qwen/Qwen2.5-72B"),
+    ),
+    CatalogEntry(
+        "qwen3-235b-a22b",
+        "Qwen3-235B-A22B.json",
+        "Qwen/Qwen3-235B-A22B",
+        235_000_000_000,  # Qwen3 model card: "235B in total and 22B activated"
+        "Qwen3 model card: 235B total, 22B activated",
+        aliases=("qwen3-235b",),
+    ),
+    CatalogEntry(
+        "deepseek-v3",
+        "DeepSeek-V3.json",
+        "deepseek-ai/DeepSeek-V3",
+        671_000_000_000,  # DeepSeek-V3 technical report (arXiv 2412.19437): 671B total, 37B active
+        "DeepSeek-V3 report: 671B total (MTP module excluded), 37B activated",
+        aliases=("deepseek-ai/DeepSeek-V3-0324",),
+    ),
+)
+
+
+def _models_dir() -> Path:
+    return Path(str(resources.files("toposched") / "data" / "models"))
+
+
+@cache
+def _load_entry(entry: CatalogEntry) -> ModelSpec:
+    path = _models_dir() / entry.config_file
+    cfg = json.loads(path.read_text(encoding="utf-8"))
+    spec = spec_from_config(cfg, name=entry.name, source=f"catalog:{entry.config_file}")
+    return replace(spec, hf_id=entry.hf_id, published_params=entry.published_params)
+
+
+@cache
+def _registry() -> Registry[CatalogEntry]:
+    reg: Registry[CatalogEntry] = Registry("model")
+    for entry in ENTRIES:
+        aliases = (entry.hf_id, *entry.aliases)
+        reg.register(entry.name, entry, [a for a in aliases if a.lower() != entry.name.lower()])
+    return reg
+
+
+def catalog() -> dict[str, ModelSpec]:
+    """Every catalog model by canonical name (configs are read on first use, then cached)."""
+    return {name: _load_entry(entry) for name, entry in _registry().items()}
+
+
+def catalog_entry(name: str) -> CatalogEntry:
+    """The catalog entry for a name or alias (``UnknownNameError`` with suggestions otherwise)."""
+    return _registry().get(name)
+
+
+def _looks_like_path(ref: str) -> bool:
+    return ref.endswith(".json") or ref.startswith((".", "/", "~")) or Path(ref).exists()
+
+
+def resolve_model(ref: str, *, weight_dtype: WeightDtype | None = None, kv_dtype: KvDtype | None = None) -> ModelSpec:
+    """A catalog name, a Hugging Face id in the catalog, or a local config.json / model dir."""
+    reg = _registry()
+    if ref in reg and not Path(ref).exists():
+        spec = _load_entry(reg.get(ref))
+    elif _looks_like_path(ref):
+        spec = load_config(Path(ref).expanduser())
+    else:
+        spec = _load_entry(reg.get(ref))  # raises UnknownNameError with "did you mean"
+    return spec.with_dtypes(weight_dtype, kv_dtype)

@@ -1,0 +1,104 @@
+"""``toposched fit`` and ``toposched estimate``: JSON contract, tables, one-line errors."""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Callable
+
+from tests.conftest import FIXTURES, CliResult
+
+Run = Callable[..., CliResult]
+OPTION_KEYS = {"tp", "pp", "weights_bytes_per_gpu", "kv_bytes_per_token_per_gpu", "kv_tokens_capacity", "fits"}
+
+
+def test_fit_json_contract_all_options(run_cli: Run) -> None:
+    res = run_cli("fit", "--model", "llama-3.1-70b", "--gpu", "H100-SXM", "--json")
+    assert res.exit_code == 0, res.stderr
+    doc = json.loads(res.stdout)
+    opts = doc["options"]
+    assert {(o["tp"], o["pp"]) for o in opts} == {(t, p) for t in (1, 2, 4, 8) for p in (1, 2, 4, 8)}
+    for o in opts:
+        assert set(o) >= OPTION_KEYS
+    by = {(o["tp"], o["pp"]): o for o in opts}
+    assert by[(4, 1)]["kv_bytes_per_token_per_gpu"] == 81_920
+    assert by[(4, 1)]["fits"] is True and by[(1, 1)]["fits"] is False
+    assert doc["kv_bytes_per_token_model"] == 327_680
+
+
+def test_fit_json_only_given_degrees(run_cli: Run) -> None:
+    res = run_cli("fit", "--model", "LLAMA-3-70B", "--gpu", "h100-sxm", "--tp", "8", "--pp", "1", "--json")
+    assert res.exit_code == 0, res.stderr
+    (opt,) = json.loads(res.stdout)["options"]
+    assert (opt["tp"], opt["pp"]) == (8, 1)
+    assert abs(opt["weights_bytes_per_gpu"] / 1024**3 - 16.461) < 0.03 * 16.461
+    only_tp = json.loads(run_cli("fit", "-m", "llama-3-70b", "-g", "H200", "--tp", "4", "--json").stdout)
+    assert {(o["tp"], o["pp"]) for o in only_tp["options"]} == {(4, 1), (4, 2), (4, 4), (4, 8)}
+
+
+def test_fit_from_config_path_with_dtypes(run_cli: Run) -> None:
+    path = str(FIXTURES / "model_configs" / "DeepSeek-V3.json")
+    res = run_cli("fit", "--model", path, "--gpu", "H200", "--tp", "8", "--kv-dtype", "fp8",
+                  "--max-model-len", "32768", "--pp", "1", "--json")  # fmt: skip
+    assert res.exit_code == 0, res.stderr
+    (opt,) = json.loads(res.stdout)["options"]
+    assert opt["kv_bytes_per_token_per_gpu"] == 35_136 and opt["fits"]
+
+
+def test_fit_table_lists_options_and_fallbacks(run_cli: Run) -> None:
+    res = run_cli("fit", "--model", "llama-3.1-70b", "--gpu", "H100-SXM", "--pp", "1")
+    assert res.exit_code == 0, res.stderr
+    assert "327,680 B/token" in res.stdout and "81,920" in res.stdout
+    assert "fallbacks for tp=2 pp=1" in res.stdout and "fp8-kv" in res.stdout
+
+
+def test_estimate_json_contract(run_cli: Run) -> None:
+    res = run_cli("estimate", "--model", "llama-3.3-70b", "--gpu", "H100-SXM", "--tp", "2", "--weight-dtype",
+                  "fp8", "--batch", "1", "--input-len", "5000", "--output-len", "500", "--json")  # fmt: skip
+    assert res.exit_code == 0, res.stderr
+    doc = json.loads(res.stdout)
+    assert {"ttft_ms", "tpot_ms", "tokens_per_s"} <= set(doc)
+    assert doc["link"] == "nvlink4" and 10 < doc["tpot_ms"] < 30 and doc["ttft_ms"] > doc["tpot_ms"]
+    assert doc["tokens_per_s"] > 0
+
+
+def test_estimate_text_and_link_choice(run_cli: Run) -> None:
+    res = run_cli("estimate", "-m", "llama-3.1-70b", "-g", "h100-sxm", "--tp", "8", "--link", "ib-ndr",
+                  "--batch", "4", "--input-len", "512", "--output-len", "64")  # fmt: skip
+    assert res.exit_code == 0, res.stderr
+    assert "link ib-ndr" in res.stdout and "decode step (TPOT)" in res.stdout
+
+
+def _one_line_error(res: CliResult, text: str) -> None:
+    assert res.exit_code != 0
+    first = res.stderr.strip().splitlines()[0]
+    assert first.startswith("error:") and text in first, res.stderr
+
+
+def test_unknown_model_did_you_mean(run_cli: Run) -> None:
+    res = run_cli("fit", "--model", "lama-3.1-70b", "--gpu", "H100-SXM")
+    _one_line_error(res, "did you mean 'llama-3.1-70b'")
+
+
+def test_unknown_gpu_and_link(run_cli: Run) -> None:
+    _one_line_error(run_cli("fit", "--model", "llama-3-8b", "--gpu", "H100-SMX"), "did you mean")
+    res = run_cli("estimate", "-m", "llama-3-8b", "-g", "H100-SXM", "--tp", "2", "--link", "nvlink9",
+                  "--batch", "1", "--input-len", "8", "--output-len", "8")  # fmt: skip
+    _one_line_error(res, "unknown link kind 'nvlink9'")
+
+
+def test_impossible_tp(run_cli: Run) -> None:
+    res = run_cli("fit", "--model", "llama-3.1-70b", "--gpu", "H100-SXM", "--tp", "3")
+    _one_line_error(res, "tp=3 does not divide the 64 attention heads")
+    res = run_cli("estimate", "-m", "llama-3.1-70b", "-g", "H100-SXM", "--tp", "6", "--batch", "1",
+                  "--input-len", "8", "--output-len", "8")  # fmt: skip
+    _one_line_error(res, "tp=6")
+
+
+def test_fits_nowhere(run_cli: Run) -> None:
+    res = run_cli("fit", "--model", "llama-3.1-405b", "--gpu", "RTX-4090", "--pp", "1", "--json")
+    _one_line_error(res, "fits on RTX-4090 with none of")
+    assert all(not o["fits"] for o in json.loads(res.stdout)["options"])
+
+
+def test_bad_config_path(run_cli: Run) -> None:
+    _one_line_error(run_cli("fit", "--model", "./no/such/config.json", "--gpu", "H200"), "no such file")
