@@ -21,6 +21,13 @@ def shared_dir() -> Path:
 FIXTURES = shared_dir() / "fixtures"
 
 
+def pytest_configure(config: pytest.Config) -> None:
+    if not FIXTURES.is_dir():
+        raise pytest.UsageError(
+            f"the captured real outputs are not at {FIXTURES}; clone beside ../shared or set TOPOSCHED_SHARED"
+        )
+
+
 @dataclass(frozen=True)
 class CliResult:
     exit_code: int
