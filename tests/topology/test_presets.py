@@ -72,6 +72,6 @@ def test_unknown_preset_suggests_names() -> None:
 
 
 def test_registering_a_name_twice_fails() -> None:
-    with pytest.raises(ValueError, match="already registered"):
+    with pytest.raises(ValueError, match="registered twice"):
         register_preset(Preset("dgx2", "again", lambda: load_preset("dgx2")))
     assert "dgx2" in preset_names()

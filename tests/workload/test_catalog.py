@@ -6,8 +6,8 @@ import pytest
 
 from tests.conftest import FIXTURES
 from toposched.errors import InputError, UnknownNameError
+from toposched.registry import Registry
 from toposched.workload.catalog import ENTRIES, catalog, resolve_model
-from toposched.workload.registry import Registry
 
 REQUIRED = [
     "llama-3-8b", "llama-3-70b", "llama-3.1-8b", "llama-3.1-70b", "llama-3.1-405b",

@@ -11,8 +11,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 from functools import cache
 
+from toposched.registry import Registry
 from toposched.workload.dtypes import WeightDtype
-from toposched.workload.registry import Registry
 
 GIB = 1024**3
 TB = 1e12

@@ -26,7 +26,7 @@ from functools import cache
 
 from toposched.errors import InfeasibleError
 from toposched.perf.allreduce import AlphaBeta
-from toposched.workload.registry import Registry
+from toposched.registry import Registry
 
 
 @dataclass(frozen=True)

@@ -13,6 +13,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 
 from toposched.errors import UnknownNameError
+from toposched.registry import Registry
 from toposched.topology.model import (
     GPU,
     NIC,
@@ -299,15 +300,12 @@ def _single(node: Callable[[], Node], name: str) -> Callable[[], Cluster]:
     return lambda: Cluster(name=name, nodes=(node(),))
 
 
-_PRESETS: dict[str, Preset] = {}
+_PRESETS: Registry[Preset] = Registry("preset")
 
 
 def register_preset(preset: Preset) -> None:
     """Add a preset; a name can be registered once."""
-    key = preset.name.lower()
-    if key in _PRESETS:
-        raise ValueError(f"preset {preset.name!r} is already registered")
-    _PRESETS[key] = preset
+    _PRESETS.register(preset.name, preset)
 
 
 for _preset in (
@@ -342,7 +340,7 @@ for _preset in (
 
 
 def presets() -> list[Preset]:
-    return [_PRESETS[k] for k in sorted(_PRESETS)]
+    return sorted((p for _, p in _PRESETS.items()), key=lambda p: p.name)
 
 
 def preset_names() -> list[str]:
@@ -351,10 +349,7 @@ def preset_names() -> list[str]:
 
 def load_preset(name: str) -> Cluster:
     """Build a preset by name (case-insensitive); unknown names suggest the closest ones."""
-    preset = _PRESETS.get(name.lower())
-    if preset is None:
-        raise UnknownNameError("preset", name, preset_names())
-    return preset.build()
+    return _PRESETS.get(name).build()
 
 
 def preset_node(name: str) -> Node:

@@ -14,7 +14,8 @@ from typing import Literal
 
 from pydantic import BaseModel, ConfigDict
 
-from toposched.errors import InputError, UnknownNameError
+from toposched.errors import InputError
+from toposched.registry import Registry
 from toposched.topology.model import Cluster
 from toposched.topology.nvml import probe_live
 from toposched.topology.presets import load_preset
@@ -76,13 +77,11 @@ def _live(ref: str) -> Loaded:
     return Loaded(Cluster(name=probe.node.name, nodes=(probe.node,)), SourceRef(kind="live", ref=ref), probe.warnings)
 
 
-_SOURCES: dict[str, Callable[[str], Loaded]] = {}
+_SOURCES: Registry[Callable[[str], Loaded]] = Registry("topology source")
 
 
 def register_source(kind: str, load: Callable[[str], Loaded]) -> None:
-    if kind in _SOURCES:
-        raise ValueError(f"topology source {kind!r} is already registered")
-    _SOURCES[kind] = load
+    _SOURCES.register(kind, load)
 
 
 for _kind, _load in (("smi", _smi), ("preset", _preset), ("cluster", _cluster), ("live", _live)):
@@ -91,7 +90,4 @@ for _kind, _load in (("smi", _smi), ("preset", _preset), ("cluster", _cluster), 
 
 def load_source(ref: SourceRef) -> Loaded:
     """Load a cluster snapshot from a source reference."""
-    loader = _SOURCES.get(ref.kind)
-    if loader is None:
-        raise UnknownNameError("topology source", ref.kind, _SOURCES)
-    return loader(ref.ref)
+    return _SOURCES.get(ref.kind)(ref.ref)

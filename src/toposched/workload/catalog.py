@@ -14,8 +14,8 @@ from functools import cache
 from importlib import resources
 from pathlib import Path
 
+from toposched.registry import Registry
 from toposched.workload.dtypes import KvDtype, WeightDtype
-from toposched.workload.registry import Registry
 from toposched.workload.spec import ModelSpec, load_config, spec_from_config
 
 

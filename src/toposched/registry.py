@@ -1,6 +1,6 @@
 """A small name registry: case-insensitive, fails on duplicate names and on unknown names.
 
-Used for the model catalog and the GPU and link tables. Lookup of an unknown name raises
+Used for the model catalog, the GPU and link tables, topology presets and sources. Lookup of an unknown name raises
 ``UnknownNameError``, which suggests the closest valid names ("did you mean ...?").
 """
 
