@@ -1,0 +1,183 @@
+"""Indexes over the cluster's GPU groups, so a decision never scans the whole cluster.
+
+For each affinity level there is a set of groups a TP group must fit inside:
+
+    nvlink       the all-pairs NVLink cliques of each NVLink domain (a whole NVSwitch island or
+                 multi-node NVLink rack; the quads and cross pairs of a DGX-1 mesh)
+    pcie-switch  GPUs under one PCIe switch
+    numa         GPUs of one NUMA node
+    node         one machine
+    none         the whole cluster
+
+GPUs that no group of a level covers get a group of their own (so a TP=1 instance can go anywhere).
+Each group's count of free GPUs is kept in buckets (free count -> groups), so "the tightest group
+with at least k free GPUs" (best fit) is a walk over at most max-group-size buckets. A GPU is free
+when it is healthy and holds no reservation: this version places at most one instance per GPU, as
+engines that claim a fixed fraction of HBM do.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Iterator
+from dataclasses import dataclass
+
+from toposched.solver.request import Affinity
+from toposched.topology.domains import DomainMap, build_domain_map, gpu_ref
+from toposched.topology.model import GPU, Cluster, Health, Node
+
+LEVELS: tuple[str, ...] = ("nvlink", "pcie-switch", "numa", "node", "none")
+
+
+@dataclass(frozen=True)
+class Group:
+    id: str
+    level: str
+    gpus: tuple[str, ...]
+    nodes: frozenset[str]
+    domain: str | None  # the NVLink domain id, for nvlink-level groups
+
+
+@dataclass(frozen=True)
+class GpuInfo:
+    ref: str
+    node: str
+    index: int
+    numa: int | None
+    pcie: str | None
+    order: int  # position in cluster order (node order, then index)
+
+
+class LevelIndex:
+    """Groups of one affinity level with free-GPU counts in buckets."""
+
+    def __init__(self, level: str, groups: list[Group], free: set[str]) -> None:
+        self.level = level
+        self.groups = groups
+        self.of_gpu: dict[str, list[int]] = {}
+        for i, g in enumerate(groups):
+            for ref in g.gpus:
+                self.of_gpu.setdefault(ref, []).append(i)
+        self.free_count = [sum(1 for ref in g.gpus if ref in free) for g in groups]
+        self.max_size = max((len(g.gpus) for g in groups), default=0)
+        self.buckets: list[dict[int, None]] = [{} for _ in range(self.max_size + 1)]
+        for i, count in enumerate(self.free_count):
+            self.buckets[count][i] = None
+
+    def _move(self, group: int, delta: int) -> None:
+        del self.buckets[self.free_count[group]][group]
+        self.free_count[group] += delta
+        self.buckets[self.free_count[group]][group] = None
+
+    def take(self, ref: str) -> None:
+        for g in self.of_gpu.get(ref, ()):
+            self._move(g, -1)
+
+    def give(self, ref: str) -> None:
+        for g in self.of_gpu.get(ref, ()):
+            self._move(g, +1)
+
+    def best_fit(self, size: int) -> Iterator[int]:
+        """Groups with at least ``size`` free GPUs, tightest first."""
+        for count in range(max(size, 1), self.max_size + 1):
+            yield from list(self.buckets[count])
+
+    def largest_group(self) -> int:
+        return self.max_size
+
+
+class ClusterIndex:
+    """Free GPUs and groups of every level for one cluster snapshot."""
+
+    def __init__(self, cluster: Cluster, domain_map: DomainMap | None = None, *, busy: Iterable[str] = ()) -> None:
+        self.cluster = cluster
+        self.dmap = domain_map or build_domain_map(cluster)
+        self.nodes: dict[str, Node] = {n.name: n for n in cluster.nodes}
+        self.info: dict[str, GpuInfo] = {}
+        pcie_of = {ref: g.id for g in self.dmap.pcie_groups for ref in g.gpus}
+        order = 0
+        for node in cluster.nodes:
+            for gpu in node.gpus:
+                ref = gpu_ref(node.name, gpu.index)
+                self.info[ref] = GpuInfo(ref, node.name, gpu.index, gpu.numa_node, pcie_of.get(ref), order)
+                order += 1
+        unhealthy = {gpu_ref(n.name, g.index) for n in cluster.nodes for g in n.gpus if g.health is Health.UNAVAILABLE}
+        self.free: set[str] = set(self.info) - unhealthy - set(busy)
+        self.levels: dict[str, LevelIndex] = {
+            level: LevelIndex(level, self._groups(level), self.free) for level in LEVELS
+        }
+
+    def _groups(self, level: str) -> list[Group]:
+        groups: list[Group] = []
+        if level == "nvlink":
+            for d in self.dmap.domains:
+                for n, clique in enumerate(d.cliques):
+                    nodes = frozenset(self.info[r].node for r in clique)
+                    groups.append(Group(f"{d.id}#{n}" if len(d.cliques) > 1 else d.id, level, clique, nodes, d.id))
+        elif level == "pcie-switch":
+            groups = [Group(g.id, level, g.gpus, frozenset({g.node}), None) for g in self.dmap.pcie_groups]
+        elif level == "numa":
+            groups = [Group(g.id, level, g.gpus, frozenset({g.node}), None) for g in self.dmap.numa_groups]
+        elif level == "node":
+            groups = [
+                Group(n.name, level, tuple(gpu_ref(n.name, g.index) for g in n.gpus), frozenset({n.name}), None)
+                for n in self.cluster.nodes
+            ]
+        else:
+            groups = [Group("cluster", level, tuple(self.info), frozenset(self.nodes), None)]
+        covered = {ref for g in groups for ref in g.gpus}
+        groups.extend(
+            Group(f"{ref}@{level}", level, (ref,), frozenset({self.info[ref].node}), None)
+            for ref in self.info
+            if ref not in covered
+        )
+        return groups
+
+    def gpu(self, ref: str) -> GPU:
+        info = self.info[ref]
+        return self.nodes[info.node].gpu(info.index)
+
+    def resolve_level(self, affinity: Affinity, tp: int) -> str:
+        """``auto``: the tightest level whose largest group (ignoring occupancy) holds ``tp`` GPUs."""
+        if affinity != "auto":
+            return affinity
+        if tp == 1:
+            return "nvlink"
+        for level in LEVELS:
+            if self.levels[level].largest_group() >= tp:
+                return level
+        return "none"
+
+    def tightest_level(self, refs: Iterable[str]) -> str:
+        """The tightest level at which all ``refs`` share one group."""
+        refs = list(refs)
+        for level in LEVELS:
+            index = self.levels[level]
+            common = set(index.of_gpu.get(refs[0], ()))
+            for ref in refs[1:]:
+                common &= set(index.of_gpu.get(ref, ()))
+                if not common:
+                    break
+            if common:
+                return level
+        return "none"
+
+    def domain_of(self, refs: Iterable[str]) -> str | None:
+        """The NVLink domain holding all ``refs``, or None."""
+        domains = {self.dmap.gpu_domain.get(r) for r in refs}
+        return domains.pop() if len(domains) == 1 else None
+
+    def take(self, refs: Iterable[str]) -> None:
+        for ref in refs:
+            if ref not in self.free:
+                raise ValueError(f"GPU {ref} is not free")
+            self.free.discard(ref)
+            for index in self.levels.values():
+                index.take(ref)
+
+    def give(self, refs: Iterable[str]) -> None:
+        for ref in refs:
+            if ref in self.free or ref not in self.info:
+                raise ValueError(f"GPU {ref} is free already or unknown")
+            self.free.add(ref)
+            for index in self.levels.values():
+                index.give(ref)

@@ -1,0 +1,252 @@
+"""Turning a degree option into concrete GPUs, and a chosen GPU list into a ``Placement``.
+
+* ``find_stages`` picks ``pp`` TP groups of ``tp`` GPUs that each sit inside one group of the
+  affinity level: best fit (the group with the fewest free GPUs that still has room, so large free
+  blocks stay whole), and the next stage next to the previous one when it can.
+* ``pick_in_group`` chooses GPUs inside a group by locality: fewest NUMA nodes and PCIe switches,
+  then contiguous indices.
+* ``assess`` predicts latency over the links the GPUs actually use, estimates cross-domain traffic,
+  applies compression/overlap where the SLO class allows them, and checks the constraints.
+"""
+
+from __future__ import annotations
+
+import itertools
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+
+from toposched.perf.hardware import GpuSpec
+from toposched.solver.index import ClusterIndex, Group
+from toposched.solver.options import DegreeOption, OptionSet
+from toposched.solver.request import SLO_CLASSES, ConstraintCheck, HbmShare, Placement, Rank
+from toposched.topology.model import Fabric
+
+GroupFilter = Callable[[Group], bool]
+
+# Modelled degradations (seed 000 section 4). Compression: FP8 on the wire halves BF16 all-reduce
+# bytes; the seed reports 2-3x less bandwidth for < 5 ms extra latency. We charge a quantise +
+# dequantise pass of 10 us per all-reduce (an assumption: two small elementwise kernels, each about
+# the 3 us small-kernel cost of perf-anchors section 0, plus a reduction in FP32). Overlap: 30 % of
+# cross-domain communication hidden behind compute (an assumption; engines that overlap report
+# partial hiding, and the sidecar is to measure it).
+COMPRESSION_RATIO = 0.5
+COMPRESSION_US_PER_ALLREDUCE = 10.0
+OVERLAP_FRACTION = 0.3
+BF16_BYTES = 2
+
+
+def pick_in_group(index: ClusterIndex, candidates: Sequence[str], size: int) -> list[str]:
+    """``size`` GPUs of ``candidates`` with the best locality (deterministic)."""
+    info = index.info
+    ordered = sorted(
+        candidates, key=lambda r: (info[r].numa if info[r].numa is not None else -1, info[r].pcie or "", info[r].order)
+    )
+    if len(ordered) == size:
+        return ordered
+    best: tuple[int, int, int, int] | None = None
+    best_window: list[str] = []
+    for start in range(len(ordered) - size + 1):
+        window = ordered[start : start + size]
+        numas = len({info[r].numa for r in window})
+        switches = len({info[r].pcie for r in window})
+        span = info[window[-1]].order - info[window[0]].order
+        key = (numas, switches, span, info[window[0]].order)
+        if best is None or key < best:
+            best, best_window = key, window
+    return best_window
+
+
+def find_stages(
+    index: ClusterIndex, tp: int, pp: int, level: str, accept: GroupFilter, allowed: Callable[[str], bool]
+) -> tuple[list[list[str]], list[Group]] | None:
+    """``pp`` disjoint TP groups of ``tp`` GPUs, each inside one group of ``level``; None if impossible."""
+    level_index = index.levels[level]
+    taken: set[str] = set()
+    stages: list[list[str]] = []
+    groups: list[Group] = []
+    for _ in range(pp):
+        choice: tuple[Group, list[str]] | None = None
+        if groups:  # keep consecutive stages together when the previous group still has room
+            prev = groups[-1]
+            room = [r for r in prev.gpus if r in index.free and r not in taken and allowed(r)]
+            if len(room) >= tp:
+                choice = (prev, room)
+        if choice is None:
+            for g in level_index.best_fit(tp):
+                group = level_index.groups[g]
+                if not accept(group):
+                    continue
+                room = [r for r in group.gpus if r in index.free and r not in taken and allowed(r)]
+                if len(room) >= tp:
+                    choice = (group, room)
+                    break
+        if choice is None:
+            return None
+        picked = pick_in_group(index, choice[1], tp)
+        taken.update(picked)
+        stages.append(picked)
+        groups.append(choice[0])
+    return stages, groups
+
+
+def fabric_link(fabric: Fabric | None) -> str:
+    if fabric is None or fabric.kind == "ETHERNET":
+        return "tcp-100"
+    if fabric.kind == "ROCE":
+        return "roce-400"
+    return "ib-xdr" if fabric.nic_gbps >= 100 else "ib-ndr"
+
+
+def _pcie_link(gpu: GpuSpec) -> str:
+    if gpu.native_link.startswith("pcie"):
+        return gpu.native_link
+    return "pcie4" if gpu.name.startswith("A100") else "pcie5"
+
+
+def tp_link(index: ClusterIndex, refs: Sequence[str], gpu: GpuSpec) -> tuple[str, bool]:
+    """(perf link key between these TP ranks, whether they share one NVLink domain)."""
+    nodes = {index.info[r].node for r in refs}
+    domain_id = index.domain_of(refs) if len(refs) > 1 else index.dmap.gpu_domain.get(refs[0])
+    if len(refs) > 1 and domain_id is not None:
+        domain = next(d for d in index.dmap.domains if d.id == domain_id)
+        if domain.kind == "mnnvl":
+            return "mnnvl", True
+        if domain.kind == "bridge" or not gpu.native_link.startswith(("nvlink", "mnnvl")):
+            return "nvlink-bridge", True
+        return gpu.native_link, True
+    if len(nodes) > 1:
+        return fabric_link(index.cluster.fabric), False
+    return (gpu.native_link if len(refs) == 1 else _pcie_link(gpu)), len(refs) == 1
+
+
+@dataclass(frozen=True)
+class Assessment:
+    placement: Placement
+    meets_slo: bool
+    cross_gbps: float
+
+
+def assess(
+    index: ClusterIndex,
+    options: OptionSet,
+    option: DegreeOption,
+    stages: list[list[str]],
+    *,
+    placement_id: str,
+    policy: str,
+    required_level: str | None,
+    budget_left_gbps: float,
+) -> Assessment:
+    """Predict and check one concrete choice of GPUs."""
+    request, gpu = options.request, options.gpu
+    links = [tp_link(index, stage, gpu) for stage in stages]
+    worst = max(links, key=lambda x: (not x[1], x[0].startswith(("tcp", "roce", "ib")), x[0].startswith("pcie")))
+    link, in_domain = worst
+    all_refs = [r for stage in stages for r in stage]
+    stage_nodes = [{index.info[r].node for r in stage} for stage in stages]
+    pp_link = None
+    if len(stages) > 1:
+        crosses_nodes = any(a != b for a, b in itertools.pairwise(stage_nodes))
+        if crosses_nodes:
+            pp_link = fabric_link(index.cluster.fabric)
+        elif index.domain_of(all_refs) is not None:
+            pp_link = link if in_domain else None
+        else:
+            pp_link = _pcie_link(gpu)
+    estimate = options.latency(option, link, pp_link)
+    spec = option.spec
+    steps_per_s = 1000.0 / estimate.tpot_ms
+    act_bytes = request.concurrent_seqs * spec.hidden_size * BF16_BYTES
+    cross = 0.0
+    if not in_domain and option.tp > 1:
+        layers_per_stage = spec.num_layers / option.pp
+        bus = 2 * (option.tp - 1) / option.tp * act_bytes
+        cross += option.pp * option.tp * 2 * layers_per_stage * bus * steps_per_s / 1e9
+    domains = [index.domain_of(stage) for stage in stages]
+    for a, b in itertools.pairwise(domains):
+        if a is None or a != b:
+            cross += act_bytes * steps_per_s / 1e9
+    slo_class = SLO_CLASSES[request.slo_class]
+    compression = None
+    overlap = 0.0
+    tpot, ttft = estimate.tpot_ms, estimate.ttft_ms
+    comm = estimate.decode.comm_ms
+    if cross > 0 and not in_domain:
+        if slo_class.allow_compression:
+            compression = "fp8"
+            allreduces = 2 * spec.num_layers
+            tpot += -comm * (1 - COMPRESSION_RATIO) + allreduces * COMPRESSION_US_PER_ALLREDUCE / 1000
+            cross *= COMPRESSION_RATIO
+            comm *= COMPRESSION_RATIO
+        if slo_class.allow_overlap:
+            overlap = OVERLAP_FRACTION
+            tpot -= comm * OVERLAP_FRACTION
+    meets = (request.slo_tpot_ms is None or tpot <= request.slo_tpot_ms) and (
+        request.slo_ttft_ms is None or ttft <= request.slo_ttft_ms
+    )
+    level = max(
+        (index.tightest_level(stage) for stage in stages), key=["nvlink", "pcie-switch", "numa", "node", "none"].index
+    )
+    order = ["nvlink", "pcie-switch", "numa", "node", "none"]
+    affinity_held = required_level is None or order.index(level) <= order.index(required_level)
+    mem = option.memory
+    checks = (
+        ConstraintCheck(
+            name="domain-affinity",
+            held=affinity_held,
+            detail=f"TP groups at level {level}" + (f" (required {required_level})" if required_level else ""),
+        ),
+        ConstraintCheck(
+            name="cross-domain-budget",
+            held=cross <= budget_left_gbps + 1e-9,
+            detail=f"{cross:.2f} GB/s cross-domain, {budget_left_gbps:.2f} GB/s left for class {request.slo_class}",
+        ),
+        ConstraintCheck(
+            name="capacity",
+            held=mem.fits,
+            detail=f"{mem.budget_bytes / 2**30:.2f} GiB per GPU; KV holds {mem.kv_tokens_capacity} tokens",
+        ),
+        ConstraintCheck(
+            name="slo",
+            held=meets,
+            detail=f"TPOT {tpot:.2f} ms"
+            + (f" (SLO {request.slo_tpot_ms:g})" if request.slo_tpot_ms else "")
+            + f", TTFT {ttft:.1f} ms"
+            + (f" (SLO {request.slo_ttft_ms:g})" if request.slo_ttft_ms else ""),
+        ),
+    )
+    ranks = tuple(
+        Rank(rank=s * option.tp + t, node=index.info[ref].node, gpu=index.info[ref].index, stage=s, tp_rank=t)
+        for s, stage in enumerate(stages)
+        for t, ref in enumerate(stage)
+    )
+    share = HbmShare(
+        weights=mem.weights_bytes_per_gpu,
+        kv=max(mem.kv_budget_bytes, 0),
+        activations=mem.activation_bytes,
+        workspace=mem.workspace_bytes,
+    )
+    placement = Placement(
+        id=placement_id,
+        request_id=request.id,
+        model=spec.name,
+        policy=policy,
+        tp=option.tp,
+        pp=option.pp,
+        ep=option.ep,
+        ranks=ranks,
+        level=level,
+        link=link,
+        stage_domains=tuple(domains),
+        hbm_per_gpu=share,
+        kv_dtype=str(spec.kv_dtype),
+        kv_tokens_capacity=mem.kv_tokens_capacity,
+        ttft_ms=round(ttft, 3),
+        tpot_ms=round(tpot, 3),
+        cross_domain_gbps=round(cross, 4),
+        compression=compression,
+        overlap=overlap,
+        constraints=checks,
+        fallbacks=option.fallbacks,
+    )
+    return Assessment(placement, meets, cross)

@@ -1,0 +1,156 @@
+"""Placement requests and their outcomes, as values (DESIGN.md vocabulary).
+
+A ``PlacementRequest`` asks for ``replicas`` instances of a model; each placed instance is a
+``Placement`` (degrees, GPUs in rank order, per-GPU HBM, predicted latency, constraint report,
+fallbacks); each instance that could not be placed is an ``Unplaced`` with the reasons per
+domain/node, so "why didn't it fit?" always has an answer.
+"""
+
+from __future__ import annotations
+
+from typing import Literal
+
+from pydantic import BaseModel, ConfigDict, Field, model_validator
+
+Affinity = Literal["auto", "nvlink", "numa", "pcie-switch", "node", "none"]
+SloClass = Literal["realtime", "interactive", "standard", "batch"]
+
+
+class SloClassConfig(BaseModel):
+    """What an SLO class may trade for placement (seed 000 section 4)."""
+
+    model_config = ConfigDict(frozen=True, extra="forbid")
+
+    weight: float = Field(gt=0, le=1000)
+    """Share of the cross-domain budget and of fair-queueing service."""
+    allow_compression: bool
+    """Cross-domain all-reduce may be compressed (FP8: half the bytes of BF16) at a latency cost."""
+    allow_overlap: bool
+    """Communication may be overlapped with compute (a fraction of it hidden)."""
+
+
+SLO_CLASSES: dict[str, SloClassConfig] = {
+    # Strict classes keep full precision on the wire (seed 000 section 4: compression is for batch work).
+    "realtime": SloClassConfig(weight=8, allow_compression=False, allow_overlap=False),
+    "interactive": SloClassConfig(weight=4, allow_compression=False, allow_overlap=True),
+    "standard": SloClassConfig(weight=2, allow_compression=True, allow_overlap=True),
+    "batch": SloClassConfig(weight=1, allow_compression=True, allow_overlap=True),
+}
+
+
+class PlacementRequest(BaseModel):
+    """What to place. Every field has a default except the model."""
+
+    model_config = ConfigDict(frozen=True, extra="forbid")
+
+    id: str = Field(default="req", min_length=1, description="idempotency key; instance ids derive from it")
+    model: str = Field(min_length=1, description="catalog name, Hugging Face id or config.json path")
+    weight_dtype: str | None = None
+    kv_dtype: str | None = None
+    max_model_len: int = Field(default=8192, ge=1, le=10_000_000)
+    concurrent_seqs: int = Field(default=8, ge=1, le=100_000, description="sequences to reserve KV for")
+    input_len: int = Field(default=1024, ge=1, description="typical prompt length, for predictions")
+    output_len: int = Field(default=256, ge=1, description="typical output length, for predictions")
+    slo_tpot_ms: float | None = Field(default=None, gt=0)
+    slo_ttft_ms: float | None = Field(default=None, gt=0)
+    slo_class: SloClass = "interactive"
+    priority: int = Field(default=0, ge=0, le=100)
+    replicas: int = Field(default=1, ge=1, le=10_000)
+    allowed_tp: tuple[int, ...] | None = None
+    max_pp: int = Field(default=8, ge=1, le=64)
+    ep: int = Field(default=1, ge=1, le=1024, description="expert-parallel degree for MoE models")
+    affinity: Affinity = "auto"
+    allow_int4_kv: bool = False
+    node_selector: dict[str, str] = Field(default_factory=dict, description="node labels that must match")
+    racks: tuple[str, ...] | None = None
+    zones: tuple[str, ...] | None = None
+    spread_replicas: bool = Field(default=False, description="anti-affinity: no two replicas on one node")
+    near: str | None = Field(default=None, description="placement id to be close to (role affinity)")
+    near_level: Literal["node", "rack", "zone"] = "rack"
+    near_required: bool = False
+
+    @model_validator(mode="after")
+    def _check(self) -> PlacementRequest:
+        if self.allowed_tp is not None:
+            if not self.allowed_tp:
+                raise ValueError("allowed_tp, when given, must list at least one tp")
+            bad = [t for t in self.allowed_tp if t < 1 or t & (t - 1)]
+            if bad:
+                raise ValueError(f"allowed_tp values must be powers of two (got {bad})")
+        if self.max_model_len < self.input_len:
+            raise ValueError(f"max_model_len {self.max_model_len} is shorter than input_len {self.input_len}")
+        return self
+
+
+class Rank(BaseModel):
+    model_config = ConfigDict(frozen=True)
+
+    rank: int
+    node: str
+    gpu: int
+    stage: int
+    tp_rank: int
+
+
+class HbmShare(BaseModel):
+    """Bytes reserved on each GPU of a placement (the worst stage's figures)."""
+
+    model_config = ConfigDict(frozen=True)
+
+    weights: int
+    kv: int
+    activations: int
+    workspace: int
+
+    @property
+    def total(self) -> int:
+        return self.weights + self.kv + self.activations + self.workspace
+
+
+class ConstraintCheck(BaseModel):
+    model_config = ConfigDict(frozen=True)
+
+    name: Literal["domain-affinity", "cross-domain-budget", "capacity", "slo", "selector", "near"]
+    held: bool
+    detail: str
+
+
+class Placement(BaseModel):
+    """One placed instance."""
+
+    model_config = ConfigDict(frozen=True)
+
+    id: str
+    request_id: str
+    model: str
+    policy: str
+    tp: int
+    pp: int
+    ep: int
+    ranks: tuple[Rank, ...]
+    level: str = Field(description="affinity level the TP groups satisfy")
+    link: str = Field(description="perf link key between TP ranks")
+    stage_domains: tuple[str | None, ...]
+    hbm_per_gpu: HbmShare
+    kv_dtype: str
+    kv_tokens_capacity: int
+    ttft_ms: float
+    tpot_ms: float
+    cross_domain_gbps: float
+    compression: str | None = None
+    overlap: float = 0.0
+    constraints: tuple[ConstraintCheck, ...]
+    fallbacks: tuple[str, ...] = ()
+
+    @property
+    def gpu_refs(self) -> tuple[str, ...]:
+        return tuple(f"{r.node}/{r.gpu}" for r in self.ranks)
+
+
+class Unplaced(BaseModel):
+    model_config = ConfigDict(frozen=True)
+
+    request_id: str
+    replica: int
+    status: Literal["queued", "rejected"]
+    reasons: tuple[str, ...]

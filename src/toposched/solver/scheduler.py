@@ -1,0 +1,325 @@
+"""The placement scheduler: policies over the cluster index, reservations through the ledger.
+
+``Scheduler.place(request)`` places ``request.replicas`` instances one by one with the named
+policy, reserving each instance's HBM atomically in the ledger; ``release(placement_id)`` gives it
+back. The solver reads and writes capacity only through the ``Ledger`` interface and keeps its own
+index of free GPUs in step with what it reserved.
+
+Policies (registry ``POLICIES``):
+
+    slo          default: the fewest GPUs that meet the SLO, then best fit, then locality
+    latency      largest feasible TP first (seed 000's ``select_tp``), then best fit
+    index-order  what engines do today: the degrees ``slo`` would pick, on the lowest free indices
+    random       the same degrees on random free GPUs (seeded)
+    exact        CP-SAT over the same objective (``solver/exact.py``)
+
+``index-order`` and ``random`` ignore topology on purpose (they are the baselines the simulator
+compares against); the placement reports the affinity constraint as broken when it is.
+"""
+
+from __future__ import annotations
+
+import random
+from collections.abc import Callable, Iterable
+from dataclasses import dataclass, field
+from typing import Any
+
+from toposched.errors import InfeasibleError
+from toposched.ledger.base import GIB, Ledger, capacities_from_cluster
+from toposched.ledger.memory import MemoryLedger
+from toposched.perf.hardware import GpuSpec
+from toposched.registry import Registry
+from toposched.solver.index import LEVELS, ClusterIndex, Group
+from toposched.solver.options import DegreeOption, OptionSet, build_options, gpu_type_for
+from toposched.solver.place import Assessment, assess, find_stages
+from toposched.solver.request import SLO_CLASSES, Placement, PlacementRequest, Unplaced
+from toposched.topology.model import Cluster
+
+DEFAULT_BUDGET_GBPS = 256.0
+
+
+@dataclass
+class Outcome:
+    placements: list[Placement] = field(default_factory=list)
+    unplaced: list[Unplaced] = field(default_factory=list)
+
+
+@dataclass
+class Candidate:
+    """A degree option on one GPU type with the nodes of that type."""
+
+    options: OptionSet
+    option: DegreeOption
+    nodes: frozenset[str]
+
+
+class Scheduler:
+    """Places instances on one cluster; holds the index, the ledger and the cross-domain budget."""
+
+    def __init__(
+        self,
+        cluster: Cluster,
+        *,
+        ledger: Ledger | None = None,
+        gpu: str | None = None,
+        busy: Iterable[str] = (),
+        budget_gbps: float = DEFAULT_BUDGET_GBPS,
+        seed: int = 0,
+    ) -> None:
+        self.cluster = cluster
+        self.gpu_override = gpu
+        self.gpu_of_node: dict[str, GpuSpec] = {
+            n.name: gpu_type_for(n.gpus[0].model if n.gpus else None, gpu) for n in cluster.nodes
+        }
+        default_gib = None
+        if any(g.hbm_gib is None for n in cluster.nodes for g in n.gpus):
+            default_gib = None if gpu is None else gpu_type_for(None, gpu).memory_bytes / GIB
+        if ledger is None:
+            ledger = MemoryLedger(capacities_from_cluster(cluster, default_gib=default_gib or 0.0))
+        self.ledger = ledger
+        busy = set(busy)
+        held = {ref for ref, a in ledger.accounts().items() if a.reserved_bytes > 0}
+        self.index = ClusterIndex(cluster, busy=busy | held)
+        self.budget_gbps = budget_gbps
+        self.cross_used: dict[str, float] = {}
+        self.placements: dict[str, Placement] = {}
+        self.rng = random.Random(seed)
+        self._options: dict[tuple[Any, ...], tuple[list[Candidate], list[str]]] = {}
+        self._cross_of: dict[str, tuple[str, float]] = {}  # placement id -> (SLO class, GB/s)
+        self._class_of: dict[str, str] = {}  # request id -> SLO class
+
+    # ------------------------------------------------------------------ candidates
+
+    def _class_budget_left(self, slo_class: str) -> float:
+        total_weight = sum(c.weight for c in SLO_CLASSES.values())
+        share = self.budget_gbps * SLO_CLASSES[slo_class].weight / total_weight
+        used_total = sum(self.cross_used.values())
+        return max(0.0, min(share - self.cross_used.get(slo_class, 0.0), self.budget_gbps - used_total))
+
+    def candidates(self, request: PlacementRequest) -> tuple[list[Candidate], list[str]]:
+        fields = request.model_dump(exclude={"id", "replicas", "priority", "near", "near_required", "spread_replicas"})
+        key = tuple((k, repr(v)) for k, v in fields.items())
+        if key not in self._options:
+            dropped: list[str] = []
+            by_type: dict[str, set[str]] = {}
+            for node, spec in self.gpu_of_node.items():
+                by_type.setdefault(spec.name, set()).add(node)
+            cands: list[Candidate] = []
+            for name, nodes in sorted(by_type.items()):
+                gpu = self.gpu_of_node[next(iter(nodes))]
+                level_cap = self.index.levels["none" if request.affinity == "none" else "node"].largest_group()
+                if request.affinity == "nvlink":
+                    level_cap = self.index.levels["nvlink"].largest_group()
+                max_gpus = sum(len(self.index.nodes[n].gpus) for n in nodes)
+                opts = build_options(request, gpu, max_tp=max(level_cap, 1), max_gpus=max_gpus)
+                dropped.extend(f"{name}: {d}" for d in opts.dropped)
+                cands.extend(Candidate(opts, o, frozenset(nodes)) for o in opts.options)
+            cands.sort(
+                key=lambda c: (len(c.option.fallbacks), c.option.gpus, -c.option.tp, c.option.pp, c.options.gpu.name)
+            )
+            self._options[key] = (cands, dropped)
+        cands, dropped = self._options[key]
+        return cands, list(dropped)
+
+    def group_filter(
+        self, request: PlacementRequest, nodes: frozenset[str], replica_nodes: set[str]
+    ) -> Callable[[Group], bool]:
+        def ok_node(name: str) -> bool:
+            node = self.index.nodes[name]
+            if name not in nodes:
+                return False
+            if any(node.labels.get(k) != v for k, v in request.node_selector.items()):
+                return False
+            if request.racks is not None and node.rack not in request.racks:
+                return False
+            if request.zones is not None and node.zone not in request.zones:
+                return False
+            if request.spread_replicas and name in replica_nodes:
+                return False
+            near = self.placements.get(request.near) if request.near else None
+            if near is not None and request.near_required:
+                return self._near(near, node.name, request.near_level)
+            return True
+
+        return lambda group: all(ok_node(n) for n in group.nodes)
+
+    def _near(self, other: Placement, node: str, level: str) -> bool:
+        mine = self.index.nodes[node]
+        for rank in other.ranks:
+            theirs = self.index.nodes[rank.node]
+            if level == "node" and theirs.name == mine.name:
+                return True
+            if level == "rack" and theirs.rack is not None and theirs.rack == mine.rack:
+                return True
+            if level == "zone" and theirs.zone is not None and theirs.zone == mine.zone:
+                return True
+        return False
+
+    # ------------------------------------------------------------------ placing
+
+    def place(self, request: PlacementRequest, policy: str = "slo") -> Outcome:
+        """Place every replica of ``request``; each failure becomes an ``Unplaced`` with reasons."""
+        choose = POLICIES.get(policy)
+        outcome = Outcome()
+        replica_nodes: set[str] = set()
+        for replica in range(request.replicas):
+            pid = f"{request.id}-{replica}" if request.replicas > 1 else request.id
+            existing = self.placements.get(pid)
+            if existing is not None:  # idempotent by id
+                outcome.placements.append(existing)
+                continue
+            self._class_of[request.id] = request.slo_class
+            result = choose(self, request, pid, replica_nodes)
+            if isinstance(result, Unplaced):
+                outcome.unplaced.append(result.model_copy(update={"replica": replica}))
+                continue
+            self.commit(result)
+            outcome.placements.append(result.placement)
+            replica_nodes.update(r.node for r in result.placement.ranks)
+        return outcome
+
+    def commit(self, chosen: Assessment) -> None:
+        placement = chosen.placement
+        refs = placement.gpu_refs
+        booked = self.ledger.reserve(
+            placement.id,
+            dict.fromkeys(refs, placement.hbm_per_gpu.total),
+            owner="toposched",
+            meta={"model": placement.model, "tp": str(placement.tp), "pp": str(placement.pp)},
+        )
+        if not booked.ok:
+            raise InfeasibleError(f"ledger refused {placement.id}: {booked.status} {booked.reasons}")
+        self.index.take(refs)
+        cls = self._class_of.get(placement.request_id, "interactive")
+        self.cross_used[cls] = self.cross_used.get(cls, 0.0) + chosen.cross_gbps
+        self.placements[placement.id] = placement
+        self._cross_of[placement.id] = (cls, chosen.cross_gbps)
+
+    def release(self, placement_id: str) -> bool:
+        placement = self.placements.pop(placement_id, None)
+        if placement is None:
+            return False
+        self.ledger.release(placement_id)
+        self.index.give(placement.gpu_refs)
+        cls, gbps = self._cross_of.pop(placement_id)
+        self.cross_used[cls] = max(0.0, self.cross_used.get(cls, 0.0) - gbps)
+        return True
+
+    def why_not(self, request: PlacementRequest, level_of: Callable[[int], str], need: int) -> list[str]:
+        """Per-domain/node reasons when no group has room."""
+        reasons: list[str] = []
+        for node in self.cluster.nodes[:32]:
+            free = [g.index for g in node.gpus if f"{node.name}/{g.index}" in self.index.free]
+            reasons.append(f"node {node.name}: {len(free)} free GPU(s) {free}, need groups of {need}")
+        if len(self.cluster.nodes) > 32:
+            reasons.append(f"... and {len(self.cluster.nodes) - 32} more nodes")
+        return reasons
+
+
+def _search(
+    s: Scheduler,
+    request: PlacementRequest,
+    pid: str,
+    replica_nodes: set[str],
+    order: Callable[[list[Candidate]], list[Candidate]],
+    policy: str,
+    *,
+    stop_at_first_placeable: bool,
+) -> Assessment | Unplaced:
+    cands, dropped = s.candidates(request)
+    reasons = list(dropped)
+    best_violating: Assessment | None = None
+    budget_left = s._class_budget_left(request.slo_class)
+    for cand in order(cands):
+        option = cand.option
+        level = s.index.resolve_level(request.affinity, option.tp)
+        accept = s.group_filter(request, cand.nodes, replica_nodes)
+        found = find_stages(s.index, option.tp, option.pp, level, accept, lambda _r: True)
+        if found is None:
+            reasons.append(
+                f"tp={option.tp} pp={option.pp} on {cand.options.gpu.name}: no {level} group with "
+                f"{option.tp} free GPUs for each of {option.pp} stage(s)"
+            )
+            continue
+        stages, _ = found
+        result = assess(
+            s.index, cand.options, option, stages, placement_id=pid, policy=policy,
+            required_level=level, budget_left_gbps=budget_left,
+        )  # fmt: skip
+        if result.cross_gbps > budget_left + 1e-9:
+            reasons.append(
+                f"tp={option.tp} pp={option.pp}: {result.cross_gbps:.1f} GB/s cross-domain traffic over the "
+                f"{budget_left:.1f} GB/s left in the budget"
+            )
+            continue
+        if result.meets_slo or stop_at_first_placeable:
+            return result
+        if best_violating is None or result.placement.tpot_ms < best_violating.placement.tpot_ms:
+            best_violating = result
+        reasons.append(f"tp={option.tp} pp={option.pp}: {result.placement.constraints[3].detail}")
+    if best_violating is not None:
+        return best_violating
+    if not cands:
+        reasons.append(f"{request.model} fits no degree within the limits (max pp {request.max_pp})")
+    else:
+        reasons.extend(s.why_not(request, lambda tp: s.index.resolve_level(request.affinity, tp), cands[0].option.tp))
+    return Unplaced(request_id=request.id, replica=0, status="queued" if cands else "rejected", reasons=tuple(reasons))
+
+
+def _slo(s: Scheduler, request: PlacementRequest, pid: str, replica_nodes: set[str]) -> Assessment | Unplaced:
+    return _search(s, request, pid, replica_nodes, lambda c: c, "slo", stop_at_first_placeable=False)
+
+
+def _latency(s: Scheduler, request: PlacementRequest, pid: str, replica_nodes: set[str]) -> Assessment | Unplaced:
+    def largest_tp_first(cands: list[Candidate]) -> list[Candidate]:
+        return sorted(cands, key=lambda c: (-c.option.tp, c.option.pp, c.options.gpu.name))
+
+    return _search(s, request, pid, replica_nodes, largest_tp_first, "latency", stop_at_first_placeable=True)
+
+
+def _blind(
+    s: Scheduler,
+    request: PlacementRequest,
+    pid: str,
+    replica_nodes: set[str],
+    pick: Callable[[list[str], int], list[str]],
+    policy: str,
+) -> Assessment | Unplaced:
+    """Topology-blind baselines: the degrees slo would choose on an empty machine, any free GPUs."""
+    cands, dropped = s.candidates(request)
+    for cand in cands:
+        option = cand.option
+        est = cand.options.latency(option, cand.options.gpu.native_link)
+        if not cand.options.meets_slo(est) and cand is not cands[-1]:
+            continue
+        accept = s.group_filter(request, cand.nodes, replica_nodes)
+        free = [
+            r
+            for r in sorted(s.index.free, key=lambda r: s.index.info[r].order)
+            if accept(s.index.levels["node"].groups[s.index.levels["node"].of_gpu[r][0]])
+        ]
+        if len(free) < option.gpus:
+            continue
+        chosen = pick(free, option.gpus)
+        stages = [chosen[i * option.tp : (i + 1) * option.tp] for i in range(option.pp)]
+        return assess(
+            s.index, cand.options, option, stages, placement_id=pid, policy=policy,
+            required_level=s.index.resolve_level(request.affinity, option.tp), budget_left_gbps=float("inf"),
+        )  # fmt: skip
+    return Unplaced(request_id=request.id, replica=0, status="queued", reasons=(*dropped, "not enough free GPUs"))
+
+
+def _index_order(s: Scheduler, request: PlacementRequest, pid: str, replica_nodes: set[str]) -> Assessment | Unplaced:
+    return _blind(s, request, pid, replica_nodes, lambda free, n: free[:n], "index-order")
+
+
+def _random(s: Scheduler, request: PlacementRequest, pid: str, replica_nodes: set[str]) -> Assessment | Unplaced:
+    return _blind(s, request, pid, replica_nodes, lambda free, n: s.rng.sample(free, n), "random")
+
+
+Policy = Callable[[Scheduler, PlacementRequest, str, set[str]], Assessment | Unplaced]
+POLICIES: Registry[Policy] = Registry("placement policy")
+for _name, _fn in (("slo", _slo), ("latency", _latency), ("index-order", _index_order), ("random", _random)):
+    POLICIES.register(_name, _fn)
+
+__all__ = ["LEVELS", "POLICIES", "Outcome", "Scheduler"]
