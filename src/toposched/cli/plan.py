@@ -15,6 +15,8 @@ from toposched.solver.request import Placement, PlacementRequest, Unplaced
 from toposched.solver.scheduler import POLICIES, Scheduler
 from toposched.topology.model import Cluster
 from toposched.topology.sources import load_source
+from toposched.workload import resolve_model
+from toposched.workload.parallel import tp_problem, valid_tps
 
 
 def register(app: typer.Typer) -> None:
@@ -119,7 +121,13 @@ def plan(
     ref = _source_ref(smi, preset, cluster, live)
     if ref is None:
         raise InputError("plan needs a topology", fix="pass --preset NAME, --smi FILE, --cluster FILE or --live")
-    POLICIES.get(policy) if policy != "exact" else None
+    if policy != "exact":
+        POLICIES.get(policy)  # unknown names fail here with the valid ones
+    if tp is not None:
+        spec = resolve_model(model)
+        problem = tp_problem(spec, tp)
+        if problem:
+            raise InputError(f"--tp {tp}: {problem}", fix="valid tp: " + ", ".join(map(str, valid_tps(spec))))
     try:
         request = PlacementRequest(
             id="plan",
@@ -140,8 +148,10 @@ def plan(
         )
     except ValidationError as exc:
         err = exc.errors()[0]
-        field = "--" + str(err["loc"][0]).replace("_", "-") if err["loc"] else "request"
-        raise InputError(f"{field}: {err['msg']} (got {err.get('input')!r})") from exc
+        if err["loc"]:
+            flag = "--" + str(err["loc"][0]).replace("_", "-")
+            raise InputError(f"{flag}: {err['msg']} (got {err.get('input')!r})") from exc
+        raise InputError(f"request: {err['msg']}") from exc
     loaded = load_source(ref)
     for w in loaded.warnings:
         err_console.print(f"warning: {w}", markup=False, soft_wrap=True)

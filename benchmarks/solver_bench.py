@@ -1,0 +1,127 @@
+"""Decision latency of the fast solver, and its optimality gap against the CP-SAT exact baseline.
+
+    .venv/bin/python benchmarks/solver_bench.py latency [--decisions N]
+    .venv/bin/python benchmarks/solver_bench.py gap [--instances N]
+
+latency: clusters of 256, 4,096 and 16,384 H100 GPUs (HGX nodes, seed 000's fabric), filled to 60 %
+with a seeded mix of instances (TP 1/2/4/8 of Llama-3.1-8B/70B and Mixtral-8x22B); then N single
+placements, each timed alone (perf_counter around ``Scheduler.place``) and released again so the
+fill stays at 60 %. Prints p50/p99/max per size.
+
+gap: N random small instances (1-4 nodes of HGX H100 or the 4-GPU NVLink-pair box, random GPUs
+busy, a batch of 1-4 requests); the fast ``slo`` policy places them one by one, CP-SAT places the
+batch jointly; both outcomes are scored by ``solver.exact.objective``. Prints mean and max gap.
+"""
+
+from __future__ import annotations
+
+import argparse
+import random
+import statistics
+import time
+
+from toposched.solver.exact import objective, place_exact
+from toposched.solver.request import PlacementRequest
+from toposched.solver.scheduler import Scheduler
+from toposched.topology.model import Cluster
+from toposched.topology.presets import hgx, hgx_h100_cluster, nvlink_pairs_4gpu
+
+MIX = [("llama-3.1-8b", (1,)), ("llama-3.1-8b", (2,)), ("llama-3.1-70b", (4,)), ("mixtral-8x22b", (8,))]
+
+
+def _request(rng: random.Random, n: int) -> PlacementRequest:
+    model, tps = rng.choice(MIX)
+    return PlacementRequest(id=f"r{n}", model=model, allowed_tp=tps, max_model_len=8192, concurrent_seqs=8)
+
+
+def latency(decisions: int) -> None:
+    print(f"{'GPUs':>7} {'fill':>6} {'p50 ms':>8} {'p99 ms':>8} {'max ms':>8} {'placed':>7}")
+    for gpus in (256, 4096, 16384):
+        rng = random.Random(7)
+        s = Scheduler(hgx_h100_cluster(nodes=gpus // 8, nodes_per_rack=8, racks_per_zone=8))
+        n = 0
+        while len(s.index.free) > 0.4 * gpus:
+            s.place(_request(rng, n))
+            n += 1
+        fill = 1 - len(s.index.free) / gpus
+        times = []
+        placed = 0
+        for _ in range(decisions):
+            req = _request(rng, n)
+            n += 1
+            start = time.perf_counter()
+            out = s.place(req)
+            times.append((time.perf_counter() - start) * 1000)
+            for p in out.placements:
+                placed += 1
+                s.release(p.id)
+        times.sort()
+        p99 = times[min(len(times) - 1, int(0.99 * len(times)))]
+        print(f"{gpus:>7} {fill:>6.0%} {statistics.median(times):>8.3f} {p99:>8.3f} {times[-1]:>8.3f} {placed:>7}")
+
+
+def _small_cluster(rng: random.Random) -> Cluster:
+    nodes = []
+    for i in range(rng.randint(1, 4)):
+        if rng.random() < 0.7:
+            nodes.append(hgx(f"h{i}", "NVIDIA H100 80GB HBM3", 79.65))
+        else:
+            nodes.append(nvlink_pairs_4gpu(f"p{i}"))
+    return Cluster(nodes=tuple(nodes))
+
+
+def gap(instances: int) -> None:
+    gaps = []
+    worse = 0
+    exact_s: list[float] = []
+    fast_s: list[float] = []
+    unplaced_more = 0
+    for k in range(instances):
+        rng = random.Random(k)
+        cluster = _small_cluster(rng)
+        refs = [f"{n.name}/{g.index}" for n in cluster.nodes for g in n.gpus]
+        busy = rng.sample(refs, rng.randint(0, len(refs) // 2))
+        batch = [_request(rng, j) for j in range(rng.randint(1, 4))]
+        prio = {r.id: r.priority for r in batch}
+        fast = Scheduler(cluster, busy=busy)
+        base = Scheduler(cluster, busy=busy).index
+        placed, unplaced = [], []
+        start = time.perf_counter()
+        for r in batch:
+            out = fast.place(r)
+            placed += out.placements
+            unplaced += out.unplaced
+        fast_s.append(time.perf_counter() - start)
+        fast_cost = objective(base, placed, unplaced, prio)
+        ex = Scheduler(cluster, busy=busy)
+        start = time.perf_counter()
+        out = place_exact(ex, batch)
+        exact_s.append(time.perf_counter() - start)
+        exact_cost = objective(base, out.placements, out.unplaced, prio)
+        g = (fast_cost - exact_cost) / exact_cost if exact_cost else 0.0
+        worse += g > 1e-12
+        gaps.append(g)
+        unplaced_more += len(unplaced) > len(out.unplaced)
+    print(
+        f"instances {instances}: mean gap {statistics.mean(gaps):.4%}, median {statistics.median(gaps):.4%}, "
+        f"max {max(gaps):.4%}, min {min(gaps):.4%}; fast worse on {worse}, leaves more unplaced on {unplaced_more}; "
+        f"median time per batch: fast {statistics.median(fast_s) * 1000:.2f} ms, exact {statistics.median(exact_s) * 1000:.1f} ms"
+    )
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser()
+    sub = parser.add_subparsers(dest="what", required=True)
+    lat = sub.add_parser("latency")
+    lat.add_argument("--decisions", type=int, default=500)
+    g = sub.add_parser("gap")
+    g.add_argument("--instances", type=int, default=200)
+    args = parser.parse_args()
+    if args.what == "latency":
+        latency(args.decisions)
+    else:
+        gap(args.instances)
+
+
+if __name__ == "__main__":
+    main()
