@@ -105,7 +105,8 @@ def gap(instances: int) -> None:
     print(
         f"instances {instances}: mean gap {statistics.mean(gaps):.4%}, median {statistics.median(gaps):.4%}, "
         f"max {max(gaps):.4%}, min {min(gaps):.4%}; fast worse on {worse}, leaves more unplaced on {unplaced_more}; "
-        f"median time per batch: fast {statistics.median(fast_s) * 1000:.2f} ms, exact {statistics.median(exact_s) * 1000:.1f} ms"
+        f"median time per batch: fast {statistics.median(fast_s) * 1000:.2f} ms, "
+        f"exact {statistics.median(exact_s) * 1000:.1f} ms"
     )
 
 
