@@ -17,6 +17,7 @@ from toposched.perf.hardware import GpuSpec, get_gpu, gpu_registry
 from toposched.perf.latency import LatencyEstimate, predict_latency
 from toposched.perf.links import get_link
 from toposched.solver.request import PlacementRequest
+from toposched.solver.split import balanced_partition
 from toposched.workload import resolve_model
 from toposched.workload.dtypes import KvDtype, kv_element_bytes, parse_kv_dtype, parse_weight_dtype
 from toposched.workload.memory import MemoryConfig, MemoryEstimate, estimate_memory
@@ -40,6 +41,10 @@ class DegreeOption:
     @property
     def gpus(self) -> int:
         return self.tp * self.pp
+
+    @property
+    def stage_layers(self) -> tuple[int, ...]:
+        return tuple(s.layers for s in self.memory.stages)
 
 
 @dataclass
@@ -111,8 +116,9 @@ def _memory(
     if ckpt:
         cfg = cfg.model_copy(update={"max_num_batched_tokens": cfg.checkpoint_batched_tokens})
     return estimate_memory(
-        spec, gpu_memory_bytes=gpu_bytes, tp=tp, pp=pp, ep=ep, max_model_len=max_len, num_seqs=seqs, config=cfg
-    )
+        spec, gpu_memory_bytes=gpu_bytes, tp=tp, pp=pp, ep=ep, max_model_len=max_len, num_seqs=seqs, config=cfg,
+        layer_partition=balanced_partition(spec, pp, tp, ep) if pp > 1 else None,
+    )  # fmt: skip
 
 
 def _fit_with_fallbacks(

@@ -238,6 +238,7 @@ def assess(
         level=level,
         link=link,
         stage_domains=tuple(domains),
+        stage_layers=option.stage_layers,
         hbm_per_gpu=share,
         kv_dtype=str(spec.kv_dtype),
         kv_tokens_capacity=mem.kv_tokens_capacity,

@@ -131,6 +131,7 @@ class Placement(BaseModel):
     level: str = Field(description="affinity level the TP groups satisfy")
     link: str = Field(description="perf link key between TP ranks")
     stage_domains: tuple[str | None, ...]
+    stage_layers: tuple[int, ...] = Field(description="layers per pipeline stage (VLLM_PP_LAYER_PARTITION)")
     hbm_per_gpu: HbmShare
     kv_dtype: str
     kv_tokens_capacity: int

@@ -22,7 +22,7 @@ from dataclasses import dataclass
 from pydantic import BaseModel, ConfigDict, Field
 
 from toposched.workload.dtypes import KvDtype, activation_bytes, kv_element_bytes, weight_format
-from toposched.workload.parallel import check_degrees, stage_layers
+from toposched.workload.parallel import check_degrees, partition_ranges
 from toposched.workload.spec import ModelSpec
 
 GIB = 1024**3
@@ -214,8 +214,12 @@ def estimate_memory(
     max_model_len: int | None = None,
     num_seqs: int = 1,
     config: MemoryConfig | None = None,
+    layer_partition: tuple[int, ...] | None = None,
 ) -> MemoryEstimate:
     """Per-GPU memory of one instance and the KV tokens that fit; raises only on invalid degrees.
+
+    ``layer_partition`` gives the layers per pipeline stage (as ``VLLM_PP_LAYER_PARTITION`` does);
+    by default layers are split the way vLLM's ``get_pp_indices`` does.
 
     ``fits`` is true when every stage's KV budget holds ``num_seqs`` sequences of ``max_model_len``
     tokens (vLLM refuses to start when one max-length sequence does not fit).
@@ -227,7 +231,7 @@ def estimate_memory(
     workspace = cfg.non_torch_bytes + cfg.cudagraph_bytes + (cfg.comm_buffer_bytes if tp * pp > 1 else 0)
     tokens = min(cfg.max_num_batched_tokens, max(seq_len, 1) * cfg.max_num_seqs)
     per_layer_kv = kv_bytes_per_token_per_layer(spec, tp)
-    ranges = stage_layers(spec.num_layers, pp)
+    ranges = partition_ranges(spec.num_layers, pp, layer_partition)
     stages = []
     for i, layers in enumerate(ranges):
         first, last = i == 0, i == pp - 1

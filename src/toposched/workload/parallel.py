@@ -71,3 +71,18 @@ def stage_layers(num_layers: int, pp: int) -> list[range]:
         out.append(range(start, start + size))
         start += size
     return out
+
+
+def partition_ranges(num_layers: int, pp: int, partition: tuple[int, ...] | None = None) -> list[range]:
+    """Layer ranges from explicit per-stage layer counts, or vLLM's default split when None."""
+    if partition is None:
+        return stage_layers(num_layers, pp)
+    if len(partition) != pp or sum(partition) != num_layers or min(partition) < 1:
+        raise InfeasibleError(
+            f"layer partition {list(partition)} must give {pp} stages of at least one layer summing to {num_layers}"
+        )
+    out, start = [], 0
+    for size in partition:
+        out.append(range(start, start + size))
+        start += size
+    return out
