@@ -3,8 +3,8 @@
 from __future__ import annotations
 
 import pytest
-from tests.solver.builders import make_request, make_scheduler
 
+from tests.solver.builders import make_request, make_scheduler
 from toposched.errors import InfeasibleError, InputError, UnknownNameError
 from toposched.solver.request import PlacementRequest
 
@@ -174,11 +174,17 @@ def test_near_required_keeps_roles_in_one_rack() -> None:
     s.place(make_request("llama-3.1-70b", id="kv-store", racks=("rack1",)))
     (p,) = s.place(make_request("llama-3.1-8b", id="decode", near="kv-store", near_required=True)).placements
     assert s.index.nodes[p.ranks[0].node].rack == "rack1"
+    (q,) = s.place(make_request("llama-3.1-8b", id="pref", near="kv-store")).placements  # preferred, room there
+    assert s.index.nodes[q.ranks[0].node].rack == "rack1"
+    for n in range(4, 8):  # fill rack1 completely
+        s.index.take([f"h100-0{n}/{i}" for i in range(8) if f"h100-0{n}/{i}" in s.index.free])
+    (r,) = s.place(make_request("llama-3.1-8b", id="pref2", near="kv-store")).placements
+    assert s.index.nodes[r.ranks[0].node].rack == "rack0"  # preference yields when the rack is full
+    assert s.place(make_request("llama-3.1-8b", id="req2", near="kv-store", near_required=True)).unplaced
 
 
 def test_gpu_type_must_be_known() -> None:
     from tests.conftest import FIXTURES
-
     from toposched.solver.scheduler import Scheduler
     from toposched.topology.model import Cluster
     from toposched.topology.smi import parse_topo_matrix

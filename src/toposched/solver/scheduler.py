@@ -122,8 +122,10 @@ class Scheduler:
         return cands, list(dropped)
 
     def group_filter(
-        self, request: PlacementRequest, nodes: frozenset[str], replica_nodes: set[str]
+        self, request: PlacementRequest, nodes: frozenset[str], replica_nodes: set[str], *, near_strict: bool = False
     ) -> Callable[[Group], bool]:
+        """Which groups this request may use: node type, selectors, racks/zones, spreading, role affinity."""
+
         def ok_node(name: str) -> bool:
             node = self.index.nodes[name]
             if name not in nodes:
@@ -137,7 +139,7 @@ class Scheduler:
             if request.spread_replicas and name in replica_nodes:
                 return False
             near = self.placements.get(request.near) if request.near else None
-            if near is not None and request.near_required:
+            if near is not None and (request.near_required or near_strict):
                 return self._near(near, node.name, request.near_level)
             return True
 
@@ -205,7 +207,7 @@ class Scheduler:
         self.cross_used[cls] = max(0.0, self.cross_used.get(cls, 0.0) - gbps)
         return True
 
-    def why_not(self, request: PlacementRequest, level_of: Callable[[int], str], need: int) -> list[str]:
+    def why_not(self, need: int) -> list[str]:
         """Per-domain/node reasons when no group has room."""
         reasons: list[str] = []
         for node in self.cluster.nodes[:32]:
@@ -233,8 +235,13 @@ def _search(
     for cand in order(cands):
         option = cand.option
         level = s.index.resolve_level(request.affinity, option.tp)
-        accept = s.group_filter(request, cand.nodes, replica_nodes)
-        found = find_stages(s.index, option.tp, option.pp, level, accept, lambda _r: True)
+        found = None
+        if request.near and not request.near_required:  # preferred role affinity: try near first
+            near = s.group_filter(request, cand.nodes, replica_nodes, near_strict=True)
+            found = find_stages(s.index, option.tp, option.pp, level, near, lambda _r: True)
+        if found is None:
+            accept = s.group_filter(request, cand.nodes, replica_nodes)
+            found = find_stages(s.index, option.tp, option.pp, level, accept, lambda _r: True)
         if found is None:
             reasons.append(
                 f"tp={option.tp} pp={option.pp} on {cand.options.gpu.name}: no {level} group with "
@@ -262,7 +269,7 @@ def _search(
     if not cands:
         reasons.append(f"{request.model} fits no degree within the limits (max pp {request.max_pp})")
     else:
-        reasons.extend(s.why_not(request, lambda tp: s.index.resolve_level(request.affinity, tp), cands[0].option.tp))
+        reasons.extend(s.why_not(cands[0].option.tp))
     return Unplaced(request_id=request.id, replica=0, status="queued" if cands else "rejected", reasons=tuple(reasons))
 
 
