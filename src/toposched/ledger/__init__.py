@@ -1,7 +1,10 @@
-"""HBM ledger: one interface (``base.Ledger``), several backends; ``open_ledger("memory")``."""
+"""HBM ledger: one interface (``base.Ledger``), backends "memory", "sqlite:PATH", "etcd:URL" (``open_ledger``)."""
 
+from toposched.ledger import etcd as _etcd  # noqa: F401  (registers the backend)
 from toposched.ledger import memory as _memory  # noqa: F401  (registers the backend)
+from toposched.ledger import sqlite as _sqlite  # noqa: F401  (registers the backend)
 from toposched.ledger.base import (
+    AuditEntry,
     Feature,
     GpuAccount,
     Ledger,
@@ -14,6 +17,7 @@ from toposched.ledger.base import (
 from toposched.ledger.memory import MemoryLedger
 
 __all__ = [
+    "AuditEntry",
     "Feature",
     "GpuAccount",
     "Ledger",

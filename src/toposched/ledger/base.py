@@ -9,7 +9,8 @@ Every backend (memory here; SQLite and etcd in their own modules) keeps the same
   ``conflict`` and changes nothing;
 * a reservation may hold a lease (``ttl_s``); once it expires the bytes are free again, whether or
   not anyone calls ``release``; ``renew`` extends a live lease;
-* a refusal is a value (``ReserveResult`` with per-GPU reasons), not an exception.
+* a refusal is a value (``ReserveResult`` with per-GPU reasons), not an exception;
+* every change (reserve, release, renew, expire) is appended to an audit log, read with ``audit()``.
 
 GPUs are named by ``node/index`` refs (``toposched.topology.domains.gpu_ref``). Times come from a
 clock the caller can replace (the simulator's fake clock; tests).
@@ -37,6 +38,7 @@ class Feature(StrEnum):
     MULTI_PROCESS = "multi-process"  # several processes on one host share it
     MULTI_HOST = "multi-host"  # several scheduler replicas on different hosts share it
     WATCH = "watch"  # changes reach other holders without polling
+    CLOCK = "clock"  # leases expire by the clock given to open_ledger (a fake clock in tests, the simulator)
 
 
 class Reservation(BaseModel):
@@ -85,6 +87,23 @@ class ReserveResult(BaseModel):
         return self.status in ("reserved", "already_held")
 
 
+AuditAction = Literal["reserve", "release", "renew", "expire"]
+
+
+class AuditEntry(BaseModel):
+    """One change to the ledger, in commit order (``seq`` grows with every change)."""
+
+    model_config = ConfigDict(frozen=True)
+
+    seq: int
+    at: float = Field(description="when it happened (for 'expire': when the lease ran out)")
+    action: AuditAction
+    id: str
+    owner: str = ""
+    gpus: dict[str, int] = Field(default_factory=dict)
+    expires_at: float | None = None
+
+
 class Ledger(Protocol):
     """What the solver, the service and the simulator may do with HBM accounts."""
 
@@ -124,6 +143,14 @@ class Ledger(Protocol):
 
     def reservations(self) -> list[Reservation]:
         """Every live reservation."""
+        ...
+
+    def audit(self, *, since: int = 0, limit: int | None = None) -> list[AuditEntry]:
+        """Changes with ``seq > since``, oldest first (at most ``limit`` of them)."""
+        ...
+
+    def close(self) -> None:
+        """Let go of connections and files; the ledger object is not used afterwards."""
         ...
 
 

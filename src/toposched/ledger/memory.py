@@ -13,6 +13,8 @@ from typing import ClassVar
 
 from toposched.ledger.base import (
     BACKENDS,
+    AuditAction,
+    AuditEntry,
     Clock,
     Feature,
     GpuAccount,
@@ -39,6 +41,7 @@ class MemoryLedger:
         self._reserved: dict[str, int] = {}
         self._by_id: dict[str, Reservation] = {}
         self._expiry: list[tuple[float, str]] = []
+        self._audit: list[AuditEntry] = []
         if capacities:
             self.set_capacity(capacities)
 
@@ -49,6 +52,20 @@ class MemoryLedger:
             held = self._by_id.get(rid)
             if held is not None and held.expires_at == expires_at:
                 self._drop(held)
+                self._log("expire", held, at=expires_at)
+
+    def _log(self, action: AuditAction, held: Reservation, *, at: float | None = None) -> None:
+        self._audit.append(
+            AuditEntry(
+                seq=len(self._audit) + 1,
+                at=self._clock() if at is None else at,
+                action=action,
+                id=held.id,
+                owner=held.owner,
+                gpus=held.gpus,
+                expires_at=held.expires_at,
+            )
+        )
 
     def _drop(self, held: Reservation) -> None:
         del self._by_id[held.id]
@@ -114,6 +131,7 @@ class MemoryLedger:
             self._reserved[ref] += b
         if reservation.expires_at is not None:
             heapq.heappush(self._expiry, (reservation.expires_at, rid))
+        self._log("reserve", reservation)
         return ReserveResult(status="reserved", reservation=reservation)
 
     def renew(self, rid: str, ttl_s: float) -> Reservation | None:
@@ -126,6 +144,7 @@ class MemoryLedger:
         renewed = held.model_copy(update={"expires_at": self._clock() + ttl_s})
         self._by_id[rid] = renewed
         heapq.heappush(self._expiry, (renewed.expires_at or 0.0, rid))
+        self._log("renew", renewed)
         return renewed
 
     def release(self, rid: str) -> bool:
@@ -134,6 +153,7 @@ class MemoryLedger:
         if held is None:
             return False
         self._drop(held)
+        self._log("release", held)
         return True
 
     def get(self, rid: str) -> Reservation | None:
@@ -143,6 +163,14 @@ class MemoryLedger:
     def reservations(self) -> list[Reservation]:
         self._expire()
         return list(self._by_id.values())
+
+    def audit(self, *, since: int = 0, limit: int | None = None) -> list[AuditEntry]:
+        self._expire()
+        entries = self._audit[max(since, 0) :]
+        return entries if limit is None else entries[:limit]
+
+    def close(self) -> None:
+        """Nothing to let go of."""
 
 
 BACKENDS.register("memory", lambda _arg, clock: MemoryLedger(clock=clock))

@@ -1,0 +1,167 @@
+"""``toposched ledger``: show and release reservations, and load-test a backend.
+
+``--state`` names the store: ``sqlite:PATH`` (or a bare path), ``etcd:http://HOST:PORT``, or
+nothing for the embedded default file (``TOPOSCHED_STATE``, else ``~/.local/state/toposched``).
+"""
+
+from __future__ import annotations
+
+import time
+from pathlib import Path
+from typing import Any, Literal
+
+import typer
+from rich.table import Table
+
+from toposched.cli._common import console, print_json
+from toposched.config import default_state_path
+from toposched.errors import InputError
+from toposched.ledger import open_ledger
+from toposched.ledger.base import GIB, AuditEntry, Ledger
+from toposched.ledger.stress import StressConfig, run_stress
+
+ledger_app = typer.Typer(help="HBM reservations: show, release, load-test the store.", no_args_is_help=True)
+
+STATE = typer.Option(
+    None, "--state", help="sqlite:PATH, a file path, or etcd:http://HOST:PORT [default: the state file].", metavar="URL"
+)
+JSON = typer.Option(False, "--json", help="Print JSON.")
+
+
+def register(app: typer.Typer) -> None:
+    app.add_typer(ledger_app, name="ledger")
+
+
+def ledger_url(state: str | None) -> str:
+    """The ``open_ledger`` URL for a ``--state`` value."""
+    if not state:
+        return f"sqlite:{default_state_path()}"
+    scheme = state.partition(":")[0]
+    if scheme in ("sqlite", "etcd"):
+        return state
+    if scheme in ("http", "https"):
+        return f"etcd:{state}"
+    return f"sqlite:{state}"
+
+
+def _open(state: str | None) -> Ledger:
+    return open_ledger(ledger_url(state))
+
+
+def _when(t: float | None) -> str:
+    return "-" if t is None else time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(t))
+
+
+def _audit_json(entry: AuditEntry) -> dict[str, Any]:
+    return entry.model_dump(mode="json")
+
+
+@ledger_app.command("show")
+def show(
+    state: str | None = STATE,
+    as_json: bool = JSON,
+    audit: bool = typer.Option(False, "--audit", help="Also show the audit log (every change)."),
+    last: int = typer.Option(50, "--last", min=1, help="How many audit entries to show (the newest)."),
+) -> None:
+    """Per-GPU capacity and reserved HBM, and the live reservations."""
+    ledger = _open(state)
+    try:
+        accounts = ledger.accounts()
+        reservations = sorted(ledger.reservations(), key=lambda r: r.id)
+        entries = ledger.audit()[-last:] if audit else []
+    finally:
+        ledger.close()
+    if as_json:
+        doc: dict[str, Any] = {
+            "state": ledger_url(state),
+            "gpus": [
+                {"ref": a.ref, "capacity_bytes": a.capacity_bytes, "reserved_bytes": a.reserved_bytes}
+                | {"free_bytes": a.free_bytes}
+                for a in sorted(accounts.values(), key=lambda a: a.ref)
+            ],
+            "reservations": [r.model_dump(mode="json") for r in reservations],
+        }
+        if audit:
+            doc["audit"] = [_audit_json(e) for e in entries]
+        print_json(doc)
+        return
+    gpus = Table(title=f"GPUs in {ledger_url(state)}")
+    for col in ("GPU", "capacity GiB", "reserved GiB", "free GiB"):
+        gpus.add_column(col, justify="left" if col == "GPU" else "right")
+    for a in sorted(accounts.values(), key=lambda a: a.ref):
+        gpus.add_row(
+            a.ref, f"{a.capacity_bytes / GIB:.2f}", f"{a.reserved_bytes / GIB:.2f}", f"{a.free_bytes / GIB:.2f}"
+        )
+    console.print(gpus)
+    held = Table(title=f"{len(reservations)} reservations")
+    for col in ("id", "owner", "GPUs", "GiB each", "expires"):
+        held.add_column(col)
+    for r in reservations:
+        sizes = ", ".join(f"{b / GIB:.2f}" for b in r.gpus.values())
+        held.add_row(r.id, r.owner, ", ".join(r.gpus), sizes, _when(r.expires_at))
+    console.print(held)
+    if audit:
+        log = Table(title=f"audit log (last {len(entries)})")
+        for col in ("seq", "time", "action", "id", "owner", "GPUs"):
+            log.add_column(col)
+        for e in entries:
+            log.add_row(str(e.seq), _when(e.at), e.action, e.id, e.owner, ", ".join(e.gpus))
+        console.print(log)
+
+
+@ledger_app.command("release")
+def release(
+    rid: str = typer.Argument(..., metavar="ID", help="The reservation id."),
+    state: str | None = STATE,
+    as_json: bool = JSON,
+) -> None:
+    """Release one reservation now (its GPUs' bytes are free again)."""
+    ledger = _open(state)
+    try:
+        released = ledger.release(rid)
+    finally:
+        ledger.close()
+    if as_json:
+        print_json({"id": rid, "released": released})
+    elif released:
+        console.print(f"released {rid}", markup=False)
+    else:
+        raise InputError(f"no live reservation {rid!r} in {ledger_url(state)}", fix="see `toposched ledger show`")
+
+
+@ledger_app.command("stress")
+def stress(
+    backend: str = typer.Option(..., "--backend", help="sqlite or etcd."),
+    path: Path | None = typer.Option(None, "--path", help="SQLite file (sqlite backend).", metavar="FILE"),
+    endpoint: str | None = typer.Option(None, "--endpoint", help="etcd URL http://HOST:PORT (etcd backend)."),
+    clients: int = typer.Option(4, "--clients", min=1, max=256, help="Client processes."),
+    ops: int = typer.Option(1000, "--ops", min=1, help="Operations in total, shared out between the clients."),
+    gpus: int = typer.Option(8, "--gpus", min=1, max=1024, help="GPUs the clients compete for."),
+    ttl: float = typer.Option(60.0, "--ttl", min=2.0, help="Lease of each reservation, seconds."),
+    seed: int = typer.Option(0, "--seed", help="Seed of the clients' random choices."),
+    as_json: bool = JSON,
+) -> None:
+    """Load-test a backend with client processes; count double bookings and lost reservations."""
+    kind: Literal["sqlite", "etcd"]
+    if backend == "sqlite":
+        if path is None or endpoint is not None:
+            raise InputError("--backend sqlite needs --path FILE (and no --endpoint)")
+        url, kind = f"sqlite:{path}", "sqlite"
+    elif backend == "etcd":
+        if endpoint is None or path is not None:
+            raise InputError("--backend etcd needs --endpoint http://HOST:PORT (and no --path)")
+        url, kind = f"etcd:{endpoint}", "etcd"
+    else:
+        raise InputError(f"unknown --backend {backend!r}; valid: sqlite, etcd (memory is one process only)")
+    result = run_stress(StressConfig(url=url, clients=clients, ops=ops, gpus=gpus, ttl_s=ttl, seed=seed))
+    result["backend"] = kind
+    if as_json:
+        print_json(result)
+        return
+    console.print(
+        f"{kind}: {result['ops']} ops by {clients} clients in {result['seconds']:.2f} s "
+        f"= {result['ops_per_s']:.0f} ops/s "
+        f"({result['reservations_per_s']:.0f} reservations/s); double bookings {result['double_bookings']}, "
+        f"lost {result['lost']} (checked {result['checked_changes']} changes, {result['checked_snapshots']} snapshots)",
+        markup=False,
+    )

@@ -1,0 +1,135 @@
+"""Ledger fixtures: a real etcd server on free loopback ports, and a factory for every backend.
+
+etcd is Debian's ``etcd-server`` (``/usr/bin/etcd``; ``make system-deps`` installs it). Without it the
+etcd tests fail with a message that says so; they never skip, so CI cannot pass without them.
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import signal
+import socket
+import subprocess
+import tempfile
+import time
+import uuid
+from collections.abc import Callable, Iterator, Mapping
+from pathlib import Path
+
+import httpx
+import pytest
+
+from toposched.ledger import open_ledger
+from toposched.ledger.base import Clock, Ledger, wall_clock
+
+
+def free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return int(sock.getsockname()[1])
+
+
+class EtcdServer:
+    """One etcd process on loopback ports with its own data folder; stop/start keeps both."""
+
+    def __init__(self, data_dir: Path) -> None:
+        binary = os.environ.get("TOPOSCHED_ETCD") or shutil.which("etcd") or "/usr/bin/etcd"
+        if not Path(binary).exists():
+            pytest.fail(
+                "etcd is not installed (looked for `etcd` on PATH and /usr/bin/etcd); "
+                "install Debian's etcd-server: `make system-deps` or `apt-get install -y etcd-server`",
+                pytrace=False,
+            )
+        self.binary = binary
+        self.data_dir = data_dir
+        self.client_port = free_port()
+        self.peer_port = free_port()
+        self.url = f"http://127.0.0.1:{self.client_port}"
+        self.proc: subprocess.Popen[bytes] | None = None
+
+    def start(self) -> None:
+        peer = f"http://127.0.0.1:{self.peer_port}"
+        self.log = open(self.data_dir.with_suffix(".log"), "ab")  # noqa: SIM115 (closed in stop)
+        self.proc = subprocess.Popen(
+            [
+                self.binary,
+                "--name=test",
+                f"--data-dir={self.data_dir}",
+                f"--listen-client-urls={self.url}",
+                f"--advertise-client-urls={self.url}",
+                f"--listen-peer-urls={peer}",
+                f"--initial-advertise-peer-urls={peer}",
+                f"--initial-cluster=test={peer}",
+            ],
+            stdout=self.log,
+            stderr=subprocess.STDOUT,
+        )
+        deadline = time.monotonic() + 20
+        while time.monotonic() < deadline:
+            if self.proc.poll() is not None:
+                pytest.fail(f"etcd exited with {self.proc.returncode}; see {self.log.name}", pytrace=False)
+            try:
+                if httpx.post(f"{self.url}/v3/kv/range", json={"key": "eA=="}, timeout=1).status_code == 200:
+                    return
+            except httpx.TransportError:
+                pass
+            time.sleep(0.1)
+        self.stop()
+        pytest.fail(f"etcd did not answer at {self.url} within 20 s; see {self.log.name}", pytrace=False)
+
+    def stop(self) -> None:
+        if self.proc is not None and self.proc.poll() is None:
+            self.proc.send_signal(signal.SIGTERM)
+            try:
+                self.proc.wait(10)
+            except subprocess.TimeoutExpired:
+                self.proc.kill()
+                self.proc.wait()
+        self.proc = None
+        self.log.close()
+
+
+@pytest.fixture(scope="session")
+def etcd_server() -> Iterator[EtcdServer]:
+    with tempfile.TemporaryDirectory(prefix="toposched-etcd-") as tmp:
+        server = EtcdServer(Path(tmp) / "data")
+        server.start()
+        try:
+            yield server
+        finally:
+            server.stop()
+
+
+@pytest.fixture
+def etcd_url(etcd_server: EtcdServer) -> str:
+    """The session's etcd with a namespace of this test's own."""
+    return f"{etcd_server.url}/t{uuid.uuid4().hex[:12]}"
+
+
+BACKEND_NAMES = ("memory", "sqlite", "etcd")
+LedgerFactory = Callable[..., Ledger]
+
+
+@pytest.fixture(params=BACKEND_NAMES)
+def make_ledger(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[LedgerFactory]:
+    """``make_ledger(capacities, clock=...)``: a fresh, empty ledger of the parametrised backend."""
+    opened: list[Ledger] = []
+    name = request.param
+
+    def make(capacities: Mapping[str, int], *, clock: Clock = wall_clock) -> Ledger:
+        if name == "memory":
+            url = "memory"
+        elif name == "sqlite":
+            url = f"sqlite:{tmp_path / uuid.uuid4().hex}.sqlite3"
+        else:
+            server: EtcdServer = request.getfixturevalue("etcd_server")
+            url = f"etcd:{server.url}/t{uuid.uuid4().hex[:12]}"
+        ledger = open_ledger(url, clock=clock)
+        ledger.set_capacity(capacities)
+        opened.append(ledger)
+        return ledger
+
+    yield make
+    for ledger in opened:
+        ledger.close()
