@@ -1,5 +1,6 @@
 # The two commands of the README:
-#   make run   - show the embedded default cluster's topology (no GPU, no server)
+#   make run   - the main job on the embedded default (no GPU, no server): show an HGX H100 box's
+#                topology, plan two Llama-3.1-70B instances on it, print their vLLM launch plan
 #   make test  - ruff, mypy and the whole pytest suite (installs etcd-server first if it is missing)
 VENV ?= .venv
 PY := $(VENV)/bin/python
@@ -19,6 +20,8 @@ system-deps:
 
 run: $(STAMP)
 	$(VENV)/bin/toposched topo show --preset hgx-h100
+	$(VENV)/bin/toposched plan --preset hgx-h100 --model llama-3.1-70b --slo-tpot-ms 40 --replicas 2
+	$(VENV)/bin/toposched launch vllm --preset hgx-h100 --model llama-3.1-70b --slo-tpot-ms 40 --replicas 2
 
 lint: $(STAMP)
 	$(VENV)/bin/ruff check .

@@ -8,6 +8,7 @@ import typer
 from pydantic import ValidationError
 from rich.table import Table
 
+from toposched.binding.plan_doc import PLAN_SCHEMA_VERSION
 from toposched.cli._common import console, err_console, print_json
 from toposched.cli.topo import CLUSTER, LIVE, PRESET, SMI, _source_ref
 from toposched.errors import InputError
@@ -166,10 +167,13 @@ def plan(
     if json_out:
         print_json(
             {
+                "schema_version": PLAN_SCHEMA_VERSION,
                 "policy": policy,
                 "source": ref.describe(),
                 "placements": [placement_json(p) for p in outcome.placements],
                 "unplaced": [u.model_dump(mode="json") for u in outcome.unplaced],
+                "request": request.model_dump(mode="json"),
+                "cluster": loaded.cluster.model_dump(mode="json"),
             }
         )
     else:

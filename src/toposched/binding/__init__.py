@@ -1,0 +1,1 @@
+"""Launch plans: what real engines, Kubernetes and Ray take to run a placement."""

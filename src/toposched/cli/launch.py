@@ -1,0 +1,127 @@
+"""``toposched launch``: turn a plan into what vLLM, SGLang, Kubernetes and Ray take.
+
+``--plan PLAN.json`` reads the output of ``toposched plan --json``; without it, ``--model`` and a
+topology source plan first (slo policy) and launch the result.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import typer
+
+from toposched.binding.engines import Engine, NodeLaunch, build_launches, shell_script
+from toposched.binding.plan_doc import PlanDoc, load_plan
+from toposched.cli import launch_k8s
+from toposched.cli._common import console, err_console, print_json
+from toposched.cli.topo import CLUSTER, LIVE, PRESET, SMI, _source_ref
+from toposched.errors import InputError
+from toposched.solver.request import PlacementRequest
+from toposched.solver.scheduler import Scheduler
+from toposched.topology.sources import load_source
+
+launch_app = typer.Typer(help="Launch plans for vLLM, SGLang, Kubernetes and Ray.", no_args_is_help=True)
+
+PLAN = typer.Option(None, "--plan", help="Output of `toposched plan --json`.", metavar="PLAN.json")
+MODEL = typer.Option(None, "--model", help="Plan this model first (when no --plan is given).")
+GPU = typer.Option(None, "--gpu", help="GPU type when the topology does not say.")
+REPLICAS = typer.Option(1, "--replicas", help="Instances to plan (without --plan).")
+TP = typer.Option(None, "--tp", help="Force this tensor-parallel degree (without --plan).")
+SLO = typer.Option(None, "--slo-tpot-ms", help="Per-token latency SLO (without --plan).")
+MAXLEN = typer.Option(8192, "--max-model-len", help="Context length (without --plan).")
+
+
+def register(app: typer.Typer) -> None:
+    launch_k8s.register_launch(launch_app)
+    app.add_typer(launch_app, name="launch")
+
+
+def resolve_plan(
+    plan: Path | None,
+    model: str | None,
+    smi: str | None,
+    preset: str | None,
+    cluster: str | None,
+    live: bool,
+    gpu: str | None,
+    replicas: int,
+    tp: int | None,
+    slo_tpot_ms: float | None,
+    max_model_len: int,
+) -> PlanDoc:
+    """The plan to launch: read from --plan, or made now from --model and a topology source."""
+    ref = _source_ref(smi, preset, cluster, live)
+    if plan is not None:
+        if model is not None or ref is not None:
+            raise InputError("give --plan, or --model with a topology source, not both")
+        return load_plan(plan)
+    if model is None or ref is None:
+        raise InputError(
+            "launch needs a plan", fix="pass --plan PLAN.json, or --model NAME with --preset/--smi/--cluster/--live"
+        )
+    loaded = load_source(ref)
+    request = PlacementRequest(
+        id="plan", model=model, replicas=replicas, allowed_tp=(tp,) if tp else None,
+        slo_tpot_ms=slo_tpot_ms, max_model_len=max_model_len,
+    )  # fmt: skip
+    outcome = Scheduler(loaded.cluster, gpu=gpu).place(request)
+    for u in outcome.unplaced:
+        err_console.print(f"warning: replica {u.replica} not placed: {u.reasons[0] if u.reasons else ''}", markup=False)
+    if not outcome.placements:
+        raise InputError(
+            f"nothing of {model} could be placed on {ref.describe()}", fix="run `toposched plan` for the reasons"
+        )
+    return PlanDoc(tuple(outcome.placements), request, loaded.cluster)
+
+
+def _emit(launches: list[NodeLaunch], fmt: str, json_out: bool, out: Path | None) -> None:
+    if json_out or fmt == "json":
+        print_json({"launches": [launch.model_dump(mode="json") for launch in launches]})
+        return
+    if fmt != "sh":
+        raise InputError(f"--format {fmt!r} is not one of sh, json for engine launches")
+    if out is not None:
+        out.mkdir(parents=True, exist_ok=True)
+        for launch in launches:
+            path = out / f"{launch.placement}-{launch.node}.sh"
+            path.write_text(shell_script(launch))
+            path.chmod(0o755)
+            console.print(f"wrote {path}", markup=False)
+        return
+    for launch in launches:
+        print(shell_script(launch))
+
+
+def _engine_command(engine: Engine) -> None:
+    def command(
+        plan: Path | None = PLAN,
+        model: str | None = MODEL,
+        smi: str | None = SMI,
+        preset: str | None = PRESET,
+        cluster: str | None = CLUSTER,
+        live: bool = LIVE,
+        gpu: str | None = GPU,
+        replicas: int = REPLICAS,
+        tp: int | None = TP,
+        slo_tpot_ms: float | None = SLO,
+        max_model_len: int = MAXLEN,
+        model_path: str | None = typer.Option(None, "--model-path", help="Model path/id the engine loads."),
+        master_addr: str | None = typer.Option(None, "--master-addr", help="Head node address (multi-node)."),
+        port: int = typer.Option(8000, "--port", help="First server port; replicas on one node count up."),
+        fmt: str = typer.Option("sh", "--format", help="sh (a script per node) or json."),
+        out: Path | None = typer.Option(None, "--out", help="Write one script per node into this folder."),
+        json_out: bool = typer.Option(False, "--json", help="Same as --format json."),
+    ) -> None:
+        doc = resolve_plan(plan, model, smi, preset, cluster, live, gpu, replicas, tp, slo_tpot_ms, max_model_len)
+        launches = build_launches(
+            doc.placements, doc.request, doc.cluster, engine,
+            model_path=model_path, master_addr=master_addr, base_port=port,
+        )  # fmt: skip
+        _emit(launches, fmt, json_out, out)
+
+    command.__doc__ = f"Commands and environment to run each placement with {engine}, one per node."
+    launch_app.command(engine)(command)
+
+
+_engine_command("vllm")
+_engine_command("sglang")

@@ -1,0 +1,170 @@
+"""vLLM / SGLang launch plans: only real flags and variables, NUMA-aligned GPUs, safe quoting."""
+
+from __future__ import annotations
+
+import json
+import re
+import shlex
+import subprocess
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from tests.conftest import RunCli, shared_dir
+from toposched.binding.engines import ENV_VARS, SGLANG_FLAGS, VLLM_FLAGS, build_launches, shell_script
+from toposched.binding.plan_doc import load_plan, parse_plan
+from toposched.errors import InputError
+from toposched.solver.request import Placement, PlacementRequest
+from toposched.solver.scheduler import Scheduler
+from toposched.topology.presets import hgx_h100_cluster, load_preset
+
+ENGINES_MD = (shared_dir() / "reference" / "engines.md").read_text()
+
+
+def _plan(preset: str, model: str, **kw: Any) -> tuple[Scheduler, PlacementRequest, list[Placement]]:
+    cluster = hgx_h100_cluster(nodes=2) if preset == "two-nodes" else load_preset(preset)
+    s = Scheduler(cluster)
+    request = PlacementRequest(model=model, max_model_len=8192, **kw)
+    out = s.place(request)
+    assert not out.unplaced, out.unplaced
+    return s, request, out.placements
+
+
+def _flags(argv: list[str]) -> set[str]:
+    return {a for a in argv if a.startswith("--") and not a.startswith(("--cpunodebind", "--membind"))}
+
+
+def test_every_emitted_flag_and_variable_is_in_the_reference() -> None:
+    # The allow-lists themselves must each be written in reference/engines.md ...
+    for flag in VLLM_FLAGS | SGLANG_FLAGS:
+        assert re.search(re.escape(flag) + r"\b", ENGINES_MD), flag
+    for var in ENV_VARS:
+        assert var in ENGINES_MD or var == "CUDA_DEVICE_ORDER", var
+    # ... and every launch, across engines and shapes, uses only them.
+    cases = [
+        ("hgx-h100", "llama-3.1-70b", {"slo_tpot_ms": 40, "replicas": 2}),
+        ("l40s-8x-pcie", "llama-3.1-70b", {"weight_dtype": "fp8", "allowed_tp": (8,), "max_pp": 1}),
+        ("two-nodes", "llama-3.1-405b", {"slo_tpot_ms": 60}),
+        ("hgx-h200", "mixtral-8x7b", {"ep": 2, "allowed_tp": (2,)}),
+    ]
+    for preset, model, kw in cases:
+        s, request, placements = _plan(preset, model, **kw)
+        for engine, allowed in (("vllm", VLLM_FLAGS), ("sglang", SGLANG_FLAGS)):
+            for launch in build_launches(placements, request, s.cluster, engine):  # type: ignore[arg-type]
+                assert _flags(launch.argv) <= allowed, (engine, _flags(launch.argv) - allowed)
+                assert set(launch.env) <= ENV_VARS
+    for fictional in ("TP_RANK_MAP", "CUDA_DEVICE_TOPOLOGY", "SYS_GUID", "hicache-dump-topology", "enable-ep-moe"):
+        assert all(fictional not in json.dumps(x) for x in (sorted(VLLM_FLAGS), sorted(SGLANG_FLAGS), sorted(ENV_VARS)))
+
+
+def test_pcie_box_tp4_binds_to_the_numa_node_of_its_gpus() -> None:
+    s, request, (p,) = _plan("l40s-8x-pcie", "llama-3.1-70b", weight_dtype="fp8", allowed_tp=(4,), max_pp=1)
+    (launch,) = build_launches([p], request, s.cluster, "vllm")
+    numa = {s.index.info[r].numa for r in p.gpu_refs}
+    assert len(numa) == 1
+    (n,) = numa
+    assert launch.argv[:3] == ["numactl", f"--cpunodebind={n}", f"--membind={n}"]
+    assert launch.env["CUDA_VISIBLE_DEVICES"] == ",".join(str(r.gpu) for r in p.ranks)
+    assert launch.env["CUDA_DEVICE_ORDER"] == "PCI_BUS_ID"
+    assert "--quantization" in launch.argv and "--numa-bind" not in launch.argv
+
+
+def test_two_replicas_on_an_nvswitch_node_are_disjoint_and_numa_aligned() -> None:
+    s, request, placements = _plan("hgx-h100", "llama-3.1-70b", slo_tpot_ms=40, replicas=2)
+    launches = build_launches(placements, request, s.cluster, "vllm")
+    sets = [set(x.env["CUDA_VISIBLE_DEVICES"].split(",")) for x in launches]
+    assert len(sets) == 2 and sets[0].isdisjoint(sets[1])
+    assert sets[0] | sets[1] == {str(i) for i in range(8)}
+    for launch in launches:
+        assert len(set(launch.numa_nodes)) == 1 and launch.argv[0] == "numactl"
+    assert {launch.port for launch in launches} == {8000, 8001}
+
+
+def test_spanning_numa_nodes_binds_each_vllm_worker() -> None:
+    s, request, (p,) = _plan("l40s-8x-pcie", "llama-3.1-70b", weight_dtype="fp8", allowed_tp=(8,), max_pp=1)
+    (launch,) = build_launches([p], request, s.cluster, "vllm")
+    i = launch.argv.index("--numa-bind-nodes")
+    assert launch.argv[i + 1 : i + 9] == ["0", "0", "0", "0", "1", "1", "1", "1"]
+    assert launch.argv[0] == "vllm"
+
+
+def test_multi_node_pp_across_two_nodes() -> None:
+    s, request, (p,) = _plan("two-nodes", "llama-3.1-405b", slo_tpot_ms=60)
+    head, worker = build_launches([p], request, s.cluster, "vllm")
+    assert (head.node, worker.node) == ("h100-00", "h100-01")
+    for launch, rank in ((head, "0"), (worker, "1")):
+        argv = launch.argv
+        assert argv[argv.index("--nnodes") + 1] == "2" and argv[argv.index("--node-rank") + 1] == rank
+        assert argv[argv.index("--master-addr") + 1] == "h100-00"
+        assert launch.env["NCCL_IB_HCA"] == "=" + ",".join(f"mlx5_{i}" for i in range(8))
+        assert launch.env["NCCL_CROSS_NIC"] == "0"
+    assert "--headless" not in head.argv and "--headless" in worker.argv
+    _, sg_worker = build_launches([p], request, s.cluster, "sglang")
+    assert sg_worker.argv[sg_worker.argv.index("--dist-init-addr") + 1] == "h100-00:20000"
+
+
+def test_single_node_launch_sets_no_network_nccl_variables() -> None:
+    s, request, (p,) = _plan("hgx-h100", "llama-3.1-70b", slo_tpot_ms=40)
+    (launch,) = build_launches([p], request, s.cluster, "vllm")
+    assert set(launch.env) == {"CUDA_DEVICE_ORDER", "CUDA_VISIBLE_DEVICES"}
+
+
+def test_sglang_refuses_a_kv_dtype_it_does_not_have() -> None:
+    s, request, (p,) = _plan("hgx-h100", "llama-3.1-70b", slo_tpot_ms=40)
+    int8 = p.model_copy(update={"kv_dtype": "int8"})
+    with pytest.raises(InputError, match=r"SGLang 0\.5\.23 does not offer"):
+        build_launches([int8], request, s.cluster, "sglang")
+    (launch,) = build_launches([int8], request, s.cluster, "vllm")
+    assert launch.argv[launch.argv.index("--kv-cache-dtype") + 1] == "int8_per_token_head"
+
+
+def test_shell_script_quotes_everything(tmp_path: Path) -> None:
+    s, request, (p,) = _plan("hgx-h100", "llama-3.1-8b")
+    evil = "/models/my model $(touch " + str(tmp_path / "pwned") + ")"
+    (launch,) = build_launches([p], request, s.cluster, "vllm", model_path=evil)
+    script = shell_script(launch)
+    # run the script with `exec` replaced by printing its arguments: nothing may execute
+    probe = script.replace("exec ", "printf '%s\\n' ")
+    out = subprocess.run(["bash", "-c", probe], capture_output=True, text=True, check=True).stdout.splitlines()
+    assert evil in out
+    assert not (tmp_path / "pwned").exists()
+    assert shlex.split(script.splitlines()[-1])[1:] == launch.argv
+
+
+def test_plan_document_round_trip(run_cli: RunCli, tmp_path: Path) -> None:
+    result = run_cli("plan", "--preset", "hgx-h100", "--model", "llama-3.1-70b", "--slo-tpot-ms", "40", "--json")
+    path = tmp_path / "plan.json"
+    path.write_text(result.stdout)
+    doc = load_plan(path)
+    assert doc.placements[0].tp == 4 and doc.request.model == "llama-3.1-70b"
+    with pytest.raises(InputError, match="not a plan"):
+        parse_plan({"x": 1}, "p.json")
+    data = json.loads(result.stdout)
+    data["placements"][0]["ranks"][0]["gpu"] = 42
+    with pytest.raises(InputError, match="GPU hgx-h100/42, not in the plan's cluster"):
+        parse_plan(data, "p.json")
+
+
+def test_launch_cli_contract(run_cli: RunCli, tmp_path: Path) -> None:
+    plan = run_cli(
+        "plan", "--preset", "hgx-h100", "--model", "llama-3.1-70b", "--slo-tpot-ms", "40", "--replicas", "2", "--json"
+    )
+    path = tmp_path / "plan.json"
+    path.write_text(plan.stdout)
+    for engine in ("vllm", "sglang"):
+        result = run_cli("launch", engine, "--plan", str(path), "--json")
+        assert result.exit_code == 0, result.stderr
+        launches = json.loads(result.stdout)["launches"]
+        assert [x["placement"] for x in launches] == ["plan-0", "plan-1"]
+        for x in launches:
+            assert {"placement", "node", "env", "argv"} <= set(x)
+            assert "CUDA_VISIBLE_DEVICES" in x["env"] and x["argv"][0] == "numactl"
+    result = run_cli("launch", "vllm", "--plan", str(path), "--out", str(tmp_path / "scripts"))
+    assert sorted(p.name for p in (tmp_path / "scripts").iterdir()) == ["plan-0-hgx-h100.sh", "plan-1-hgx-h100.sh"]
+    result = run_cli("launch", "vllm", "--preset", "hgx-h100", "--model", "llama-3.1-8b", "--json")
+    assert json.loads(result.stdout)["launches"][0]["env"]["CUDA_VISIBLE_DEVICES"] == "0"
+    bad = run_cli("launch", "vllm", "--plan", str(tmp_path / "missing.json"))
+    assert bad.exit_code == 2 and "cannot read plan" in bad.stderr
+    both = run_cli("launch", "vllm", "--plan", str(path), "--model", "x", "--preset", "dgx2")
+    assert both.exit_code == 2 and "not both" in both.stderr
