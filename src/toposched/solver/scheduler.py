@@ -24,7 +24,7 @@ from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 from typing import Any
 
-from toposched.errors import InfeasibleError
+from toposched.errors import InfeasibleError, InputError
 from toposched.ledger.base import GIB, Ledger, capacities_from_cluster
 from toposched.ledger.memory import MemoryLedger
 from toposched.perf.hardware import GpuSpec
@@ -79,6 +79,7 @@ class Scheduler:
         self.ledger = ledger
         busy = set(busy)
         held = {ref for ref, a in ledger.accounts().items() if a.reserved_bytes > 0}
+        self.failed: set[str] = set()
         self.index = ClusterIndex(cluster, busy=busy | held)
         self.budget_gbps = budget_gbps
         self.cross_used: dict[str, float] = {}
@@ -197,12 +198,29 @@ class Scheduler:
         self.placements[placement.id] = placement
         self._cross_of[placement.id] = (cls, chosen.cross_gbps)
 
+    def fail_gpu(self, ref: str) -> list[str]:
+        """Take a GPU out of service; returns the placements that used it (the caller drains them)."""
+        if ref not in self.index.info:
+            raise InputError(f"GPU {ref} is not in the cluster")
+        self.failed.add(ref)
+        if ref in self.index.free:
+            self.index.take([ref])
+        return [pid for pid, p in self.placements.items() if ref in p.gpu_refs]
+
+    def update_topology(self, cluster: Cluster) -> None:
+        """Adopt a new snapshot of the same GPUs (a DomainMap refresh); reservations and placements stay."""
+        if {f"{n.name}/{g.index}" for n in cluster.nodes for g in n.gpus} != set(self.index.info):
+            raise InputError("a topology update must describe the same GPUs; start a new scheduler instead")
+        held = set(self.index.info) - self.index.free
+        self.cluster = cluster
+        self.index = ClusterIndex(cluster, busy=held | self.failed)
+
     def release(self, placement_id: str) -> bool:
         placement = self.placements.pop(placement_id, None)
         if placement is None:
             return False
         self.ledger.release(placement_id)
-        self.index.give(placement.gpu_refs)
+        self.index.give([r for r in placement.gpu_refs if r not in self.failed])
         cls, gbps = self._cross_of.pop(placement_id)
         self.cross_used[cls] = max(0.0, self.cross_used.get(cls, 0.0) - gbps)
         return True
@@ -289,25 +307,30 @@ def _blind(
     request: PlacementRequest,
     pid: str,
     replica_nodes: set[str],
-    pick: Callable[[list[str], int], list[str]],
+    pick: Callable[[list[tuple[Group, int]], int], list[str]],
     policy: str,
 ) -> Assessment | Unplaced:
-    """Topology-blind baselines: the degrees slo would choose on an empty machine, any free GPUs."""
+    """Topology-blind baselines: the degrees slo would choose on an empty machine, any free GPUs.
+
+    ``pick`` gets the nodes that may be used, in cluster order, with their free-GPU counts (from the
+    node-level index, so no scan of every GPU) and returns the GPUs in rank order.
+    """
     cands, dropped = s.candidates(request)
+    nodes = s.index.levels["node"]
     for cand in cands:
         option = cand.option
         est = cand.options.latency(option, cand.options.gpu.native_link)
         if not cand.options.meets_slo(est) and cand is not cands[-1]:
             continue
         accept = s.group_filter(request, cand.nodes, replica_nodes)
-        free = [
-            r
-            for r in sorted(s.index.free, key=lambda r: s.index.info[r].order)
-            if accept(s.index.levels["node"].groups[s.index.levels["node"].of_gpu[r][0]])
+        usable = [
+            (group, nodes.free_count[i])
+            for i, group in enumerate(nodes.groups)
+            if nodes.free_count[i] and accept(group)
         ]
-        if len(free) < option.gpus:
+        if sum(count for _, count in usable) < option.gpus:
             continue
-        chosen = pick(free, option.gpus)
+        chosen = pick(usable, option.gpus)
         stages = [chosen[i * option.tp : (i + 1) * option.tp] for i in range(option.pp)]
         return assess(
             s.index, cand.options, option, stages, placement_id=pid, policy=policy,
@@ -316,12 +339,37 @@ def _blind(
     return Unplaced(request_id=request.id, replica=0, status="queued", reasons=(*dropped, "not enough free GPUs"))
 
 
+def _lowest_indices(s: Scheduler, usable: list[tuple[Group, int]], n: int) -> list[str]:
+    chosen: list[str] = []
+    for group, _ in usable:
+        chosen.extend(r for r in group.gpus if r in s.index.free)
+        if len(chosen) >= n:
+            break
+    return chosen[:n]
+
+
+def _random_gpus(s: Scheduler, usable: list[tuple[Group, int]], n: int) -> list[str]:
+    """n distinct free GPUs, each uniformly at random among those left (seeded)."""
+    groups = [g for g, _ in usable]
+    counts = [c for _, c in usable]
+    taken: set[str] = set()
+    chosen: list[str] = []
+    for _ in range(n):
+        (k,) = s.rng.choices(range(len(groups)), weights=counts)
+        free_here = [r for r in groups[k].gpus if r in s.index.free and r not in taken]
+        ref = s.rng.choice(free_here)
+        taken.add(ref)
+        chosen.append(ref)
+        counts[k] -= 1
+    return chosen
+
+
 def _index_order(s: Scheduler, request: PlacementRequest, pid: str, replica_nodes: set[str]) -> Assessment | Unplaced:
-    return _blind(s, request, pid, replica_nodes, lambda free, n: free[:n], "index-order")
+    return _blind(s, request, pid, replica_nodes, lambda usable, n: _lowest_indices(s, usable, n), "index-order")
 
 
 def _random(s: Scheduler, request: PlacementRequest, pid: str, replica_nodes: set[str]) -> Assessment | Unplaced:
-    return _blind(s, request, pid, replica_nodes, lambda free, n: s.rng.sample(free, n), "random")
+    return _blind(s, request, pid, replica_nodes, lambda usable, n: _random_gpus(s, usable, n), "random")
 
 
 Policy = Callable[[Scheduler, PlacementRequest, str, set[str]], Assessment | Unplaced]
