@@ -2,8 +2,194 @@
 
 from __future__ import annotations
 
+import json
+from pathlib import Path
+from typing import Any
+
 import typer
+import yaml
+from rich.table import Table
+
+from toposched.binding.k8s import (
+    DEFAULT_RACK_LABEL,
+    K8sOptions,
+    k8s_objects,
+    kubelet_configs,
+    lint_nodes,
+    role_based_group,
+)
+from toposched.binding.plan_doc import PlanDoc, load_plan
+from toposched.binding.ray import ray_document
+from toposched.cli._common import console, print_json
+from toposched.cli.topo import CLUSTER, LIVE, PRESET, SMI
+from toposched.errors import InputError
+
+RACK_LABEL = typer.Option(DEFAULT_RACK_LABEL, "--rack-label", help="Node label that holds the rack.")
+ENGINE = typer.Option("vllm", "--engine", help="vllm or sglang.")
+
+
+def _dump_yaml(docs: list[Any]) -> str:
+    class _NoAliases(yaml.SafeDumper):
+        def ignore_aliases(self, data: Any) -> bool:
+            return True
+
+    return yaml.dump_all(docs, Dumper=_NoAliases, sort_keys=False, explicit_start=True)
+
+
+def _engine(name: str) -> Any:
+    if name not in ("vllm", "sglang"):
+        raise InputError(f"--engine {name!r} is not one of vllm, sglang")
+    return name
+
+
+def _roles(spec: str) -> dict[str, PlanDoc]:
+    """``prefill=A.json,decode=B.json`` -> role name -> plan."""
+    roles: dict[str, PlanDoc] = {}
+    for part in spec.split(","):
+        name, sep, path = part.partition("=")
+        if not sep or not name.strip() or not path.strip():
+            raise InputError(
+                f"--roles item {part!r} is not ROLE=PLAN.json", fix="e.g. --roles prefill=p.json,decode=d.json"
+            )
+        if name.strip() in roles:
+            raise InputError(f"--roles names {name.strip()!r} twice")
+        roles[name.strip()] = load_plan(path.strip())
+    return roles
 
 
 def register_launch(launch_app: typer.Typer) -> None:
     """Add the Kubernetes and Ray commands to the ``launch`` group."""
+    from toposched.cli import launch as L
+
+    @launch_app.command("k8s")
+    def k8s(
+        plan: Path | None = L.PLAN,
+        model: str | None = L.MODEL,
+        smi: str | None = SMI,
+        preset: str | None = PRESET,
+        cluster: str | None = CLUSTER,
+        live: bool = LIVE,
+        gpu: str | None = L.GPU,
+        replicas: int = L.REPLICAS,
+        tp: int | None = L.TP,
+        slo_tpot_ms: float | None = L.SLO,
+        max_model_len: int = L.MAXLEN,
+        engine: str = ENGINE,
+        image: str | None = typer.Option(None, "--image", help="Container image (default vllm/vllm-openai:v0.33.0)."),
+        namespace: str = typer.Option("default", "--namespace", help="Namespace of the objects."),
+        name_prefix: str = typer.Option("toposched", "--name-prefix", help="Prefix of object names."),
+        model_path: str | None = typer.Option(None, "--model-path", help="Model path/id inside the container."),
+        rack_label: str = RACK_LABEL,
+        shm_size: str | None = typer.Option(None, "--shm-size", help="sizeLimit of the /dev/shm emptyDir."),
+        cpu: str | None = typer.Option(None, "--cpu", help="CPU request and limit per pod."),
+        memory: str | None = typer.Option(None, "--memory", help="Memory request and limit per pod."),
+        roles: str | None = typer.Option(
+            None, "--roles", help="ROLE=PLAN.json,... : a RoleBasedGroup and CoordinatedPolicy instead."
+        ),
+        group: str = typer.Option("pd", "--group", help="Name of the RoleBasedGroup (with --roles)."),
+        kubelet: bool = typer.Option(False, "--kubelet", help="Print KubeletConfiguration snippets instead."),
+        topology_policy: str = typer.Option(
+            "single-numa-node", "--topology-policy", help="Topology Manager policy (with --kubelet)."
+        ),
+        fmt: str = typer.Option("yaml", "--format", help="yaml or json."),
+    ) -> None:
+        """Kubernetes objects: a Deployment per single-node placement, a LeaderWorkerSet per multi-node one."""
+        if fmt not in ("yaml", "json"):
+            raise InputError(f"--format {fmt!r} is not one of yaml, json for Kubernetes objects")
+        opts = K8sOptions(
+            engine=_engine(engine), image=image, namespace=namespace, name_prefix=name_prefix, model_path=model_path,
+            rack_label=rack_label, shm_size=shm_size, cpu=cpu, memory=memory,
+        )  # fmt: skip
+        if roles is not None:
+            if plan is not None or model is not None:
+                raise InputError("--roles takes the plans itself; leave out --plan/--model")
+            objects = role_based_group(_roles(roles), group, opts)
+        else:
+            doc = L.resolve_plan(plan, model, smi, preset, cluster, live, gpu, replicas, tp, slo_tpot_ms, max_model_len)
+            if kubelet:
+                configs = kubelet_configs(doc, policy=topology_policy)
+                if fmt == "json":
+                    print_json({"kubelet_configs": [{"nodes": n, "config": c} for n, c in configs]})
+                    return
+                for nodes, config in configs:
+                    print(f"# KubeletConfiguration for nodes {', '.join(nodes)} (kubelet --config file)")
+                    print(_dump_yaml([config]), end="")
+                return
+            objects = k8s_objects(doc, opts)
+        if fmt == "json":
+            print_json({"apiVersion": "v1", "kind": "List", "items": objects})
+        else:
+            print(_dump_yaml(objects), end="")
+
+    @launch_app.command("k8s-lint")
+    def k8s_lint(
+        nodes: Path = typer.Option(..., "--nodes", help="Output of `kubectl get nodes -o json`.", metavar="NODES.json"),
+        plan: Path | None = L.PLAN,
+        model: str | None = L.MODEL,
+        smi: str | None = SMI,
+        preset: str | None = PRESET,
+        cluster: str | None = CLUSTER,
+        live: bool = LIVE,
+        gpu: str | None = L.GPU,
+        replicas: int = L.REPLICAS,
+        tp: int | None = L.TP,
+        slo_tpot_ms: float | None = L.SLO,
+        max_model_len: int = L.MAXLEN,
+        rack_label: str = RACK_LABEL,
+        json_out: bool = typer.Option(False, "--json", help="Print one JSON object."),
+    ) -> None:
+        """Check real nodes against the plan: every planned node present, with every label its affinity uses."""
+        doc = L.resolve_plan(plan, model, smi, preset, cluster, live, gpu, replicas, tp, slo_tpot_ms, max_model_len)
+        try:
+            data = json.loads(nodes.read_text())
+        except OSError as exc:
+            raise InputError(f"cannot read {nodes}: {exc.strerror}") from exc
+        except json.JSONDecodeError as exc:
+            raise InputError(
+                f"{nodes}: not JSON (line {exc.lineno}: {exc.msg})", fix="use kubectl get nodes -o json"
+            ) from exc
+        findings = lint_nodes(doc, data, K8sOptions(rack_label=rack_label))
+        if json_out:
+            print_json(
+                {
+                    "ok": not findings,
+                    "findings": [{"placement": f.placement, "node": f.node, "problem": f.problem} for f in findings],
+                }
+            )
+        elif findings:
+            table = Table(title=f"{len(findings)} problem(s): these pods would stay Pending")
+            for column in ("placement", "node", "problem"):
+                table.add_column(column)
+            for f in findings:
+                table.add_row(f.placement, f.node, f.problem)
+            console.print(table)
+        else:
+            console.print("ok: every planned node exists and carries the labels its affinity uses", markup=False)
+        if findings:
+            raise typer.Exit(1)
+
+    @launch_app.command("ray")
+    def ray(
+        plan: Path | None = L.PLAN,
+        model: str | None = L.MODEL,
+        smi: str | None = SMI,
+        preset: str | None = PRESET,
+        cluster: str | None = CLUSTER,
+        live: bool = LIVE,
+        gpu: str | None = L.GPU,
+        replicas: int = L.REPLICAS,
+        tp: int | None = L.TP,
+        slo_tpot_ms: float | None = L.SLO,
+        max_model_len: int = L.MAXLEN,
+        model_path: str | None = typer.Option(None, "--model-path", help="Model path/id vLLM loads."),
+        fmt: str = typer.Option("json", "--format", help="json or yaml."),
+    ) -> None:
+        """Ray placement groups (one GPU per bundle, tied to its NVLink domain) and `ray start` flags per node."""
+        if fmt not in ("yaml", "json"):
+            raise InputError(f"--format {fmt!r} is not one of json, yaml for Ray placement groups")
+        doc = L.resolve_plan(plan, model, smi, preset, cluster, live, gpu, replicas, tp, slo_tpot_ms, max_model_len)
+        document = ray_document(doc, model_path=model_path)
+        if fmt == "json":
+            print_json(document)
+        else:
+            print(_dump_yaml([document]), end="")

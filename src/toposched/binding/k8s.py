@@ -1,0 +1,539 @@
+"""Kubernetes objects for a plan: Deployments, LeaderWorkerSets, RoleBasedGroups, a kubelet config.
+
+Every function returns plain dicts (one per object) built only from fields that the real schemas
+define: built-in kinds from the Kubernetes API (checked in tests with ``kubernetes-validate``),
+``LeaderWorkerSet`` (``leaderworkerset.x-k8s.io/v1``), ``RoleBasedGroup`` and ``CoordinatedPolicy``
+(``workloads.x-k8s.io/v1alpha2``) and ``KubeletConfiguration`` from the field lists in
+reference/engines.md sections 3-5.
+
+* A single-node placement becomes a ``Deployment`` with one replica (it is pinned to specific GPUs,
+  so it uses the ``Recreate`` strategy: a surge pod would wait for the same GPUs forever).
+* A multi-node placement becomes a ``LeaderWorkerSet`` of ``size`` = nodes; the leader runs the
+  node of rank 0 and the workers the others; the engine reaches the leader at ``$LWS_LEADER_ADDRESS``.
+* Node affinity pins ``kubernetes.io/hostname`` to the planned node(s) and requires the GPU Feature
+  Discovery labels ``nvidia.com/gpu.product`` (and ``nvidia.com/gpu.clique`` for multi-node
+  NVLink), the request's node selector, racks and zones. ``node_requirements`` is the one place that
+  decides these, so ``lint_nodes`` checks exactly what the scheduler will.
+* The container runs ``/bin/sh -c ENTRYPOINT``: the script finds the planned GPUs among those the
+  container sees by PCI bus id or UUID (``nvidia-smi --query-gpu=pci.bus_id,uuid``), never by
+  ``nvidia-smi`` index (seed 003 section 3.2), exports ``CUDA_VISIBLE_DEVICES`` as their UUIDs in rank
+  order with ``CUDA_DEVICE_ORDER=PCI_BUS_ID``, then execs the plan's command (with ``numactl`` when the
+  plan binds NUMA). Every value is shell-quoted and every ``$`` doubled for the kubelet's ``$(VAR)``
+  expansion, so a model path cannot run anything.
+"""
+
+from __future__ import annotations
+
+import re
+import shlex
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from typing import Any, Literal
+
+from toposched.binding.engines import Engine, NodeLaunch, build_launches
+from toposched.binding.plan_doc import PlanDoc
+from toposched.errors import InputError
+from toposched.solver.request import Placement
+from toposched.topology.model import Cluster, Node
+
+Obj = dict[str, Any]
+
+# The vLLM image tag follows the `vllm/vllm-openai:v0.8.5` form of the LWS example (engines.md 4),
+# pinned to the engine version whose flags the emitter uses (vLLM 0.33.0, engines.md 1).
+DEFAULT_IMAGES: dict[Engine, str | None] = {"vllm": "vllm/vllm-openai:v0.33.0", "sglang": None}
+HOSTNAME = "kubernetes.io/hostname"
+ZONE = "topology.kubernetes.io/zone"
+GPU_PRODUCT = "nvidia.com/gpu.product"
+GPU_CLIQUE = "nvidia.com/gpu.clique"
+GPU_RESOURCE = "nvidia.com/gpu"
+# Kubernetes has no well-known rack label; this is toposched's own, overridable with --rack-label.
+DEFAULT_RACK_LABEL = "toposched.io/rack"
+LABEL_PLACEMENT = "toposched.io/placement"
+LABEL_REQUEST = "toposched.io/request"
+MANAGED_BY = {"app.kubernetes.io/managed-by": "toposched"}
+CONTAINER = "engine"
+_GFD_CLIQUE = re.compile(r"^[0-9a-fA-F-]{36}[./]\d+$")
+
+
+@dataclass(frozen=True)
+class K8sOptions:
+    """How to render a plan for Kubernetes."""
+
+    engine: Engine = "vllm"
+    image: str | None = None
+    """Container image; None takes the engine's pinned default (vLLM only)."""
+    namespace: str = "default"
+    name_prefix: str = "toposched"
+    model_path: str | None = None
+    """Model path/id inside the container (default: the request's model)."""
+    rack_label: str = DEFAULT_RACK_LABEL
+    shm_size: str | None = None
+    """sizeLimit of the /dev/shm emptyDir (memory-backed; counts against the pod's memory)."""
+    cpu: str | None = None
+    """CPU request = limit (Guaranteed QoS, needed for exclusive CPUs under the static CPU manager)."""
+    memory: str | None = None
+    """Memory request = limit."""
+
+    def resolved_image(self) -> str:
+        image = self.image or DEFAULT_IMAGES[self.engine]
+        if not image:
+            raise InputError(f"no default image for {self.engine}", fix="pass --image with a pinned tag")
+        return image
+
+
+@dataclass(frozen=True)
+class Requirement:
+    """One node-affinity match expression."""
+
+    key: str
+    operator: Literal["In", "Exists"]
+    values: tuple[str, ...] = ()
+
+    def expression(self) -> Obj:
+        expr: Obj = {"key": self.key, "operator": self.operator}
+        if self.operator == "In":
+            expr["values"] = list(self.values)
+        return expr
+
+    def check(self, labels: Mapping[str, str]) -> str | None:
+        """Why a node with these labels fails this requirement, or None."""
+        if self.key not in labels:
+            return f"no label {self.key}"
+        if self.operator == "In" and labels[self.key] not in self.values:
+            return f"{self.key}={labels[self.key]} is not one of {', '.join(self.values)}"
+        return None
+
+
+def dns_name(*parts: str, limit: int = 52) -> str:
+    """A DNS-1123 label from free text (LWS appends group and worker indices, so keep it short)."""
+    text = re.sub(r"[^a-z0-9-]+", "-", "-".join(parts).lower()).strip("-")
+    text = re.sub(r"-{2,}", "-", text)[:limit].rstrip("-")
+    if not text:
+        raise InputError(f"cannot make a Kubernetes name from {parts!r}")
+    return text
+
+
+def label_value(text: str) -> str:
+    value = re.sub(r"[^A-Za-z0-9_.-]+", "-", text)[:63].strip("-_.")
+    return value or "none"
+
+
+def gfd_product(model: str) -> str:
+    """The ``nvidia.com/gpu.product`` value GFD writes for a GPU name (spaces become '-', engines.md 6.1)."""
+    return "-".join(model.split())
+
+
+def normalise_bus_id(bus_id: str) -> str:
+    """PCI bus id as ``nvidia-smi --query-gpu=pci.bus_id`` prints it: ``00000000:18:00.0``."""
+    parts = bus_id.strip().split(":")
+    if len(parts) == 2:
+        parts = ["0", *parts]
+    if len(parts) != 3 or "." not in parts[2]:
+        raise InputError(f"PCI bus id {bus_id!r} is not DOMAIN:BUS:DEVICE.FUNCTION")
+    try:
+        domain = int(parts[0], 16)
+    except ValueError as exc:
+        raise InputError(f"PCI bus id {bus_id!r} has a bad domain") from exc
+    return f"{domain:08X}:{parts[1].upper()}:{parts[2].upper()}"
+
+
+def gpu_identity(node: Node, gpus: Sequence[int]) -> tuple[Literal["uuid", "bus"], list[str]]:
+    """How the entrypoint finds the planned GPUs: real UUIDs (NVML topologies), else PCI bus ids."""
+    chosen = [node.gpu(g) for g in gpus]
+    if node.source == "nvml" and all(g.uuid for g in chosen):
+        return "uuid", [g.uuid or "" for g in chosen]
+    if all(g.pci_bus_id for g in chosen):
+        return "bus", [normalise_bus_id(g.pci_bus_id or "") for g in chosen]
+    raise InputError(
+        f"node {node.name}: the plan does not give the PCI bus id or UUID of GPUs {list(gpus)}; "
+        "Kubernetes pods must not select GPUs by nvidia-smi index",
+        fix="plan from --live (NVML) or a cluster spec that lists pci_bus_id/uuid per GPU",
+    )
+
+
+def _node_clique(cluster: Cluster, node: str) -> tuple[str, str | None] | None:
+    """(clique id, GFD label value or None when unknown) for a node in a multi-node NVLink clique."""
+    labels = cluster.node(node).labels
+    for clique in cluster.cliques:
+        if node in clique.nodes:
+            if GPU_CLIQUE in labels:
+                return clique.id, labels[GPU_CLIQUE]
+            if _GFD_CLIQUE.match(clique.id):
+                return clique.id, clique.id.replace("/", ".")
+            return clique.id, None
+    return None
+
+
+def node_requirements(doc: PlanDoc, placement: Placement, nodes: Sequence[str], opts: K8sOptions) -> list[Requirement]:
+    """The node-affinity expressions of a pod template that may run on any of ``nodes``."""
+    cluster, request = doc.cluster, doc.request
+    reqs = [Requirement(HOSTNAME, "In", tuple(nodes))]
+    models = sorted({cluster.node(r.node).gpu(r.gpu).model or "" for r in placement.ranks if r.node in nodes} - {""})
+    if models:
+        reqs.append(Requirement(GPU_PRODUCT, "In", tuple(gfd_product(m) for m in models)))
+    placement_nodes = {r.node for r in placement.ranks}
+    cliques = {_node_clique(cluster, n) for n in placement_nodes}
+    clique = next(iter(cliques)) if len(placement_nodes) > 1 and len(cliques) == 1 else None
+    if clique is not None:
+        value = clique[1]
+        reqs.append(Requirement(GPU_CLIQUE, "In", (value,)) if value else Requirement(GPU_CLIQUE, "Exists"))
+    for key, value in sorted(request.node_selector.items()):
+        reqs.append(Requirement(key, "In", (value,)))
+    for label, wanted, attr in ((opts.rack_label, request.racks, "rack"), (ZONE, request.zones, "zone")):
+        if wanted:
+            have = sorted({getattr(cluster.node(n), attr) for n in nodes} - {None})
+            reqs.append(Requirement(label, "In", tuple(have or wanted)))
+    return reqs
+
+
+def _sh(value: str) -> str:
+    return shlex.quote(value)
+
+
+def _command(argv: Sequence[str], leader_flag: str | None) -> str:
+    """The exec line; the value after ``leader_flag`` becomes the LWS leader address."""
+    out: list[str] = []
+    for i, arg in enumerate(argv):
+        if leader_flag and i > 0 and argv[i - 1] == leader_flag:
+            port = arg.rsplit(":", 1)[1] if ":" in arg else None
+            out.append('"$LWS_LEADER_ADDRESS' + (f":{int(port)}" if port else "") + '"')
+        else:
+            out.append(_sh(arg))
+    return "exec " + " ".join(out)
+
+
+_SELECT = r"""select_gpus() {
+  kind=$1; shift; sel=""
+  seen=$(nvidia-smi --query-gpu=pci.bus_id,uuid --format=csv,noheader)
+  for want in "$@"; do
+    got=$(printf '%s\n' "$seen" | awk -F', *' -v k="$kind" -v w="$want" \
+      '(k == "bus" && toupper($1) == toupper(w)) || (k == "uuid" && $2 == w) { print $2; exit }')
+    if [ -z "$got" ]; then
+      echo "toposched: planned GPU $want ($kind) is not visible in this container; visible: $seen" >&2
+      exit 1
+    fi
+    sel="${sel:+$sel,}$got"
+  done
+  CUDA_VISIBLE_DEVICES=$sel
+  export CUDA_VISIBLE_DEVICES
+}"""
+
+
+def entrypoint(doc: PlanDoc, launches: Sequence[NodeLaunch], *, lws: bool) -> str:
+    """The ``/bin/sh -c`` script (before kubelet escaping) for pods that may run on these nodes."""
+    lines = ["set -eu", "export CUDA_DEVICE_ORDER=PCI_BUS_ID", _SELECT, 'case "$NODE_NAME" in']
+    for launch in launches:
+        kind, ids = gpu_identity(doc.cluster.node(launch.node), launch.gpus)
+        leader_flag = None
+        if lws:
+            leader_flag = "--master-addr" if launch.engine == "vllm" else "--dist-init-addr"
+        lines += [
+            f"  {_sh(launch.node)})",
+            f"    select_gpus {kind} " + " ".join(_sh(i) for i in ids),
+            f"    {_command(launch.argv, leader_flag)}",
+            "    ;;",
+        ]
+    planned = _sh(" ".join(launch.node for launch in launches))
+    lines[1:1] = [f"planned={planned}"]
+    lines += [
+        '  *) echo "toposched: node $NODE_NAME is not one this pod was planned for ($planned)" >&2; exit 1 ;;',
+        "esac",
+    ]
+    return "\n".join(lines) + "\n"
+
+
+def kubelet_escape(script: str) -> str:
+    """Double every ``$`` so the kubelet's ``$(VAR)`` expansion of ``command`` leaves the script as is."""
+    return script.replace("$", "$$")
+
+
+def _pod_labels(doc: PlanDoc, name: str) -> dict[str, str]:
+    return {**MANAGED_BY, LABEL_REQUEST: label_value(doc.request.id), LABEL_PLACEMENT: name}
+
+
+def pod_template(
+    doc: PlanDoc, placement: Placement, launches: Sequence[NodeLaunch], name: str, opts: K8sOptions, *, lws: bool
+) -> Obj:
+    """A PodTemplateSpec that runs ``launches`` (all with the same GPU count) on their nodes."""
+    nodes = [launch.node for launch in launches]
+    gpus = len(launches[0].gpus)
+    env: list[Obj] = [{"name": "NODE_NAME", "valueFrom": {"fieldRef": {"fieldPath": "spec.nodeName"}}}]
+    shared = {k: v for k, v in launches[0].env.items() if all(x.env.get(k) == v for x in launches)}
+    env += [{"name": k, "value": v} for k, v in sorted(shared.items()) if k != "CUDA_VISIBLE_DEVICES"]
+    resources: dict[str, str] = {GPU_RESOURCE: str(gpus)}
+    if opts.cpu:
+        resources["cpu"] = opts.cpu
+    if opts.memory:
+        resources["memory"] = opts.memory
+    container: Obj = {
+        "name": CONTAINER,
+        "image": opts.resolved_image(),
+        "command": ["/bin/sh", "-c", kubelet_escape(entrypoint(doc, launches, lws=lws))],
+        "env": env,
+        "ports": [{"name": "http", "containerPort": launches[0].port, "protocol": "TCP"}],
+        "resources": {"limits": dict(resources), "requests": dict(resources)},
+        "volumeMounts": [{"name": "dshm", "mountPath": "/dev/shm"}],
+    }
+    empty_dir: Obj = {"medium": "Memory"}
+    if opts.shm_size:
+        empty_dir["sizeLimit"] = opts.shm_size
+    labels = _pod_labels(doc, name)
+    affinity: Obj = {
+        "nodeAffinity": {
+            "requiredDuringSchedulingIgnoredDuringExecution": {
+                "nodeSelectorTerms": [
+                    {"matchExpressions": [r.expression() for r in node_requirements(doc, placement, nodes, opts)]}
+                ]
+            }
+        }
+    }
+    spec: Obj = {"affinity": affinity, "containers": [container], "volumes": [{"name": "dshm", "emptyDir": empty_dir}]}
+    # Pods of one group (LWS) or replicas the request wants spread never share a node.
+    spread_key = LABEL_PLACEMENT if lws else (LABEL_REQUEST if doc.request.spread_replicas else None)
+    if spread_key is not None:
+        match = {spread_key: labels[spread_key]}
+
+        def selector() -> Obj:  # a fresh dict each time: YAML output must not need anchors
+            return {"matchLabels": dict(match)}
+
+        affinity["podAntiAffinity"] = {
+            "requiredDuringSchedulingIgnoredDuringExecution": [{"labelSelector": selector(), "topologyKey": HOSTNAME}]
+        }
+        spec["topologySpreadConstraints"] = [
+            {"maxSkew": 1, "topologyKey": HOSTNAME, "whenUnsatisfiable": "DoNotSchedule", "labelSelector": selector()}
+        ]
+    return {"metadata": {"labels": labels}, "spec": spec}
+
+
+def _metadata(name: str, opts: K8sOptions, doc: PlanDoc) -> Obj:
+    return {
+        "name": name,
+        "namespace": opts.namespace,
+        "labels": {**MANAGED_BY, LABEL_REQUEST: label_value(doc.request.id)},
+    }
+
+
+def _launches(doc: PlanDoc, opts: K8sOptions) -> dict[str, list[NodeLaunch]]:
+    launches = build_launches(doc.placements, doc.request, doc.cluster, opts.engine, model_path=opts.model_path)
+    by_placement: dict[str, list[NodeLaunch]] = {}
+    for launch in launches:
+        by_placement.setdefault(launch.placement, []).append(launch)
+    return by_placement
+
+
+def deployment(doc: PlanDoc, placement: Placement, launch: NodeLaunch, opts: K8sOptions) -> Obj:
+    name = dns_name(opts.name_prefix, placement.id)
+    return {
+        "apiVersion": "apps/v1",
+        "kind": "Deployment",
+        "metadata": _metadata(name, opts, doc),
+        "spec": {
+            "replicas": 1,
+            "strategy": {"type": "Recreate"},
+            "selector": {"matchLabels": {LABEL_PLACEMENT: name}},
+            "template": pod_template(doc, placement, [launch], name, opts, lws=False),
+        },
+    }
+
+
+def leader_worker_set(doc: PlanDoc, placement: Placement, launches: Sequence[NodeLaunch], opts: K8sOptions) -> Obj:
+    name = dns_name(opts.name_prefix, placement.id)
+    ordered = sorted(launches, key=lambda x: x.node_rank)
+    return {
+        "apiVersion": "leaderworkerset.x-k8s.io/v1",
+        "kind": "LeaderWorkerSet",
+        "metadata": _metadata(name, opts, doc),
+        "spec": {
+            "replicas": 1,
+            "leaderWorkerTemplate": {
+                "size": len(ordered),
+                "restartPolicy": "RecreateGroupOnPodRestart",
+                "leaderTemplate": pod_template(doc, placement, ordered[:1], name, opts, lws=True),
+                "workerTemplate": pod_template(doc, placement, ordered[1:], name, opts, lws=True),
+            },
+        },
+    }
+
+
+def k8s_objects(doc: PlanDoc, opts: K8sOptions | None = None) -> list[Obj]:
+    """One Deployment per single-node placement, one LeaderWorkerSet per multi-node placement."""
+    opts = opts or K8sOptions()
+    by_placement = _launches(doc, opts)
+    objects: list[Obj] = []
+    for p in doc.placements:
+        launches = by_placement[p.id]
+        if len(launches) == 1:
+            objects.append(deployment(doc, p, launches[0], opts))
+        else:
+            objects.append(leader_worker_set(doc, p, launches, opts))
+    return objects
+
+
+# --- RoleBasedGroup and CoordinatedPolicy (engines.md section 3) ---------------------------------
+
+
+def role_based_group(roles: Mapping[str, PlanDoc], name: str, opts: K8sOptions | None = None) -> list[Obj]:
+    """A ``RoleBasedGroup`` with one role per placement, and a ``CoordinatedPolicy`` rolling them together.
+
+    A role's pods are pinned to their placement's GPUs, so a plan with several placements gives one
+    role per placement (``decode-0``, ``decode-1``); each role has one replica and rolls out with
+    ``maxSurge: 0``. Multi-node placements are not supported here (use ``k8s_objects``: LWS).
+    """
+    opts = opts or K8sOptions()
+    group = dns_name(opts.name_prefix, name)
+    role_specs: list[Obj] = []
+    for role, doc in roles.items():
+        by_placement = _launches(doc, opts)
+        for i, p in enumerate(doc.placements):
+            launches = by_placement[p.id]
+            if len(launches) > 1:
+                raise InputError(
+                    f"role {role}: placement {p.id} spans {len(launches)} nodes; RoleBasedGroup output covers "
+                    "single-node placements only",
+                    fix="launch it with `toposched launch k8s --plan` (a LeaderWorkerSet)",
+                )
+            role_name = dns_name(role if len(doc.placements) == 1 else f"{role}-{i}", limit=40)
+            template = pod_template(doc, p, launches, dns_name(group, role_name, limit=63), opts, lws=False)
+            template["metadata"]["labels"]["role"] = role_name
+            role_specs.append(
+                {
+                    "name": role_name,
+                    "replicas": 1,
+                    "rolloutStrategy": {"type": "RollingUpdate", "rollingUpdate": {"maxSurge": 0, "maxUnavailable": 1}},
+                    "standalonePattern": {"template": template},
+                }
+            )
+    names = [r["name"] for r in role_specs]
+    if len(set(names)) != len(names):
+        raise InputError(f"role names repeat: {', '.join(names)}")
+    first = next(iter(roles.values()))
+    rbg = {
+        "apiVersion": "workloads.x-k8s.io/v1alpha2",
+        "kind": "RoleBasedGroup",
+        "metadata": _metadata(group, opts, first),
+        "spec": {"roles": role_specs},
+    }
+    policy = {
+        "apiVersion": "workloads.x-k8s.io/v1alpha2",
+        "kind": "CoordinatedPolicy",
+        "metadata": _metadata(group, opts, first),
+        "spec": {
+            "policies": [
+                {
+                    "name": dns_name(group, "rollout", limit=63),
+                    "roles": names,
+                    # maxSkew 0%: the roles' updated fractions never drift apart (seed 003 section 1.4).
+                    "strategy": {"rollingUpdate": {"maxSkew": "0%", "maxUnavailable": 1}},
+                }
+            ]
+        },
+    }
+    return [rbg, policy]
+
+
+# --- KubeletConfiguration (engines.md section 5) -------------------------------------------------
+
+KUBELET_POLICIES = ("single-numa-node", "restricted", "best-effort", "none")
+# The kubelet's Linux hard-eviction defaults; setting evictionHard replaces the whole map, so all are kept.
+EVICTION_HARD_DEFAULTS = {
+    "memory.available": "100Mi",
+    "nodefs.available": "10%",
+    "nodefs.inodesFree": "5%",
+    "imagefs.available": "15%",
+}
+
+
+def _mib(quantity: str) -> int:
+    match = re.fullmatch(r"(\d+)(Mi|Gi)", quantity)
+    if not match:
+        raise InputError(f"memory quantity {quantity!r} must be a whole number of Mi or Gi")
+    return int(match.group(1)) * (1024 if match.group(2) == "Gi" else 1)
+
+
+def kubelet_configs(
+    doc: PlanDoc,
+    *,
+    policy: str = "single-numa-node",
+    scope: Literal["container", "pod"] = "pod",
+    kube_reserved: str = "1Gi",
+    system_reserved: str = "1Gi",
+    eviction_memory: str = "100Mi",
+    reserved_system_cpus: str = "0-1",
+) -> list[tuple[list[str], Obj]]:
+    """KubeletConfiguration snippets for the plan's nodes, one per distinct set of NUMA nodes.
+
+    The Static memory manager needs ``reservedMemory`` summing, per memory type, to kube-reserved +
+    system-reserved + the hard eviction threshold (Kubernetes docs, engines.md 5); the sum is split
+    evenly over the node's NUMA nodes, the remainder on the first.
+    """
+    if policy not in KUBELET_POLICIES:
+        raise InputError(f"topology manager policy {policy!r} is not one of {', '.join(KUBELET_POLICIES)}")
+    total = _mib(kube_reserved) + _mib(system_reserved) + _mib(eviction_memory)
+    groups: dict[tuple[int, ...], list[str]] = {}
+    for name in sorted({r.node for p in doc.placements for r in p.ranks}):
+        numa = tuple(sorted({g.numa_node for g in doc.cluster.node(name).gpus if g.numa_node is not None})) or (0,)
+        groups.setdefault(numa, []).append(name)
+    out: list[tuple[list[str], Obj]] = []
+    for numa, nodes in groups.items():
+        share, rest = divmod(total, len(numa))
+        reserved = [
+            {"numaNode": n, "limits": {"memory": f"{share + (rest if i == 0 else 0)}Mi"}} for i, n in enumerate(numa)
+        ]
+        config: Obj = {
+            "apiVersion": "kubelet.config.k8s.io/v1beta1",
+            "kind": "KubeletConfiguration",
+            "cpuManagerPolicy": "static",
+            "reservedSystemCPUs": reserved_system_cpus,
+            "memoryManagerPolicy": "Static",
+            "topologyManagerPolicy": policy,
+            "topologyManagerScope": scope,
+            # Stable in current Kubernetes; beta behind TopologyManagerPolicyBetaOptions in older releases.
+            "topologyManagerPolicyOptions": {"prefer-closest-numa-nodes": "true"},
+            "kubeReserved": {"memory": kube_reserved},
+            "systemReserved": {"memory": system_reserved},
+            "evictionHard": {**EVICTION_HARD_DEFAULTS, "memory.available": eviction_memory},
+            "reservedMemory": reserved,
+        }
+        out.append((nodes, config))
+    return out
+
+
+# --- Checking real nodes against the affinity (seed 003 section 3.1) -----------------------------
+
+
+@dataclass(frozen=True)
+class LintFinding:
+    placement: str
+    node: str
+    problem: str
+
+
+def lint_nodes(doc: PlanDoc, nodes_json: Any, opts: K8sOptions | None = None) -> list[LintFinding]:
+    """Every planned node that is missing from ``kubectl get nodes -o json`` or fails its pod's affinity."""
+    opts = opts or K8sOptions()
+    if not isinstance(nodes_json, dict):
+        raise InputError("the nodes file is not `kubectl get nodes -o json` output (not an object)")
+    items = nodes_json.get("items", [nodes_json])
+    labels_of: dict[str, dict[str, str]] = {}
+    for item in items:
+        meta = item.get("metadata", {}) if isinstance(item, dict) else {}
+        if "name" not in meta:
+            raise InputError("the nodes file has an item without metadata.name")
+        labels_of[meta["name"]] = dict(meta.get("labels") or {})
+    findings: list[LintFinding] = []
+    by_placement = _launches(doc, opts)
+    for p in doc.placements:
+        ordered = sorted(by_placement[p.id], key=lambda x: x.node_rank)
+        templates = [ordered] if len(ordered) == 1 else [ordered[:1], ordered[1:]]
+        for launches in templates:
+            nodes = [launch.node for launch in launches]
+            reqs = node_requirements(doc, p, nodes, opts)
+            for node in nodes:
+                if node not in labels_of:
+                    findings.append(LintFinding(p.id, node, "node not found in the nodes file"))
+                    continue
+                for req in reqs:
+                    problem = req.check(labels_of[node])
+                    if problem:
+                        findings.append(LintFinding(p.id, node, problem))
+    return findings

@@ -1,0 +1,145 @@
+"""Ray placement groups for a plan: one GPU per bundle, each bundle tied to its NVLink domain.
+
+Ray cannot be told which physical GPU of a node a bundle takes, but it can be told which node (and
+so which NVLink domain) through a custom resource (engines.md section 9: bundles may mix
+``{"GPU": 1, "<custom>": 1}``). Each GPU's bundle asks for one unit of a resource that names its
+NVLink domain (``nvl_<domain>``), or its node when the GPU is in no NVLink domain (``host_<node>``,
+PCIe machines); ``ray_start`` gives the ``ray start`` flags that declare those resources on each node.
+
+Bundles are in rank order, so ``VLLM_RAY_BUNDLE_INDICES`` (engines.md 1.3: comma-separated, one
+per worker, no duplicates) is ``0,1,...``; the strategy is ``STRICT_PACK`` for a one-node placement
+and ``PACK`` otherwise (the domain resources already decide the nodes). vLLM uses a placement group
+when it runs inside one (``ray.util.get_current_placement_group()``), with
+``--distributed-executor-backend ray``.
+
+Ray itself is an optional extra (``pip install toposched[ray]``); this module does not import it.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+from typing import Any, Literal
+
+from pydantic import BaseModel, ConfigDict
+
+from toposched.binding.engines import build_launches
+from toposched.binding.plan_doc import PlanDoc
+from toposched.errors import InputError
+from toposched.solver.request import Placement
+from toposched.topology.domains import DomainMap, build_domain_map, gpu_ref
+
+RAY_VLLM_FLAGS = ("--distributed-executor-backend", "ray")
+
+
+class RayPlacement(BaseModel):
+    """A placement group spec for one placement, and how to run vLLM in it."""
+
+    model_config = ConfigDict(frozen=True)
+
+    placement: str
+    name: str
+    strategy: Literal["STRICT_PACK", "PACK"]
+    bundles: list[dict[str, float]]
+    env: dict[str, str]
+    argv: list[str]
+    node_resources: dict[str, dict[str, float]]
+    """Per node, the custom resources this placement needs declared there (``ray start --resources``)."""
+
+
+def resource_name(kind: Literal["nvl", "host"], ident: str) -> str:
+    """A Ray custom-resource name for an NVLink domain or a node: ``nvl_h100_00_nv0``."""
+    return f"{kind}_" + re.sub(r"[^A-Za-z0-9]+", "_", ident).strip("_")
+
+
+def gpu_resource(dmap: DomainMap, node: str, gpu: int) -> str:
+    domain = dmap.gpu_domain.get(gpu_ref(node, gpu))
+    return resource_name("nvl", domain) if domain else resource_name("host", node)
+
+
+def _check_unique(dmap: DomainMap, nodes: set[str]) -> None:
+    """Two domains must not collapse to one resource name."""
+    names: dict[str, str] = {}
+    for ident, name in [(d.id, resource_name("nvl", d.id)) for d in dmap.domains] + [
+        (n, resource_name("host", n)) for n in sorted(nodes)
+    ]:
+        if names.setdefault(name, ident) != ident:
+            raise InputError(f"{ident!r} and {names[name]!r} both become the Ray resource {name!r}; rename one")
+
+
+def placement_group_spec(doc: PlanDoc, placement: Placement, dmap: DomainMap, argv: list[str]) -> RayPlacement:
+    ranks = sorted(placement.ranks, key=lambda r: r.rank)
+    bundles: list[dict[str, float]] = []
+    node_resources: dict[str, dict[str, float]] = {}
+    for r in ranks:
+        res = gpu_resource(dmap, r.node, r.gpu)
+        bundles.append({"GPU": 1.0, res: 1.0})
+        node = doc.cluster.node(r.node)
+        # Declare the whole domain's (or node's) GPUs on the node, not only the planned ones.
+        members = [g.index for g in node.gpus if gpu_resource(dmap, r.node, g.index) == res]
+        node_resources.setdefault(r.node, {})[res] = float(len(members))
+    nodes = {r.node for r in ranks}
+    return RayPlacement(
+        placement=placement.id,
+        name=f"toposched-{placement.id}",
+        strategy="STRICT_PACK" if len(nodes) == 1 else "PACK",
+        bundles=bundles,
+        env={"VLLM_RAY_BUNDLE_INDICES": ",".join(str(i) for i in range(len(bundles)))},
+        argv=argv,
+        node_resources=node_resources,
+    )
+
+
+def _vllm_ray_argv(argv: list[str]) -> list[str]:
+    """The node-0 vLLM command without numactl and mp multi-node flags, with the Ray backend."""
+    start = argv.index("vllm")
+    out: list[str] = []
+    skip_value = {"--nnodes", "--node-rank", "--master-addr", "--master-port"}
+    i = start
+    while i < len(argv):
+        arg = argv[i]
+        if arg in skip_value:
+            i += 2
+            continue
+        if arg == "--numa-bind-nodes":  # per-rank NUMA lists follow until the next flag
+            i += 1
+            while i < len(argv) and not argv[i].startswith("--"):
+                i += 1
+            continue
+        if arg not in ("--headless", "--numa-bind"):
+            out.append(arg)
+        i += 1
+    host = out.index("--host")
+    return out[:host] + list(RAY_VLLM_FLAGS) + out[host:]
+
+
+def ray_specs(doc: PlanDoc, *, model_path: str | None = None) -> list[RayPlacement]:
+    """One placement-group spec per placement of the plan (vLLM with the Ray executor)."""
+    dmap = build_domain_map(doc.cluster)
+    _check_unique(dmap, {n.name for n in doc.cluster.nodes})
+    launches = build_launches(doc.placements, doc.request, doc.cluster, "vllm", model_path=model_path)
+    head = {launch.placement: launch for launch in launches if launch.node_rank == 0}
+    return [placement_group_spec(doc, p, dmap, _vllm_ray_argv(head[p.id].argv)) for p in doc.placements]
+
+
+def ray_start_args(specs: list[RayPlacement], doc: PlanDoc) -> dict[str, list[str]]:
+    """Per node, the ``ray start`` flags that declare its GPUs and the domain resources of all specs."""
+    merged: dict[str, dict[str, float]] = {}
+    for spec in specs:
+        for node, res in spec.node_resources.items():
+            merged.setdefault(node, {}).update(res)
+    out: dict[str, list[str]] = {}
+    for node in sorted(merged):
+        gpus = len(doc.cluster.node(node).gpus)
+        resources = {k: int(v) if v.is_integer() else v for k, v in sorted(merged[node].items())}
+        out[node] = ["--num-gpus", str(gpus), "--resources", json.dumps(resources, separators=(",", ":"))]
+    return out
+
+
+def ray_document(doc: PlanDoc, *, model_path: str | None = None) -> dict[str, Any]:
+    """What ``toposched launch ray`` prints: the specs and the per-node ``ray start`` flags."""
+    specs = ray_specs(doc, model_path=model_path)
+    return {
+        "placement_groups": [s.model_dump(mode="json", exclude={"node_resources"}) for s in specs],
+        "ray_start": ray_start_args(specs, doc),
+    }

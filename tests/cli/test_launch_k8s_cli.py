@@ -1,0 +1,98 @@
+"""``toposched launch k8s | k8s-lint | ray``."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import kubernetes_validate
+import yaml
+
+from tests.binding.conftest import DATA
+from tests.conftest import RunCli
+
+MULTI = ["--preset", "cluster-32x-hgx-h100", "--model", "llama-3.1-405b", "--slo-tpot-ms", "60"]
+
+
+def _plan(run_cli: RunCli, tmp_path: Path, *args: str, name: str = "plan.json") -> Path:
+    result = run_cli("plan", *args, "--json")
+    assert result.exit_code == 0, result.stderr
+    path = tmp_path / name
+    path.write_text(result.stdout)
+    return path
+
+
+def test_k8s_plan_prints_yaml_documents(run_cli: RunCli, tmp_path: Path) -> None:
+    plan = _plan(run_cli, tmp_path, "--preset", "hgx-h100", "--model", "llama-3.1-8b", "--tp", "4", "--replicas", "2")
+    result = run_cli("launch", "k8s", "--plan", str(plan))
+    assert result.exit_code == 0, result.stderr
+    docs = list(yaml.safe_load_all(result.stdout))
+    assert [d["kind"] for d in docs] == ["Deployment", "Deployment"]
+    for doc in docs:
+        kubernetes_validate.validate(doc, "1.37", strict=True)
+    assert "&id" not in result.stdout  # no YAML anchors
+
+
+def test_k8s_from_plan_options_multi_node_json(run_cli: RunCli) -> None:
+    result = run_cli("launch", "k8s", *MULTI, "--format", "json", "--namespace", "llm", "--image", "reg/vllm:v0.33.0")
+    assert result.exit_code == 0, result.stderr
+    data = json.loads(result.stdout)
+    assert (data["apiVersion"], data["kind"]) == ("v1", "List")
+    (lws,) = data["items"]
+    assert lws["kind"] == "LeaderWorkerSet" and lws["metadata"]["namespace"] == "llm"
+    leader = lws["spec"]["leaderWorkerTemplate"]["leaderTemplate"]
+    assert leader["spec"]["containers"][0]["image"] == "reg/vllm:v0.33.0"
+
+
+def test_k8s_kubelet_and_roles(run_cli: RunCli, tmp_path: Path) -> None:
+    pcie = _plan(run_cli, tmp_path, "--preset", "l40s-8x-pcie", "--model", "llama-3.1-8b", "--tp", "4", name="p.json")
+    result = run_cli("launch", "k8s", "--plan", str(pcie), "--kubelet", "--topology-policy", "restricted")
+    assert result.exit_code == 0, result.stderr
+    (cfg,) = yaml.safe_load_all(result.stdout)
+    assert cfg["kind"] == "KubeletConfiguration" and cfg["topologyManagerPolicy"] == "restricted"
+    result = run_cli("launch", "k8s", "--roles", f"prefill={pcie},decode={pcie}", "--group", "pd")
+    assert result.exit_code == 0, result.stderr
+    rbg, policy = yaml.safe_load_all(result.stdout)
+    assert [r["name"] for r in rbg["spec"]["roles"]] == ["prefill", "decode"]
+    assert policy["spec"]["policies"][0]["roles"] == ["prefill", "decode"]
+
+
+def test_k8s_bad_input_is_one_line(run_cli: RunCli, tmp_path: Path) -> None:
+    result = run_cli("launch", "k8s", *MULTI, "--format", "sh")
+    assert result.exit_code == 2 and "--format 'sh'" in result.stderr
+    result = run_cli("launch", "k8s", "--roles", "prefill")
+    assert result.exit_code == 2 and "ROLE=PLAN.json" in result.stderr
+    result = run_cli("launch", "k8s", *MULTI, "--engine", "sglang")
+    assert result.exit_code == 2 and "--image" in result.stderr
+
+
+def test_k8s_lint_reports_and_fails(run_cli: RunCli, tmp_path: Path) -> None:
+    plan = _plan(run_cli, tmp_path, *MULTI)
+    nodes = DATA / "nodes-h100.json"
+    result = run_cli("launch", "k8s-lint", "--nodes", str(nodes), "--plan", str(plan), "--json")
+    assert result.exit_code == 1
+    data = json.loads(result.stdout)
+    assert data["ok"] is False
+    assert data["findings"] == [{"placement": "plan", "node": "h100-01", "problem": "no label nvidia.com/gpu.product"}]
+    table = run_cli("launch", "k8s-lint", "--nodes", str(nodes), "--plan", str(plan))
+    assert table.exit_code == 1 and "h100-01" in table.stdout and "nvidia.com/gpu.product" in table.stdout
+    fixed = json.loads(nodes.read_text())
+    fixed["items"][1]["metadata"]["labels"]["nvidia.com/gpu.product"] = "NVIDIA-H100-80GB-HBM3"
+    good = tmp_path / "nodes.json"
+    good.write_text(json.dumps(fixed))
+    ok = run_cli("launch", "k8s-lint", "--nodes", str(good), "--plan", str(plan))
+    assert ok.exit_code == 0 and ok.stdout.startswith("ok:")
+    bad = tmp_path / "bad.json"
+    bad.write_text("{not json")
+    assert run_cli("launch", "k8s-lint", "--nodes", str(bad), "--plan", str(plan)).exit_code == 2
+
+
+def test_ray_command(run_cli: RunCli) -> None:
+    result = run_cli("launch", "ray", *MULTI)
+    assert result.exit_code == 0, result.stderr
+    data = json.loads(result.stdout)
+    (pg,) = data["placement_groups"]
+    assert pg["strategy"] == "PACK" and len(pg["bundles"]) == 16
+    assert set(data["ray_start"]) == {"h100-00", "h100-01"}
+    as_yaml = run_cli("launch", "ray", *MULTI, "--format", "yaml")
+    assert as_yaml.exit_code == 0 and yaml.safe_load(as_yaml.stdout) == data
