@@ -7,8 +7,8 @@ import time
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
+from tests.ledger.common import CAP, FakeClock
 from tests.ledger.conftest import LedgerFactory
-from tests.ledger.test_memory import CAP, FakeClock
 from toposched.ledger import supports
 from toposched.ledger.base import GIB, Feature, Ledger
 
