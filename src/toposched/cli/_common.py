@@ -6,7 +6,11 @@ import json
 import sys
 from typing import Any
 
+import typer
 from rich.console import Console
+
+from toposched.errors import InputError
+from toposched.topology.sources import SourceRef
 
 console = Console(highlight=False)
 err_console = Console(stderr=True, highlight=False)
@@ -16,3 +20,27 @@ def print_json(obj: Any) -> None:
     """Write one JSON document to stdout (plain text: no colour, no wrapping)."""
     sys.stdout.write(json.dumps(obj, indent=2, sort_keys=False) + "\n")
     sys.stdout.flush()
+
+
+# Topology source options shared by every command that reads a topology.
+SMI = typer.Option(None, "--smi", help="Read an `nvidia-smi topo -m` capture.", metavar="FILE")
+PRESET = typer.Option(None, "--preset", help="Use a built-in machine or cluster (see `topo presets`).")
+CLUSTER = typer.Option(None, "--cluster", help="Read a cluster spec (YAML).", metavar="FILE")
+LIVE = typer.Option(False, "--live", help="Probe this machine through NVML.")
+
+
+def source_ref(smi: str | None, preset: str | None, cluster: str | None, live: bool) -> SourceRef | None:
+    """The one topology source the flags name, or None; two sources is an error."""
+    given = [
+        SourceRef.model_validate({"kind": k, "ref": v})
+        for k, v in (("smi", smi), ("preset", preset), ("cluster", cluster))
+        if v is not None
+    ]
+    if live:
+        given.append(SourceRef(kind="live"))
+    if len(given) > 1:
+        raise InputError(
+            "give one topology source, not " + " and ".join("--" + g.kind for g in given),
+            fix="choose one of --smi FILE, --preset NAME, --cluster FILE, --live",
+        )
+    return given[0] if given else None

@@ -14,8 +14,7 @@ from typing import Any, NoReturn
 
 import typer
 
-from toposched.cli._common import console, err_console, print_json
-from toposched.cli.topo import CLUSTER, LIVE, PRESET, SMI, _source_ref
+from toposched.cli._common import CLUSTER, LIVE, PRESET, SMI, console, err_console, print_json, source_ref
 from toposched.errors import InputError, ToposchedError, UnknownNameError
 from toposched.solver.allocate import AllocationResult, check_indices, preferred_allocation
 from toposched.topology.model import Node
@@ -94,7 +93,7 @@ def allocate(
 ) -> None:
     """Pick the GPUs a Kubernetes device plugin should prefer (GetPreferredAllocation)."""
     try:
-        ref = _source_ref(smi, preset, cluster, live)
+        ref = source_ref(smi, preset, cluster, live)
         if ref is None:
             raise InputError("no topology given", fix="pass --smi FILE, --preset NAME, --cluster FILE or --live")
         loaded = load_source(ref)

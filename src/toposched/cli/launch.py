@@ -13,8 +13,7 @@ import typer
 from toposched.binding.engines import Engine, NodeLaunch, build_launches, shell_script
 from toposched.binding.plan_doc import PlanDoc, load_plan
 from toposched.cli import launch_k8s
-from toposched.cli._common import console, err_console, print_json
-from toposched.cli.topo import CLUSTER, LIVE, PRESET, SMI, _source_ref
+from toposched.cli._common import CLUSTER, LIVE, PRESET, SMI, console, err_console, print_json, source_ref
 from toposched.errors import InputError
 from toposched.solver.request import PlacementRequest
 from toposched.solver.scheduler import Scheduler
@@ -50,7 +49,7 @@ def resolve_plan(
     max_model_len: int,
 ) -> PlanDoc:
     """The plan to launch: read from --plan, or made now from --model and a topology source."""
-    ref = _source_ref(smi, preset, cluster, live)
+    ref = source_ref(smi, preset, cluster, live)
     if plan is not None:
         if model is not None or ref is not None:
             raise InputError("give --plan, or --model with a topology source, not both")

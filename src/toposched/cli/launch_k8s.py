@@ -20,8 +20,7 @@ from toposched.binding.k8s import (
 )
 from toposched.binding.plan_doc import PlanDoc, load_plan
 from toposched.binding.ray import ray_document
-from toposched.cli._common import console, print_json
-from toposched.cli.topo import CLUSTER, LIVE, PRESET, SMI
+from toposched.cli._common import CLUSTER, LIVE, PRESET, SMI, console, print_json
 from toposched.errors import InputError
 
 RACK_LABEL = typer.Option(DEFAULT_RACK_LABEL, "--rack-label", help="Node label that holds the rack.")

@@ -9,8 +9,7 @@ from pydantic import ValidationError
 from rich.table import Table
 
 from toposched.binding.plan_doc import PLAN_SCHEMA_VERSION
-from toposched.cli._common import console, err_console, print_json
-from toposched.cli.topo import CLUSTER, LIVE, PRESET, SMI, _source_ref
+from toposched.cli._common import CLUSTER, LIVE, PRESET, SMI, console, err_console, print_json, source_ref
 from toposched.errors import InputError
 from toposched.solver.request import Placement, PlacementRequest, Unplaced
 from toposched.solver.scheduler import POLICIES, Scheduler
@@ -119,7 +118,7 @@ def plan(
     json_out: bool = typer.Option(False, "--json", help="Print one JSON object."),
 ) -> None:
     """Choose parallel degrees and exact GPUs for model instances, with predicted latency and reasons."""
-    ref = _source_ref(smi, preset, cluster, live)
+    ref = source_ref(smi, preset, cluster, live)
     if ref is None:
         raise InputError("plan needs a topology", fix="pass --preset NAME, --smi FILE, --cluster FILE or --live")
     if policy != "exact":

@@ -15,7 +15,7 @@ from rich.markup import escape
 from rich.table import Table
 from rich.text import Text
 
-from toposched.cli._common import console, err_console, print_json
+from toposched.cli._common import CLUSTER, LIVE, PRESET, SMI, console, err_console, print_json, source_ref
 from toposched.config import TopologyConfig
 from toposched.errors import InputError
 from toposched.topology.domains import DomainMap, build_domain_map, gpu_ref
@@ -26,31 +26,11 @@ from toposched.topology.store import TopologyStore
 
 topo_app = typer.Typer(help="Discover and show GPU topology: NVLink domains, NUMA groups, links.", no_args_is_help=True)
 
-SMI = typer.Option(None, "--smi", help="Read an `nvidia-smi topo -m` capture.", metavar="FILE")
-PRESET = typer.Option(None, "--preset", help="Use a built-in machine or cluster (see `topo presets`).")
-CLUSTER = typer.Option(None, "--cluster", help="Read a cluster spec (YAML).", metavar="FILE")
-LIVE = typer.Option(False, "--live", help="Probe this machine through NVML.")
 STATE = typer.Option(None, "--state", help="SQLite state file [env TOPOSCHED_STATE].", metavar="PATH")
 
 
 def register(app: typer.Typer) -> None:
     app.add_typer(topo_app, name="topo")
-
-
-def _source_ref(smi: str | None, preset: str | None, cluster: str | None, live: bool) -> SourceRef | None:
-    given = [
-        SourceRef.model_validate({"kind": k, "ref": v})
-        for k, v in (("smi", smi), ("preset", preset), ("cluster", cluster))
-        if v is not None
-    ]
-    if live:
-        given.append(SourceRef(kind="live"))
-    if len(given) > 1:
-        raise InputError(
-            "give one topology source, not " + " and ".join("--" + g.kind for g in given),
-            fix="choose one of --smi FILE, --preset NAME, --cluster FILE, --live",
-        )
-    return given[0] if given else None
 
 
 # ---------------------------------------------------------------------------------------------- JSON
@@ -250,7 +230,7 @@ def show(
     ),
 ) -> None:
     """Show links, NVLink domains and NUMA groups of a topology source or of the stored DomainMap."""
-    ref = _source_ref(smi, preset, cluster, live)
+    ref = source_ref(smi, preset, cluster, live)
     if ref is not None:
         loaded = load_source(ref)
         dmap = build_domain_map(loaded.cluster)
@@ -310,7 +290,7 @@ def refresh(
     """Probe a source again and store a new DomainMap version (default: the source of the last one)."""
     config = TopologyConfig.load(state_path=state)
     store = TopologyStore(config.state_path)
-    ref = _source_ref(smi, preset, cluster, live)
+    ref = source_ref(smi, preset, cluster, live)
     previous = store.latest()
     if ref is None:
         ref = previous.source if previous is not None else SourceRef(kind="live")
