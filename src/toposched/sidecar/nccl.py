@@ -1,0 +1,493 @@
+"""Reading NCCL INFO logs (``NCCL_DEBUG=INFO``): ranks, nodes, the transport of each connection.
+
+A log is a stream of *records*: ``host:pid:tid [dev] [file.cc:line] NCCL INFO|WARN text``. Real
+captures add things around them, and this reader copes with each without guessing:
+
+* prefixes: OpenMPI ``[1,N]<stdout>:`` tags, timestamps, container names, shell prompts;
+* blank lines and non-NCCL lines (engine logs, nccl-tests tables): ignored;
+* two processes writing into one stream: a record header in the middle of a line means the text
+  before it was cut off. That cut record is dropped (counted in ``skipped_records``); the record
+  that starts mid-line is complete. A host name glued to the cut text (``send 0.000proxmox``) is
+  repaired only when a more frequent host is a suffix of it;
+* user remarks appended after a line: the transport token must end at whitespace or the line end,
+  so ``via P2P/IPC/read  <- NVLink`` reads as ``P2P/IPC/read``; a token that does not parse as a
+  whole (a splice inside it) drops the record rather than half-reading it.
+
+Line formats from NCCL 2.4 (``Ring 00 : 0 -> 1 [receive] via NET/Socket/0``) to 2.30
+(``Channel 00/0 : 0[0] -> 1[1] via P2P/CUMEM/read``) are read by one grammar. Transports are
+reported by family: ``P2P/IPC``, ``P2P/CUMEM``, ``P2P/direct`` (``direct pointer``), ``P2P/MNNVL``,
+``SHM``, ``NET/IB`` (any ``IBext_vN`` plugin name too), ``NET/Socket``, ``NET/<plugin>`` (e.g.
+``NET/AWS Libfabric``), ``COLLNET`` and ``NVLS`` (from the NVLS lines, which have no ``via``).
+
+``nranks`` is what NCCL printed (``nranks N`` / ``nRanks N``); when a cut log has no such line it
+is the length of a full ring listing (``Channel 00/08 : 0 7 6 ...``), and failing that the count of
+ranks seen when they are exactly ``0..n-1``; ``nranks_source`` says which. ``nnodes`` is NCCL's
+``nNodes`` or ``None``.
+"""
+
+from __future__ import annotations
+
+import re
+from collections import Counter
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Any, Literal
+
+from toposched.errors import InputError
+
+Severity = Literal["warning", "info"]
+
+_ANSI = re.compile(r"\x1b\[[0-9;]*[A-Za-z]")
+_HEADER = re.compile(
+    r"(?P<host>[A-Za-z0-9_.\-]+):(?P<pid>\d+):(?P<tid>\d+) \[(?P<dev>-?\d+)\] "
+    r"(?:(?P<src>[\w./\-]+:\d+) )?NCCL (?P<level>INFO|WARN|TRACE|ABORT)\b ?"
+)
+_BARE_VERSION = re.compile(r"^\s*(?:\[\d+,\d+\]<std(?:out|err)>:)?\s*NCCL version (?P<v>\d+\.\d+\.\d+)")
+_VERSION = re.compile(r"^NCCL version (?P<v>\d+\.\d+\.\d+)")
+_CONNECTION = re.compile(
+    r"^\s*(?P<kind>Channel|Ring|CollNet|NVLS|Tree) (?P<ch>\d+)(?:/(?P<sub>\d+))? : "
+    r"(?P<a>\d+)(?:\[(?P<abus>[0-9a-fA-Fx]+)\])?"
+    r"(?: -> (?P<b>\d+)(?:\[(?P<bbus>[0-9a-fA-Fx]+)\])?)?"
+    r"(?: \[(?P<dir>send|receive)\])? via (?P<transport>.*)$"
+)
+_TRANSPORT = re.compile(
+    r"(?:"
+    r"P2P/(?P<p2p>direct pointer|indirect/\d+\[\w+\]|[A-Za-z]+)(?P<p2pread>/read)?(?:/CE)?"
+    r"|SHM(?:/[A-Za-z]+/[A-Za-z]+)?"
+    r"|NET/(?P<net>[^/\s][^/]*?)/(?P<dev>\d+)(?:\(\d+\))?(?P<gdr>/GDRDMA)?(?:/Shared)?"
+    r"|COLLNET/(?P<coll>[^/\s]+)/\d+(?:\(\d+\))?(?P<cgdr>/GDRDMA)?(?:/Shared)?"
+    r"|NVLS"
+    r")(?=\s|$)"
+)
+_RING = re.compile(r"^\s*(?:Channel|Ring) \d+(?:/\d+)? :(?P<ranks>(?: +\d+)+) *$")
+_NRANKS = re.compile(r"\bn[Rr]anks (\d+)\b")
+_NNODES = re.compile(r"\bnNodes (\d+)\b")
+_RANK = re.compile(r"\brank (\d+) n[Rr]anks (\d+)\b")
+_COMM_ID = re.compile(r"\bcommId (0x[0-9a-fA-F]+)")
+_NVLS_CHANNELS = re.compile(r"\b(\d+) nvls channels\b")
+_IB_NAME = re.compile(r"^IB(?:ext(?:_v\d+)?)?$")
+# GPUs sold on NVSwitch (HGX/DGX) boards with NVLink SHARP (Hopper and later).
+_NVSWITCH_GPU = re.compile(r"\b(H100 80GB HBM3|H100-SXM|H800|H200|H20\b|B200|B100|B300|GB200|GB300)", re.I)
+
+
+@dataclass(frozen=True)
+class Connection:
+    """One ``via`` line: a channel connection between two ranks (or a CollNet endpoint)."""
+
+    kind: str  # Channel / Ring / CollNet
+    channel: int
+    src: int
+    dst: int | None
+    direction: str | None  # send / receive / None (P2P and SHM lines are printed by the sender)
+    transport: str  # as printed, e.g. "NET/IBext_v8/5(2)/GDRDMA"
+    family: str  # e.g. "NET/IB"
+    gdrdma: bool
+    host: str | None  # the host of the process that printed the line
+
+    @property
+    def logger_rank(self) -> int:
+        """The rank whose process printed the line."""
+        return self.dst if self.direction == "receive" and self.dst is not None else self.src
+
+
+@dataclass(frozen=True)
+class Finding:
+    code: str
+    severity: Severity
+    message: str
+
+
+@dataclass(frozen=True)
+class NcclReport:
+    source: str
+    nccl_version: str | None
+    nranks: int | None
+    nranks_source: str | None
+    nnodes: int | None
+    ranks: tuple[int, ...]
+    hosts: tuple[str, ...]
+    transports: tuple[str, ...]
+    gdrdma: bool
+    nvls: bool
+    connections: tuple[Connection, ...]
+    communicators: tuple[dict[str, Any], ...]
+    findings: tuple[Finding, ...]
+    records: int
+    skipped_records: int
+
+    def to_json(self) -> dict[str, Any]:
+        """The stable JSON form of ``verify nccl --json``."""
+        return {
+            "source": self.source,
+            "nccl_version": self.nccl_version,
+            "nranks": self.nranks,
+            "nranks_source": self.nranks_source,
+            "nnodes": self.nnodes,
+            "ranks": list(self.ranks),
+            "hosts": list(self.hosts),
+            "transports": list(self.transports),
+            "gdrdma": self.gdrdma,
+            "nvls": self.nvls,
+            "findings": [asdict(f) for f in self.findings],
+            "connections": [asdict(c) for c in self.connections],
+            "communicators": list(self.communicators),
+            "records": self.records,
+            "skipped_records": self.skipped_records,
+        }
+
+    def finding_codes(self) -> set[str]:
+        return {f.code for f in self.findings}
+
+
+@dataclass
+class _Record:
+    host: str
+    dev: int
+    level: str
+    body: str
+
+
+@dataclass
+class _Scan:
+    records: list[_Record] = field(default_factory=list)
+    skipped: int = 0
+    version: str | None = None
+
+
+def family_of(transport: str) -> tuple[str, bool] | None:
+    """(family, uses GPUDirect RDMA) of a transport token, or None when it is not a whole token."""
+    m = _TRANSPORT.match(transport)
+    if m is None:
+        return None
+    if m.group("p2p") is not None:
+        kind = m.group("p2p")
+        if kind == "direct pointer":
+            kind = "direct"
+        elif kind.startswith("indirect"):
+            kind = "indirect"
+        return f"P2P/{kind}", False
+    if transport.startswith("SHM"):
+        return "SHM", False
+    if m.group("net") is not None:
+        name = m.group("net")
+        return f"NET/{'IB' if _IB_NAME.match(name) else name}", m.group("gdr") is not None
+    if m.group("coll") is not None:
+        return "COLLNET", m.group("cgdr") is not None
+    return "NVLS", False
+
+
+def _scan(text: str) -> _Scan:
+    scan = _Scan()
+    for raw in text.splitlines():
+        line = _ANSI.sub("", raw).replace("\x00", "")
+        heads = list(_HEADER.finditer(line))
+        if not heads:
+            m = _BARE_VERSION.match(line)
+            if m and scan.version is None:
+                scan.version = m.group("v")
+            continue
+        for i, head in enumerate(heads):
+            if i + 1 < len(heads):  # another record starts inside this one: it was cut off
+                scan.skipped += 1
+                continue
+            body = line[head.end() :].rstrip()
+            scan.records.append(_Record(head.group("host"), int(head.group("dev")), head.group("level"), body))
+    return scan
+
+
+def _repair_hosts(records: list[_Record]) -> None:
+    """Give a record whose host swallowed spliced text (``0.000proxmox``) the frequent host it ends with."""
+    counts = Counter(r.host for r in records)
+    fixed: dict[str, str] = {}
+    for host, n in counts.items():
+        better = [h for h, c in counts.items() if h != host and host.endswith(h) and c > n]
+        if better:
+            fixed[host] = max(better, key=len)
+    for r in records:
+        r.host = fixed.get(r.host, r.host)
+
+
+def read_nccl_log(text: str, *, source: str = "<log>", nvswitch: bool | None = None) -> NcclReport:
+    """Analyse NCCL INFO output; ``InputError`` when the text holds no NCCL record at all.
+
+    ``nvswitch`` says whether the GPUs sit on an NVSwitch board (for the NVLS finding); ``None``
+    lets the GPU model names in the log decide.
+    """
+    if not text.strip():
+        raise InputError(f"{source}: empty file, not an NCCL log (capture the job's output with NCCL_DEBUG=INFO)")
+    if "\x00" in text[:4096] or text.count("\ufffd") > max(16, len(text) // 100):
+        raise InputError(f"{source}: binary data, not an NCCL log (pass the text written with NCCL_DEBUG=INFO)")
+    scan = _scan(text)
+    if not scan.records:
+        raise InputError(
+            f"{source}: no NCCL INFO/WARN records (lines like 'host:pid:tid [0] NCCL INFO ...'); not an NCCL log"
+        )
+    _repair_hosts(scan.records)
+    return _analyse(scan, source, nvswitch, text)
+
+
+def read_nccl_file(path: str | Path, *, nvswitch: bool | None = None) -> NcclReport:
+    file = Path(path)
+    try:
+        data = file.read_bytes()
+    except FileNotFoundError as exc:
+        raise InputError(f"NCCL log {file} does not exist") from exc
+    except IsADirectoryError as exc:
+        raise InputError(f"NCCL log {file} is a directory", fix="pass the log file") from exc
+    except OSError as exc:
+        raise InputError(f"cannot read NCCL log {file}: {exc.strerror}") from exc
+    return read_nccl_log(data.decode("utf-8", errors="replace"), source=str(file), nvswitch=nvswitch)
+
+
+def _analyse(scan: _Scan, source: str, nvswitch: bool | None, text: str) -> NcclReport:
+    connections: list[Connection] = []
+    skipped = scan.skipped
+    version = scan.version
+    nranks_reported: list[int] = []
+    nnodes_reported: list[int] = []
+    ring_sizes: list[int] = []
+    rank_hosts: dict[int, set[str]] = {}
+    comms: dict[str, dict[str, Any]] = {}
+    nvls_available = nvls_unavailable = False
+    nvls_channels: list[int] = []
+    env_p2p_disabled = collnet_failed = mnnvl_on = False
+    for r in scan.records:
+        body = r.body
+        m = _VERSION.match(body)
+        if m and version is None:
+            version = m.group("v")
+        conn = _CONNECTION.match(body)
+        if conn is not None:
+            parsed = family_of(conn.group("transport"))
+            token = _TRANSPORT.match(conn.group("transport"))
+            if parsed is None or token is None:
+                skipped += 1  # a splice or damage inside the transport token
+                continue
+            c = Connection(
+                kind=conn.group("kind"),
+                channel=int(conn.group("ch")),
+                src=int(conn.group("a")),
+                dst=int(conn.group("b")) if conn.group("b") is not None else None,
+                direction=conn.group("dir"),
+                transport=token.group(0),
+                family=parsed[0],
+                gdrdma=parsed[1],
+                host=r.host,
+            )
+            connections.append(c)
+            rank_hosts.setdefault(c.logger_rank, set()).add(r.host)
+            continue
+        ring = _RING.match(body)
+        if ring is not None:
+            ring_sizes.append(len(set(ring.group("ranks").split())))
+            continue
+        nranks_reported.extend(int(x) for x in _NRANKS.findall(body))
+        nnodes_reported.extend(int(x) for x in _NNODES.findall(body))
+        rank = _RANK.search(body)
+        if rank is not None:
+            rank_hosts.setdefault(int(rank.group(1)), set()).add(r.host)
+            comm_id = _COMM_ID.search(body)
+            if comm_id is not None:
+                entry = comms.setdefault(comm_id.group(1), {"comm_id": comm_id.group(1), "nranks": 0, "ranks": set()})
+                entry["nranks"] = int(rank.group(2))
+                entry["ranks"].add(int(rank.group(1)))
+        if "NVLS multicast support is available" in body or "Connected NVLS" in body:
+            nvls_available = True
+        if "NVLS multicast support is not available" in body:
+            nvls_unavailable = True
+        nvls_channels.extend(int(x) for x in _NVLS_CHANNELS.findall(body))
+        if re.search(r"NCCL_P2P_DISABLE set by environment to [1-9]", body):
+            env_p2p_disabled = True
+        if "Cannot initialize CollNet" in body:
+            collnet_failed = True
+        if re.search(r"\bMNNVL 1\b", body):
+            mnnvl_on = True
+
+    hosts = tuple(sorted({r.host for r in scan.records}))
+    ranks = sorted({c.src for c in connections} | {c.dst for c in connections if c.dst is not None} | set(rank_hosts))
+    nranks: int | None
+    if nranks_reported:
+        nranks, nranks_source = max(nranks_reported), "reported"
+    elif ring_sizes:
+        nranks, nranks_source = max(ring_sizes), "ring"
+    elif ranks and ranks == list(range(len(ranks))):
+        nranks, nranks_source = len(ranks), "connections"
+    else:
+        nranks, nranks_source = None, None
+    nnodes = max(nnodes_reported) if nnodes_reported else None
+    nvls = any(n > 0 for n in nvls_channels) or (nvls_available and not nvls_channels)
+    families = {c.family for c in connections}
+    if nvls:
+        families.add("NVLS")
+    host_of = {rank: next(iter(h)) for rank, h in rank_hosts.items() if len(h) == 1}
+    if nvswitch is None:
+        nvswitch = bool(_NVSWITCH_GPU.search(text)) and "PCIe" not in text
+    findings = _findings(
+        connections=connections,
+        host_of=host_of,
+        hosts=hosts,
+        nranks=nranks,
+        nnodes=nnodes,
+        env_p2p_disabled=env_p2p_disabled,
+        collnet_failed=collnet_failed,
+        nvls=nvls,
+        nvls_unavailable=nvls_unavailable or (bool(nvls_channels) and not nvls),
+        nvswitch=nvswitch,
+        mnnvl=mnnvl_on or "P2P/MNNVL" in families,
+        skipped=skipped,
+    )
+    communicators = tuple(
+        {"comm_id": c["comm_id"], "nranks": c["nranks"], "ranks_seen": sorted(c["ranks"])} for c in comms.values()
+    )
+    return NcclReport(
+        source=source,
+        nccl_version=version,
+        nranks=nranks,
+        nranks_source=nranks_source,
+        nnodes=nnodes,
+        ranks=tuple(ranks),
+        hosts=hosts,
+        transports=tuple(sorted(families)),
+        gdrdma=any(c.gdrdma for c in connections),
+        nvls=nvls,
+        connections=tuple(connections),
+        communicators=communicators,
+        findings=tuple(findings),
+        records=len(scan.records),
+        skipped_records=skipped,
+    )
+
+
+def _pairs(conns: list[Connection], limit: int = 4) -> str:
+    seen = sorted({(c.src, c.dst) for c in conns}, key=lambda p: (p[0], -1 if p[1] is None else p[1]))
+    text = ", ".join(f"{a}->{b}" for a, b in seen[:limit])
+    return text + (f" and {len(seen) - limit} more" if len(seen) > limit else "")
+
+
+def _findings(
+    *,
+    connections: list[Connection],
+    host_of: dict[int, str],
+    hosts: tuple[str, ...],
+    nranks: int | None,
+    nnodes: int | None,
+    env_p2p_disabled: bool,
+    collnet_failed: bool,
+    nvls: bool,
+    nvls_unavailable: bool,
+    nvswitch: bool,
+    mnnvl: bool,
+    skipped: int,
+) -> list[Finding]:
+    out: list[Finding] = []
+    net = [c for c in connections if c.family.startswith("NET/")]
+
+    def same_node(c: Connection) -> bool:
+        if nnodes == 1:
+            return True
+        a, b = host_of.get(c.src), host_of.get(c.dst) if c.dst is not None else None
+        return a is not None and a == b
+
+    intra = [c for c in net if same_node(c)]
+    inter = [c for c in net if c not in intra]
+    if intra:
+        fams = ", ".join(sorted({c.family for c in intra}))
+        out.append(
+            Finding(
+                "intra_node_network",
+                "warning",
+                f"{len(intra)} connection(s) between GPUs of one node go over {fams} ({_pairs(intra)}): intra-node "
+                "traffic over the network stack instead of NVLink/PCIe P2P or SHM",
+            )
+        )
+    sockets = [c for c in inter if c.family == "NET/Socket"]
+    if sockets:
+        out.append(
+            Finding(
+                "net_socket",
+                "warning",
+                f"{len(sockets)} inter-node connection(s) use NET/Socket (TCP, {_pairs(sockets)}): no InfiniBand/RoCE "
+                "RDMA; check NCCL_IB_HCA / NCCL_IB_DISABLE and the RDMA devices",
+            )
+        )
+    shm = [c for c in connections if c.family == "SHM"]
+    if env_p2p_disabled:
+        out.append(
+            Finding(
+                "p2p_disabled",
+                "warning",
+                "NCCL_P2P_DISABLE=1 is set: GPU peer-to-peer (NVLink/PCIe P2P) is off"
+                + (f"; {len(shm)} connection(s) go through host shared memory (SHM)" if shm else ""),
+            )
+        )
+    elif shm:
+        out.append(
+            Finding(
+                "shm_transport",
+                "warning",
+                f"{len(shm)} intra-node connection(s) use SHM through host memory ({_pairs(shm)}): NCCL found no P2P "
+                "path between those GPUs (no NVLink, P2P unsupported or disabled)",
+            )
+        )
+    no_gdr = [c for c in net if c.family != "NET/Socket" and not c.gdrdma]
+    if no_gdr:
+        fams = ", ".join(sorted({c.family for c in no_gdr}))
+        out.append(
+            Finding(
+                "gdrdma_off",
+                "warning",
+                f"{len(no_gdr)} network connection(s) over {fams} without GPUDirect RDMA ({_pairs(no_gdr)}): data is "
+                "staged through host memory; check nvidia-peermem and NCCL_NET_GDR_LEVEL",
+            )
+        )
+    node_count = max(nnodes or 0, len(hosts), 2 if inter else 0)
+    if node_count > 1 and (nnodes is None or nnodes > 1):
+        out.append(
+            Finding(
+                "spans_nodes",
+                "warning",
+                f"the communicator spans {nnodes if nnodes else 'at least ' + str(node_count)} nodes: if this is a "
+                "tensor-parallel group it crosses nodes; keep TP inside one NVLink domain",
+            )
+        )
+    if nnodes is not None and nnodes > 1 and len(hosts) == 1 and nranks is not None:
+        loggers = {c.logger_rank for c in connections} | set(host_of)
+        if loggers >= set(range(nranks)):
+            out.append(
+                Finding(
+                    "nnodes_mismatch",
+                    "warning",
+                    f"NCCL counted {nnodes} nodes but every rank logs from host {hosts[0]}: containers with different "
+                    "host hashes make NCCL use the network between GPUs of one machine",
+                )
+            )
+    if nvls_unavailable and nvswitch and not nvls:
+        out.append(
+            Finding(
+                "nvls_unavailable",
+                "warning",
+                "NVLS (NVLink SHARP) is not available on NVSwitch hardware: check the fabric manager / IMEX, "
+                "NCCL_NVLS_ENABLE and the CUDA driver",
+            )
+        )
+    if collnet_failed:
+        out.append(
+            Finding(
+                "collnet_fallback",
+                "warning",
+                "CollNet (SHARP) could not be initialised; NCCL fell back to the point-to-point network",
+            )
+        )
+    if mnnvl:
+        out.append(Finding("mnnvl", "info", "multi-node NVLink (MNNVL) is in use"))
+    if not connections:
+        out.append(Finding("no_connections", "info", "the log has no channel connection ('via ...') lines"))
+    if skipped:
+        out.append(
+            Finding(
+                "skipped_records",
+                "info",
+                f"{skipped} record(s) were cut by interleaved output or damaged and were not read",
+            )
+        )
+    return out
