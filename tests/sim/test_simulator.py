@@ -131,3 +131,33 @@ def test_cli_report_and_bad_input(run_cli: RunCli, tmp_path: Path) -> None:
     assert "| slo |" in (tmp_path / "r" / "report.md").read_text()
     bad = run_cli("simulate", "--scenario", "small", "--policies", "slo,fastest")
     assert bad.exit_code == 2 and "unknown placement policy" in bad.stderr
+
+
+def test_nvlink_down_changes_the_domain_map_and_moves_only_affected_instances() -> None:
+    scenario = SMALL.model_copy(
+        update={"failures": (Failure(at_s=1.0, gpu="hgx-h100-0/1", kind="nvlink-down"),), "requests": 200}
+    )
+    from toposched.sim.engine import Simulation
+    from toposched.sim.run import make_arrivals
+    from toposched.sim.scenario import load_cluster
+    from toposched.solver.request import PlacementRequest
+    from toposched.solver.scheduler import Scheduler
+
+    scheduler = Scheduler(load_cluster(scenario.cluster))
+    template = PlacementRequest(
+        id="sim",
+        model=scenario.model,
+        max_model_len=512,
+        input_len=256,
+        output_len=64,
+        concurrent_seqs=scenario.batch,
+        slo_tpot_ms=scenario.slo_ms,
+    )
+    sim = Simulation(scenario, scheduler, template, "slo", 0)
+    sim.run(make_arrivals(scenario, 0))
+    domains = scheduler.index.dmap.domains
+    node0 = next(d for d in domains if d.nodes == ("hgx-h100-0",))
+    assert "hgx-h100-0/1" not in node0.gpus and len(node0.gpus) == 7
+    assert sim.replacements == 1  # only the TP group that used GPU 1's NVLinks moved
+    assert all(r.state in ("done", "timed_out", "rejected") for r in sim.requests.values())
+    assert not scheduler.placements and not scheduler.ledger.reservations()

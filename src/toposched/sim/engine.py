@@ -28,6 +28,7 @@ from typing import TYPE_CHECKING, ClassVar, cast
 from toposched.solver.queue import FairQueue
 from toposched.solver.request import Placement, PlacementRequest, SloClass
 from toposched.solver.scheduler import Scheduler
+from toposched.topology.model import Health, LinkKind, nominal_link
 
 if TYPE_CHECKING:
     from collections.abc import Callable
@@ -138,6 +139,8 @@ class InstanceUp(Event):
         self.instance = instance
 
     def apply(self, sim: Simulation) -> list[Event]:
+        if self.instance.placement.id not in sim.scheduler.placements:
+            return []  # taken down by a failure before it came up
         sim.instances[self.instance.placement.id] = self.instance
         sim.mark_free(self.instance)
         return sim.drain_queue()
@@ -153,7 +156,7 @@ class GpuFailure(Event):
 
     def apply(self, sim: Simulation) -> list[Event]:
         follow: list[Event] = []
-        victims = sim.scheduler.fail_gpu(self.gpu)
+        victims = sim.nvlink_down(self.gpu) if self.kind == "nvlink-down" else sim.scheduler.fail_gpu(self.gpu)
         for pid in victims:
             inst = sim.instances.pop(pid, None)
             sim.free.pop(pid, None)
@@ -226,6 +229,36 @@ class Simulation:
             self.placed_history.append(p)
             events.append(InstanceUp(self.now + self.scenario.instance_startup_s, self._instance(p)))
         return events
+
+    def nvlink_down(self, ref: str) -> list[str]:
+        """A GPU loses its NVLinks: it leaves its NVLink domain (the DomainMap changes) but can still
+        serve alone. Its peers now reach it over PCIe (NODE within its NUMA node, SYS across).
+        Returns the instances whose TP group used NVLink to it (they must drain and move)."""
+        node_name, _, index_text = ref.rpartition("/")
+        index = int(index_text)
+        cluster = self.scheduler.cluster
+        node = cluster.node(node_name)
+        numa = {g.index: g.numa_node for g in node.gpus}
+        links = []
+        for link in node.links:
+            if index in (link.a, link.b) and link.kind is LinkKind.NVLINK:
+                same = numa[link.a] is not None and numa[link.a] == numa[link.b]
+                kind = LinkKind.NODE if same else LinkKind.SYS
+                bandwidth, latency = nominal_link(kind)
+                link = link.model_copy(
+                    update={"kind": kind, "nvlinks": 0, "bandwidth_gbps": bandwidth, "latency_us": latency}
+                )
+            links.append(link)
+        gpus = tuple(g.model_copy(update={"health": Health.DEGRADED}) if g.index == index else g for g in node.gpus)
+        changed = node.model_copy(update={"links": tuple(links), "gpus": gpus})
+        nodes = tuple(changed if n.name == node_name else n for n in cluster.nodes)
+        self.scheduler.update_topology(cluster.model_copy(update={"nodes": nodes}))
+        return [
+            pid
+            for pid, p in self.scheduler.placements.items()
+            if p.tp > 1
+            and any(ref in [f"{r.node}/{r.gpu}" for r in p.ranks if r.stage == stage] for stage in range(p.pp))
+        ]
 
     def autoscale(self) -> list[Event]:
         if not self.scenario.autoscale or self._full:

@@ -57,6 +57,7 @@ class Failure(BaseModel):
     at_s: float = Field(ge=0)
     gpu: str = Field(description="GPU ref 'node/index'")
     kind: Literal["gpu-down", "nvlink-down"] = "gpu-down"
+    """gpu-down: out of service; nvlink-down: leaves its NVLink domain but can serve alone."""
 
 
 class Scenario(BaseModel):
