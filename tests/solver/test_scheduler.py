@@ -202,3 +202,23 @@ def test_exact_needs_a_small_cluster() -> None:
 
     with pytest.raises(InfeasibleError, match="at most 128 GPUs"):
         place_exact(make_scheduler(nodes=32), [make_request()])
+
+
+def test_expert_parallel_placement_reports_hot_expert_copies_and_their_bytes() -> None:
+    rates = (0.4, 0.2, 0.1, 0.1, 0.05, 0.05, 0.05, 0.05)
+    plain = make_scheduler("hgx-h200").place(make_request("mixtral-8x7b", allowed_tp=(4,), ep=4)).placements[0]
+    hot = (
+        make_scheduler("hgx-h200")
+        .place(make_request("mixtral-8x7b", allowed_tp=(4,), ep=4, expert_hit_rates=rates, expert_replicas=2))
+        .placements[0]
+    )
+    assert plain.experts is not None and plain.experts.replicas == 0 and plain.experts.extra_bytes_per_gpu == 0
+    e = hot.experts
+    assert e is not None and e.replicas >= 1
+    assert e.imbalance_after < e.imbalance_before
+    # one extra expert on a GPU: its 3 x 4096 x 14336 weights in all 32 MoE layers, bf16, tp // ep = 1
+    assert e.extra_bytes_per_gpu == 3 * 4096 * 14336 * 32 * 2
+    assert hot.hbm_per_gpu.weights == plain.hbm_per_gpu.weights + e.extra_bytes_per_gpu
+    assert hot.hbm_per_gpu.total == plain.hbm_per_gpu.total  # the KV cache gives the room
+    with pytest.raises(InputError):
+        make_scheduler("hgx-h200").place(make_request("mixtral-8x7b", allowed_tp=(4,), ep=4, expert_hit_rates=(1.0,)))

@@ -48,6 +48,15 @@ def parse_gpu_list(text: str | None, cluster: Cluster, flag: str) -> list[str]:
     return refs
 
 
+def _rates(text: str | None) -> tuple[float, ...] | None:
+    if not text:
+        return None
+    try:
+        return tuple(float(x) for x in text.split(",") if x.strip())
+    except ValueError as exc:
+        raise InputError(f"--expert-hit-rates: {exc}", fix="give numbers like 0.2,0.1,0.05,...") from exc
+
+
 def placement_json(p: Placement) -> dict[str, Any]:
     data = p.model_dump(mode="json")
     data["ranks"] = [{"rank": r.rank, "node": r.node, "gpu": r.gpu, "stage": r.stage} for r in p.ranks]
@@ -83,6 +92,13 @@ def _render(placements: list[Placement], unplaced: list[Unplaced], title: str) -
             console.print(f"  {mark} {c.name}: {c.detail}", soft_wrap=True)
         if p.fallbacks:
             console.print(f"  fallbacks used: {', '.join(p.fallbacks)}")
+        if p.experts is not None:
+            e = p.experts
+            console.print(
+                f"  experts: ep={e.ep}, {e.replicas} hot copies, load imbalance {e.imbalance_before:.2f} -> "
+                f"{e.imbalance_after:.2f}, +{e.extra_bytes_per_gpu / gib:.2f} GiB per GPU",
+                soft_wrap=True,
+            )
         if p.compression or p.overlap:
             console.print(f"  degradations: compression {p.compression or 'none'}, overlap {p.overlap:.0%}")
     for u in unplaced:
@@ -100,6 +116,11 @@ def plan(
     gpu: str | None = typer.Option(None, "--gpu", help="GPU type when the topology does not say (e.g. H100-SXM)."),
     replicas: int = typer.Option(1, "--replicas", help="Instances to place."),
     tp: int | None = typer.Option(None, "--tp", help="Force this tensor-parallel degree."),
+    ep: int = typer.Option(1, "--ep", help="Expert-parallel degree (MoE; must divide tp)."),
+    expert_replicas: int = typer.Option(0, "--expert-replicas", help="Copies of hot experts allowed (ep > 1)."),
+    expert_hit_rates: str | None = typer.Option(
+        None, "--expert-hit-rates", help="Per-expert hit rates, comma-separated (ep > 1).", metavar="R0,R1,..."
+    ),
     max_pp: int = typer.Option(8, "--max-pp", help="Largest pipeline-parallel degree to consider."),
     slo_tpot_ms: float | None = typer.Option(None, "--slo-tpot-ms", help="Per-token latency SLO."),
     slo_ttft_ms: float | None = typer.Option(None, "--slo-ttft-ms", help="Time-to-first-token SLO."),
@@ -134,6 +155,9 @@ def plan(
             model=model,
             replicas=replicas,
             allowed_tp=(tp,) if tp else None,
+            ep=ep,
+            expert_replicas=expert_replicas,
+            expert_hit_rates=_rates(expert_hit_rates),
             max_pp=max_pp,
             slo_tpot_ms=slo_tpot_ms,
             slo_ttft_ms=slo_ttft_ms,

@@ -16,10 +16,20 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
 from toposched.perf.hardware import GpuSpec
+from toposched.solver.experts import place_experts
 from toposched.solver.index import ClusterIndex, Group
 from toposched.solver.options import DegreeOption, OptionSet
-from toposched.solver.request import SLO_CLASSES, ConstraintCheck, HbmShare, Placement, Rank
+from toposched.solver.request import (
+    SLO_CLASSES,
+    ConstraintCheck,
+    ExpertReport,
+    HbmShare,
+    Placement,
+    PlacementRequest,
+    Rank,
+)
 from toposched.topology.model import Fabric
+from toposched.workload.dtypes import weight_format
 
 GroupFilter = Callable[[Group], bool]
 
@@ -190,6 +200,14 @@ def assess(
     order = ["nvlink", "pcie-switch", "numa", "node", "none"]
     affinity_held = required_level is None or order.index(level) <= order.index(required_level)
     mem = option.memory
+    kv_bytes, kv_tokens, weights = max(mem.kv_budget_bytes, 0), mem.kv_tokens_capacity, mem.weights_bytes_per_gpu
+    experts = _experts(request, option)
+    if experts is not None and experts.extra_bytes_per_gpu:
+        weights += experts.extra_bytes_per_gpu
+        kv_tokens = int(kv_tokens * max(kv_bytes - experts.extra_bytes_per_gpu, 0) / kv_bytes) if kv_bytes else 0
+        kv_bytes = max(kv_bytes - experts.extra_bytes_per_gpu, 0)
+    seq_tokens = request.concurrent_seqs * request.max_model_len
+    fits = mem.fits and (experts is None or kv_tokens >= min(seq_tokens, mem.kv_tokens_capacity))
     checks = (
         ConstraintCheck(
             name="domain-affinity",
@@ -203,8 +221,9 @@ def assess(
         ),
         ConstraintCheck(
             name="capacity",
-            held=mem.fits,
-            detail=f"{mem.budget_bytes / 2**30:.2f} GiB per GPU; KV holds {mem.kv_tokens_capacity} tokens",
+            held=fits,
+            detail=f"{mem.budget_bytes / 2**30:.2f} GiB per GPU; KV holds {kv_tokens} tokens"
+            + (f" after {experts.replicas} hot-expert copies" if experts is not None and experts.replicas else ""),
         ),
         ConstraintCheck(
             name="slo",
@@ -221,8 +240,8 @@ def assess(
         for t, ref in enumerate(stage)
     )
     share = HbmShare(
-        weights=mem.weights_bytes_per_gpu,
-        kv=max(mem.kv_budget_bytes, 0),
+        weights=weights,
+        kv=kv_bytes,
         activations=mem.activation_bytes,
         workspace=mem.workspace_bytes,
     )
@@ -241,7 +260,7 @@ def assess(
         stage_layers=option.stage_layers,
         hbm_per_gpu=share,
         kv_dtype=str(spec.kv_dtype),
-        kv_tokens_capacity=mem.kv_tokens_capacity,
+        kv_tokens_capacity=kv_tokens,
         ttft_ms=round(ttft, 3),
         tpot_ms=round(tpot, 3),
         cross_domain_gbps=round(cross, 4),
@@ -249,5 +268,33 @@ def assess(
         overlap=overlap,
         constraints=checks,
         fallbacks=option.fallbacks,
+        experts=experts,
     )
     return Assessment(placement, meets, cross)
+
+
+def _experts(request: PlacementRequest, option: DegreeOption) -> ExpertReport | None:
+    """Expert layout for MoE with ep > 1: hot experts copied within the request's budget.
+
+    One extra expert on a GPU costs its weights in every MoE layer of the stage, shared by the
+    tp // ep ranks that split each expert.
+    """
+    spec = option.spec
+    if option.ep <= 1 or spec.moe is None:
+        return None
+    layout = place_experts(
+        spec.moe.num_experts, option.ep, request.expert_hit_rates, replica_budget=request.expert_replicas
+    )
+    moe_layers, start = 0, 0
+    for n in option.stage_layers:
+        moe_layers = max(moe_layers, sum(1 for layer in range(start, start + n) if spec.is_moe_layer(layer)))
+        start += n
+    per_expert = spec.expert_params() * moe_layers * weight_format(spec.weight_dtype).bytes_per_param
+    extra = max(layout.extra_experts_per_rank, default=0) * per_expert / (option.tp // option.ep)
+    return ExpertReport(
+        ep=option.ep,
+        replicas=layout.replicas,
+        imbalance_before=round(layout.imbalance_before, 4),
+        imbalance_after=round(layout.imbalance_after, 4),
+        extra_bytes_per_gpu=round(extra),
+    )

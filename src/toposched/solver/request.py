@@ -59,6 +59,10 @@ class PlacementRequest(BaseModel):
     allowed_tp: tuple[int, ...] | None = None
     max_pp: int = Field(default=8, ge=1, le=64)
     ep: int = Field(default=1, ge=1, le=1024, description="expert-parallel degree for MoE models")
+    expert_hit_rates: tuple[float, ...] | None = Field(
+        default=None, description="per-expert hit rates (MoE with ep > 1); uniform when absent"
+    )
+    expert_replicas: int = Field(default=0, ge=0, le=4096, description="copies of hot experts allowed (ep > 1)")
     affinity: Affinity = "auto"
     allow_int4_kv: bool = False
     node_selector: dict[str, str] = Field(default_factory=dict, description="node labels that must match")
@@ -115,6 +119,18 @@ class ConstraintCheck(BaseModel):
     detail: str
 
 
+class ExpertReport(BaseModel):
+    """Expert-parallel layout of an MoE placement (solver/experts.py)."""
+
+    model_config = ConfigDict(frozen=True)
+
+    ep: int
+    replicas: int
+    imbalance_before: float
+    imbalance_after: float
+    extra_bytes_per_gpu: int
+
+
 class Placement(BaseModel):
     """One placed instance."""
 
@@ -142,6 +158,7 @@ class Placement(BaseModel):
     overlap: float = 0.0
     constraints: tuple[ConstraintCheck, ...]
     fallbacks: tuple[str, ...] = ()
+    experts: ExpertReport | None = None
 
     @property
     def gpu_refs(self) -> tuple[str, ...]:

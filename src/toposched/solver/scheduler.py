@@ -271,6 +271,10 @@ def _search(
             s.index, cand.options, option, stages, placement_id=pid, policy=policy,
             required_level=level, budget_left_gbps=budget_left,
         )  # fmt: skip
+        capacity = next(c for c in result.placement.constraints if c.name == "capacity")
+        if not capacity.held:
+            reasons.append(f"tp={option.tp} pp={option.pp}: {capacity.detail}: not enough KV left")
+            continue
         if result.cross_gbps > budget_left + 1e-9:
             reasons.append(
                 f"tp={option.tp} pp={option.pp}: {result.cross_gbps:.1f} GB/s cross-domain traffic over the "
