@@ -14,9 +14,12 @@ $(STAMP): pyproject.toml
 	$(PY) -m pip install -q -e '.[dev]'
 	touch $(STAMP)
 
-# etcd (Debian etcd-server) for the ledger's multi-replica tests; the tests start it themselves
+# etcd (Debian etcd-server) for the ledger's and the service's multi-replica tests (the tests start it
+# themselves), promtool (Debian prometheus) for the alert rules, chromium for the web page test
 system-deps:
 	command -v etcd >/dev/null || (apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq etcd-server)
+	command -v promtool >/dev/null || (apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq prometheus)
+	command -v chromium >/dev/null || (apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq chromium)
 
 run: $(STAMP)
 	$(VENV)/bin/toposched topo show --preset hgx-h100

@@ -1,0 +1,105 @@
+"""``toposched serve``: the scheduler as an HTTP service (one replica; several share state through etcd)."""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+import typer
+from pydantic import ValidationError
+
+from toposched.cli._common import CLUSTER, LIVE, PRESET, SMI, err_console, source_ref
+from toposched.cli.ledger import STATE, ledger_url
+from toposched.errors import InputError
+from toposched.service.config import ServiceConfig
+
+TOKEN_ENV = "TOPOSCHED_API_TOKEN"
+
+
+def register(app: typer.Typer) -> None:
+    app.command("serve")(serve)
+
+
+def read_token(token_file: Path | None) -> str | None:
+    """The API token: ``--token-file`` first, then ``$TOPOSCHED_API_TOKEN``; surrounding blanks dropped."""
+    if token_file is not None:
+        try:
+            text = token_file.read_text(encoding="utf-8").strip()
+        except OSError as exc:
+            raise InputError(f"--token-file {token_file}: {exc.strerror}", fix="give a readable file") from exc
+        if not text:
+            raise InputError(f"--token-file {token_file} is empty", fix="write the token into it")
+        return text
+    return os.environ.get(TOKEN_ENV, "").strip() or None
+
+
+def serve(
+    host: str = typer.Option("127.0.0.1", "--host", help="Address to bind (loopback unless told otherwise)."),
+    port: int = typer.Option(8080, "--port", help="TCP port."),
+    state: str | None = STATE,
+    smi: str | None = SMI,
+    preset: str | None = PRESET,
+    cluster: str | None = CLUSTER,
+    live: bool = LIVE,
+    gpu: str | None = typer.Option(None, "--gpu", help="GPU type when the topology does not say (e.g. H100-SXM)."),
+    token_file: Path | None = typer.Option(
+        None, "--token-file", help=f"File holding the API token [default: ${TOKEN_ENV}].", metavar="FILE"
+    ),
+    policy: str = typer.Option("slo", "--policy", help="Default placement policy: slo|latency|index-order|random."),
+    budget_gbps: float = typer.Option(256.0, "--budget-gbps", help="Cross-domain traffic budget (GB/s)."),
+    replica: str = typer.Option("", "--replica", help="Name of this replica in ledger owners [default: host-pid]."),
+    open_extender: bool = typer.Option(
+        False, "--open-extender", help="Serve /v1/extender/* without the token (kube-scheduler sends none)."
+    ),
+    log_level: str = typer.Option("warning", "--log-level", help="uvicorn log level."),
+) -> None:
+    """Serve the placement API, the Kubernetes extender, /metrics and the web page (/ui/)."""
+    token = read_token(token_file)
+    if token is None:
+        raise InputError(
+            "no API token: the service needs one",
+            fix=f"export {TOKEN_ENV}=... or pass --token-file FILE",
+        )
+    if len(token) < 16:
+        err_console.print("warning: the API token is shorter than 16 characters", markup=False)
+    try:
+        config = ServiceConfig.model_validate(
+            {
+                "host": host,
+                "port": port,
+                "state": ledger_url(state),
+                "source": source_ref(smi, preset, cluster, live),
+                "gpu": gpu,
+                "token": token,
+                "policy": policy,
+                "budget_gbps": budget_gbps,
+                "replica": replica,
+                "open_extender": open_extender,
+            }
+        )
+    except ValidationError as exc:
+        err = exc.errors()[0]
+        name = str(err["loc"][0]) if err["loc"] else "token"
+        flag = f"${TOKEN_ENV}" if name == "token" else "--" + name.replace("_", "-")
+        raise InputError(f"{flag}: {err['msg']}") from exc
+    run(config, log_level=log_level)
+
+
+def run(config: ServiceConfig, *, log_level: str = "warning") -> None:
+    """Open the state (errors are one line), then run uvicorn until interrupted."""
+    import uvicorn
+
+    from toposched.service.app import create_app
+    from toposched.service.state import ServiceState
+
+    if config.host not in ("127.0.0.1", "::1", "localhost"):
+        err_console.print(f"warning: listening on {config.host}, not loopback", markup=False)
+    state = ServiceState(config)
+    try:
+        state.call(state.open)
+    except BaseException:
+        state.worker.shutdown(wait=False)
+        raise
+    app = create_app(config, state)  # its lifespan closes the state
+    err_console.print(f"toposched serving on http://{config.host}:{config.port} ({config.state})", markup=False)
+    uvicorn.run(app, host=config.host, port=config.port, log_level=log_level, access_log=False)

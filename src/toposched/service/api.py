@@ -1,0 +1,193 @@
+"""The HTTP API over one replica's ``ServiceState`` (routes only; the app is built in ``app.py``).
+
+POST   /v1/placements               place a request (idempotent by ``id``); 201 placed, 200 already placed
+GET    /v1/placements               every live placement
+GET    /v1/placements/{id}          one placement (any replica's)
+DELETE /v1/placements/{id}          release every instance of it
+POST   /v1/placements/{id}/renew    extend its lease
+GET    /v1/topology                 nodes, NVLink domains and who holds each GPU
+POST   /v1/topology/refresh         probe the topology source again (same GPUs only)
+GET    /v1/queue                    the admission queue in service order
+GET    /v1/alerts                   the nine signals now and the thresholds they cross
+POST   /v1/reports                  a sidecar report: mark degraded, propose a re-placement
+"""
+
+from __future__ import annotations
+
+import asyncio
+import functools
+import time
+from collections.abc import Callable
+from typing import Annotated, Any
+
+from fastapi import APIRouter, Path
+from fastapi.responses import JSONResponse
+from prometheus_client import Histogram
+
+from toposched.service.metrics import breaches, signals
+from toposched.service.schemas import (
+    ID_PATTERN,
+    NotPlacedOut,
+    PlaceBody,
+    PlacementOut,
+    RenewBody,
+    ReportBody,
+)
+from toposched.service.state import Decision, Instance, P, R, ServiceState
+
+PlacementId = Annotated[str, Path(pattern=ID_PATTERN, description="placement (request) id")]
+
+DECISION_STATUS = {"placed": 201, "existing": 200, "conflict": 409, "no-capacity": 409, "rejected": 422}
+NOT_PLACED: dict[int | str, dict[str, Any]] = {
+    409: {"model": NotPlacedOut},
+    422: {"description": "invalid body, or a request that can never fit"},
+}
+
+
+def instance_json(instance: Instance) -> dict[str, Any]:
+    p = instance.placement
+    data = p.model_dump(mode="json")
+    data["gpus"] = list(p.gpu_refs)
+    data["hbm_per_gpu"]["total"] = p.hbm_per_gpu.total
+    data["degraded"] = instance.degraded
+    return data
+
+
+def group_json(group: list[Instance]) -> dict[str, Any]:
+    first = group[0]
+    expiries = [i.expires_at for i in group if i.expires_at is not None]
+    return {
+        "id": first.request_id,
+        "model": first.placement.model,
+        "status": "degraded" if any(i.degraded for i in group) else "placed",
+        "replicas": len(group),
+        "ranks": [
+            {"instance": i.placement.id, "rank": r.rank, "node": r.node, "gpu": r.gpu, "stage": r.stage}
+            for i in group
+            for r in i.placement.ranks
+        ],
+        "instances": [instance_json(i) for i in group],
+        "expires_at": min(expiries) if expiries else None,
+        "owner": first.owner,
+        "request": first.body,
+    }
+
+
+async def on_worker(state: ServiceState, fn: Callable[P, R], *args: P.args, **kwargs: P.kwargs) -> R:
+    """Run ``fn`` where the state lives: inline on the event loop (SQLite, memory), else on its worker thread."""
+    if state.inline:
+        return fn(*args, **kwargs)
+    return await asyncio.get_running_loop().run_in_executor(state.worker, functools.partial(fn, *args, **kwargs))
+
+
+def not_found(pid: str) -> JSONResponse:
+    return JSONResponse({"error": "not found", "detail": f"no placement {pid}"}, status_code=404)
+
+
+def build_router(state: ServiceState, latency: Histogram) -> APIRouter:
+    router = APIRouter(prefix="/v1")
+
+    def decision_response(decision: Decision) -> JSONResponse:
+        code = DECISION_STATUS[decision.status]
+        if decision.instances:
+            return JSONResponse(group_json(list(decision.instances)), status_code=code)
+        headers = {"Retry-After": "1"} if decision.status == "no-capacity" else None
+        body = {"id": decision.request_id, "status": decision.status, "reasons": list(decision.reasons)}
+        return JSONResponse(body, status_code=code, headers=headers)
+
+    @router.post(
+        "/placements",
+        status_code=201,
+        responses={200: {"model": PlacementOut}, 201: {"model": PlacementOut}, **NOT_PLACED, 429: {}},
+        summary="Place a request's instances (all or none), waiting up to wait_s in the fair queue",
+    )
+    async def create_placement(body: PlaceBody) -> JSONResponse:
+        started = time.perf_counter()
+        if body.wait_s > 0 and body.wait_s > state.config.max_wait_s:
+            problem = {"field": "body.wait_s", "message": f"at most {state.config.max_wait_s:g} s"}
+            return JSONResponse({"error": "invalid request", "fields": [problem]}, status_code=422)
+        decision: Decision | None = None
+        if body.wait_s == 0 or not len(state.queue):
+            decision = await on_worker(state, state.place, body)
+        if decision is None or (decision.status == "no-capacity" and body.wait_s > 0):
+            decision = await _wait_in_queue(state, body)
+            if decision is None:
+                latency.labels(outcome="queue-full").observe(time.perf_counter() - started)
+                return JSONResponse({"error": "queue full", "detail": "retry later"}, status_code=429)
+        latency.labels(outcome=decision.status).observe(time.perf_counter() - started)
+        return decision_response(decision)
+
+    @router.get("/placements", summary="Every live placement")
+    async def list_placements() -> dict[str, Any]:
+        return {"placements": [group_json(g) for g in await on_worker(state, state.all_groups)]}
+
+    @router.get("/placements/{pid}", responses={200: {"model": PlacementOut}, 404: {}}, summary="One placement")
+    async def get_placement(pid: PlacementId) -> JSONResponse:
+        found = await on_worker(state, state.lookup, pid)
+        return JSONResponse(group_json(found)) if found else not_found(pid)
+
+    @router.delete("/placements/{pid}", responses={404: {}}, summary="Release every instance of a placement")
+    async def delete_placement(pid: PlacementId) -> JSONResponse:
+        released = await on_worker(state, state.release, pid)
+        if released is None:
+            return not_found(pid)
+        return JSONResponse({"id": pid, "released": released})
+
+    @router.post(
+        "/placements/{pid}/renew", responses={200: {"model": PlacementOut}, 404: {}}, summary="Extend the lease"
+    )
+    async def renew_placement(pid: PlacementId, body: RenewBody) -> JSONResponse:
+        renewed = await on_worker(state, state.renew, pid, body.ttl_s)
+        return JSONResponse(group_json(renewed)) if renewed else not_found(pid)
+
+    @router.get("/topology", summary="Nodes, NVLink domains, occupancy and who holds each GPU")
+    async def get_topology() -> dict[str, Any]:
+        return await on_worker(state, state.topology_view)
+
+    @router.post("/topology/refresh", summary="Probe the topology source again and store a new DomainMap")
+    async def refresh_topology() -> dict[str, Any]:
+        stored = await on_worker(state, state.refresh_topology, probe=True)
+        return {"version": stored.version, "created_at": stored.created_at, "source": stored.source.describe()}
+
+    @router.get("/queue", summary="Requests waiting in the admission queue, in the order they would be served")
+    async def get_queue() -> dict[str, Any]:
+        items = await on_worker(state, state.queue_view)
+        return {"depth": len(items), "items": items}
+
+    @router.get("/alerts", summary="The nine signals now and the seed's thresholds they cross (no for: duration)")
+    async def get_alerts() -> dict[str, Any]:
+        stats = await on_worker(state, state.stats)
+        return {"signals": signals(stats), "firing": breaches(stats)}
+
+    @router.post("/reports", responses={404: {}}, summary="A sidecar report: mark degraded, propose a move")
+    async def post_report(body: ReportBody) -> JSONResponse:
+        alerts = [a.model_dump() for a in body.active_alerts]
+        reaction = await on_worker(state, state.report, body.placement, alerts)
+        return JSONResponse(reaction) if reaction is not None else not_found(body.placement)
+
+    return router
+
+
+async def _wait_in_queue(state: ServiceState, body: PlaceBody) -> Decision | None:
+    """Queue the request and wait for ``drain`` to place it, at most ``wait_s``; None when the queue is full."""
+    loop = asyncio.get_running_loop()
+    future: asyncio.Future[Decision] = loop.create_future()
+
+    def deliver(decision: Decision) -> None:
+        def settle() -> None:
+            if not future.done():
+                future.set_result(decision)
+
+        loop.call_soon_threadsafe(settle)
+
+    if not body.id:
+        body = body.model_copy(update={"id": state.new_id()})
+    rid = await on_worker(state, state.enqueue, body, deliver)
+    if rid is None:
+        return None
+    done, _pending = await asyncio.wait({future}, timeout=body.wait_s)
+    if done:
+        return future.result()
+    if not await on_worker(state, state.cancel, rid):
+        return await future  # served between the timeout and the cancel: the answer is on its way
+    return Decision("no-capacity", rid, (), (f"waited {body.wait_s:g} s in the admission queue",))

@@ -1,0 +1,58 @@
+"""The service's one validated config object (every field has a default, a bound and a docstring)."""
+
+from __future__ import annotations
+
+from typing import Literal
+
+from pydantic import BaseModel, ConfigDict, Field, model_validator
+
+from toposched.topology.sources import SourceRef
+
+PolicyName = Literal["slo", "latency", "index-order", "random"]
+
+
+class ServiceConfig(BaseModel):
+    """How ``toposched serve`` runs. Built by the CLI from flags and the environment; no I/O here."""
+
+    model_config = ConfigDict(frozen=True, extra="forbid")
+
+    host: str = "127.0.0.1"
+    """Address to bind; loopback unless told otherwise."""
+    port: int = Field(default=8080, ge=1, le=65535)
+    """TCP port to listen on."""
+    state: str = Field(default="memory", min_length=1)
+    """Ledger URL: ``sqlite:PATH``, ``etcd:http://HOST:PORT[/NS]`` or ``memory`` (tests only)."""
+    source: SourceRef | None = None
+    """Topology source; None takes the newest DomainMap stored in the state (a replica starting cold)."""
+    gpu: str | None = None
+    """GPU type when the topology does not say (e.g. H100-SXM)."""
+    token: str | None = Field(default=None, min_length=1, max_length=4096, repr=False)
+    """Bearer token every API call but /healthz and /readyz must carry; None only with ``auth=False``."""
+    auth: bool = True
+    """Require the bearer token (switching it off is for tests of the open parts only)."""
+    open_extender: bool = False
+    """Serve /v1/extender/* without the token (kube-scheduler cannot send one; it only reads state)."""
+    policy: PolicyName = "slo"
+    """Placement policy used when a request names none."""
+    budget_gbps: float = Field(default=256.0, gt=0, le=1e6)
+    """Cross-domain traffic budget (GB/s) shared by all live placements."""
+    max_body_bytes: int = Field(default=64 * 1024, ge=1024, le=16 * 1024 * 1024)
+    """Largest request body accepted (413 above it)."""
+    max_replicas: int = Field(default=64, ge=1, le=10_000)
+    """Most instances one placement request may ask for."""
+    max_queue: int = Field(default=1000, ge=0, le=1_000_000)
+    """Most requests waiting in the admission queue (429 above it)."""
+    max_wait_s: float = Field(default=60.0, ge=0, le=3600)
+    """Longest a request may ask to wait in the admission queue (``wait_s``)."""
+    commit_retries: int = Field(default=8, ge=1, le=100)
+    """How often a decision the ledger refused (another replica took a GPU) is resynced and retried."""
+    follow_interval_s: float = Field(default=1.0, gt=0, le=60)
+    """Seconds between background checks for other replicas' changes and new DomainMap versions."""
+    replica: str = Field(default="", max_length=128)
+    """Name of this replica in ledger owners (empty: host and process id)."""
+
+    @model_validator(mode="after")
+    def _token_when_auth(self) -> ServiceConfig:
+        if self.auth and not self.token:
+            raise ValueError("auth is on but no token was given (TOPOSCHED_API_TOKEN or --token-file)")
+        return self

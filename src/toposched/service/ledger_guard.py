@@ -1,0 +1,111 @@
+"""The service's view of the ledger: whole-GPU bookings, placement records, and its own changes.
+
+The scheduler hands out whole GPUs (its index marks a GPU busy once anything is reserved on it), but the
+ledger counts bytes: two replicas that both pick GPU 3 for small models could both fit their bytes on it.
+``GuardedLedger`` closes that gap for the service: every booking takes the GPU's *whole capacity*, so the
+ledger's atomic compare-and-swap refuses the second replica, which then resyncs and retries. The HBM the
+plan needs is kept in the reservation's ``meta`` (``hbm_bytes``), with the placement record that lets any
+replica rebuild its state from the ledger alone.
+
+It also remembers which audit entries it caused itself, so a replica following the audit log can tell
+its own changes from other replicas' (``foreign``).
+"""
+
+from __future__ import annotations
+
+from collections import Counter
+from collections.abc import Mapping
+from typing import ClassVar
+
+from toposched.ledger.base import AuditEntry, Feature, GpuAccount, Ledger, Reservation, ReserveResult
+
+
+class GuardedLedger:
+    """A ``Ledger`` that books whole GPUs and attaches the pending placement record to each booking."""
+
+    UNSUPPORTED: ClassVar[Mapping[Feature, str]] = {}
+
+    def __init__(self, inner: Ledger, capacities: Mapping[str, int]) -> None:
+        self.inner = inner
+        self.capacities = dict(capacities)
+        self.pending_meta: dict[str, str] = {}
+        self.pending_ttl_s: float | None = None
+        self.refused: ReserveResult | None = None
+        self.booked: dict[str, Reservation] = {}
+        self._mine: Counter[tuple[str, str]] = Counter()
+
+    # ------------------------------------------------------------------ own changes
+
+    def foreign(self, entries: list[AuditEntry]) -> bool:
+        """Whether any of ``entries`` (read from the audit log) came from someone else."""
+        other = False
+        for entry in entries:
+            key = (entry.action, entry.id)
+            if self._mine[key] > 0:
+                self._mine[key] -= 1
+                if not self._mine[key]:
+                    del self._mine[key]
+            else:
+                other = True
+        return other
+
+    def forget_own(self) -> None:
+        """Drop the record of own changes (after a full resync nothing older matters)."""
+        self._mine.clear()
+
+    # ------------------------------------------------------------------ the Ledger interface
+
+    def set_capacity(self, capacities: Mapping[str, int]) -> None:
+        self.inner.set_capacity(capacities)
+        self.capacities.update(capacities)
+
+    def accounts(self) -> dict[str, GpuAccount]:
+        return self.inner.accounts()
+
+    def reserve(
+        self,
+        rid: str,
+        gpus: Mapping[str, int],
+        *,
+        ttl_s: float | None = None,
+        owner: str = "",
+        meta: Mapping[str, str] | None = None,
+    ) -> ReserveResult:
+        planned = set(gpus.values())
+        whole = {ref: self.capacities.get(ref, b) for ref, b in gpus.items()}
+        record = {**(meta or {}), **self.pending_meta}
+        record["hbm_bytes"] = str(max(planned)) if planned else "0"
+        result = self.inner.reserve(
+            rid, whole, ttl_s=ttl_s if ttl_s is not None else self.pending_ttl_s, owner=owner, meta=record
+        )
+        if result.status == "reserved":
+            self._mine[("reserve", rid)] += 1
+        if result.ok and result.reservation is not None:
+            self.booked[rid] = result.reservation
+        else:
+            self.refused = result
+        return result
+
+    def renew(self, rid: str, ttl_s: float) -> Reservation | None:
+        renewed = self.inner.renew(rid, ttl_s)
+        if renewed is not None:
+            self._mine[("renew", rid)] += 1
+        return renewed
+
+    def release(self, rid: str) -> bool:
+        released = self.inner.release(rid)
+        if released:
+            self._mine[("release", rid)] += 1
+        return released
+
+    def get(self, rid: str) -> Reservation | None:
+        return self.inner.get(rid)
+
+    def reservations(self) -> list[Reservation]:
+        return self.inner.reservations()
+
+    def audit(self, *, since: int = 0, limit: int | None = None) -> list[AuditEntry]:
+        return self.inner.audit(since=since, limit=limit)
+
+    def close(self) -> None:
+        self.inner.close()

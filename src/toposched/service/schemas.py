@@ -1,0 +1,112 @@
+"""Request and response bodies of the HTTP API (the OpenAPI schema is generated from these)."""
+
+from __future__ import annotations
+
+import json
+from typing import Any, Literal
+
+from pydantic import BaseModel, ConfigDict, Field, field_validator
+
+from toposched.errors import UnknownNameError
+from toposched.service.config import PolicyName
+from toposched.solver.request import PlacementRequest
+from toposched.workload.catalog import ENTRIES, catalog_entry
+
+ID_PATTERN = r"^[A-Za-z0-9][A-Za-z0-9._-]{0,119}$"
+
+
+class PlaceBody(PlacementRequest):
+    """A placement request as the API takes it: the solver's fields plus how to wait, lease and decide.
+
+    ``id`` is the idempotency key (generated when absent): the same id with the same body answers the
+    existing placement; with another body, 409. ``model`` must be a catalog name (no file paths over HTTP).
+    """
+
+    model_config = ConfigDict(frozen=True, extra="forbid")
+
+    id: str = Field(default="", pattern=r"^$|" + ID_PATTERN, description="idempotency key; empty: generated")
+    model: str = Field(
+        min_length=1,
+        description="catalog model name (aliases such as Hugging Face ids are accepted too)",
+        json_schema_extra={"enum": [e.name for e in ENTRIES]},
+    )
+    output_len: int = Field(default=256, ge=1, le=10_000_000, description="typical output length, for predictions")
+    replicas: int = Field(default=1, ge=1, le=10_000, description="instances to place (all or none)")
+    ttl_s: float | None = Field(default=None, gt=0, le=30 * 24 * 3600, description="lease; renew before it ends")
+    wait_s: float = Field(default=0.0, ge=0, le=3600, description="seconds to wait in the admission queue")
+    policy: PolicyName | None = Field(default=None, description="placement policy (default: the service's)")
+
+    @field_validator("model")
+    @classmethod
+    def _catalog_model(cls, value: str) -> str:
+        try:
+            return catalog_entry(value).name
+        except UnknownNameError as exc:  # its message lists the close names
+            raise ValueError(exc.message) from None
+
+    def request(self, rid: str) -> PlacementRequest:
+        data = self.model_dump(exclude={"ttl_s", "wait_s", "policy"})
+        data["id"] = rid
+        return PlacementRequest.model_validate(data)
+
+    def key(self) -> str:
+        """Canonical JSON of what was asked (without the id and the wait): equal keys are one request."""
+        return json.dumps(self.model_dump(mode="json", exclude={"id", "wait_s"}), sort_keys=True)
+
+
+class RenewBody(BaseModel):
+    model_config = ConfigDict(frozen=True, extra="forbid")
+
+    ttl_s: float = Field(gt=0, le=30 * 24 * 3600, description="new lease length from now")
+
+
+class RankOut(BaseModel):
+    instance: str
+    rank: int
+    node: str
+    gpu: int
+    stage: int
+
+
+class PlacementOut(BaseModel):
+    """One placement request's result: every instance, and all their ranks."""
+
+    id: str
+    model: str
+    status: Literal["placed", "degraded"]
+    replicas: int
+    ranks: list[RankOut]
+    instances: list[dict[str, Any]]
+    expires_at: float | None = None
+    owner: str = ""
+    request: dict[str, Any]
+
+
+class NotPlacedOut(BaseModel):
+    id: str
+    status: Literal["no-capacity", "rejected", "conflict"]
+    reasons: list[str]
+
+
+class ReportAlert(BaseModel):
+    model_config = ConfigDict(extra="ignore")
+
+    kind: Literal["TOPOLOGY_DRIFT", "PCIE_BUDGET_WARNING", "HBM_DRIFT"]
+    gpu: str = Field(max_length=200)
+    subject: str = Field(default="", max_length=200)
+    observed: float = 0.0
+    expected: float = 0.0
+    message: str = Field(default="", max_length=2000)
+
+
+class ReportBody(BaseModel):
+    """What ``toposched sidecar --webhook`` posts (``Report.to_json()``)."""
+
+    model_config = ConfigDict(extra="ignore")
+
+    placement: str = Field(min_length=1, max_length=200, description="instance id the sidecar watches")
+    node: str = Field(default="", max_length=200)
+    cycle: int = Field(default=0, ge=0)
+    new_alerts: list[ReportAlert] = Field(default_factory=list, max_length=1000)
+    active_alerts: list[ReportAlert] = Field(default_factory=list, max_length=1000)
+    cpu_seconds: float = 0.0

@@ -1,0 +1,653 @@
+"""What one service replica holds: the scheduler, the ledger, the admission queue and their stats.
+
+Every call that touches the ledger runs on one thread: the event loop's for a local ledger (SQLite,
+memory: each call takes well under a millisecond, and a hop to another thread costs more than the call),
+the state's worker thread for etcd (a call waits on the network; the loop keeps answering meanwhile).
+SQLite connections belong to the thread that opened them, and the scheduler's index is single-threaded
+anyway; readers on other threads take ``lock``.
+
+The ledger is the arbiter between replicas: each booking takes whole GPUs (``GuardedLedger``), so when
+another replica already holds a GPU the ledger refuses, this replica resyncs its index and placements from
+the ledger and decides again (``ServiceConfig.commit_retries`` times).
+Replicas follow each other by reading the audit log before each decision (entries they did not cause
+trigger a resync) and by a full resync every ``follow_interval_s``; any replica can read, renew and
+release any placement because the ledger's reservation ``meta`` carries the whole placement record.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import socket
+import threading
+import time
+import uuid
+from collections import Counter
+from collections.abc import Callable, Iterable
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass, field
+from typing import Any, Literal, ParamSpec, Protocol, TypeVar
+
+from toposched.errors import InfeasibleError, InputError, StateError
+from toposched.ledger.base import Ledger, Reservation, capacities_from_cluster, open_ledger
+from toposched.ledger.etcd import split_url
+from toposched.service.config import ServiceConfig
+from toposched.service.ledger_guard import GuardedLedger
+from toposched.service.schemas import PlaceBody
+from toposched.solver.place import Assessment
+from toposched.solver.queue import FairQueue, QueuedItem
+from toposched.solver.request import Placement, PlacementRequest
+from toposched.solver.scheduler import Scheduler
+from toposched.topology.model import Cluster, Health
+from toposched.topology.sources import SourceRef, load_source
+from toposched.topology.store import StoredTopology, TopologyStore
+
+OWNER_PREFIX = "toposched-service"
+P = ParamSpec("P")
+R = TypeVar("R")
+
+
+class TopologyStoreLike(Protocol):
+    def save(self, cluster: Cluster, source: SourceRef, *, now: float | None = None) -> StoredTopology: ...
+
+    def latest(self) -> StoredTopology | None: ...
+
+
+class ServiceScheduler(Scheduler):
+    """The solver's scheduler plus what a replica needs: placement records on bookings, adopt/forget."""
+
+    guard: GuardedLedger
+
+    def commit(self, chosen: Assessment) -> None:
+        self.guard.pending_meta["placement"] = chosen.placement.model_dump_json()
+        try:
+            super().commit(chosen)
+        finally:
+            del self.guard.pending_meta["placement"]
+
+    def adopt(self, placement: Placement, slo_class: str) -> None:
+        """Take in a placement another replica booked (its GPUs are marked busy by ``sync_index``)."""
+        self.placements[placement.id] = placement
+        self._cross_of[placement.id] = (slo_class, placement.cross_domain_gbps)
+        self.cross_used[slo_class] = self.cross_used.get(slo_class, 0.0) + placement.cross_domain_gbps
+
+    def forget(self, placement_id: str) -> None:
+        """Drop a placement whose booking is gone from the ledger (released elsewhere, lease expired)."""
+        self.placements.pop(placement_id, None)
+        cls, gbps = self._cross_of.pop(placement_id, ("interactive", 0.0))
+        self.cross_used[cls] = max(0.0, self.cross_used.get(cls, 0.0) - gbps)
+
+    def sync_index(self, held: set[str]) -> None:
+        """Make the index's free set: every healthy GPU that no booking holds and that has not failed."""
+        index = self.index
+        nodes = self.cluster.nodes
+        unhealthy = {f"{n.name}/{g.index}" for n in nodes for g in n.gpus if g.health is Health.UNAVAILABLE}
+        busy = held | self.failed | unhealthy
+        index.take([ref for ref in index.free if ref in busy])
+        index.give([ref for ref in index.info if ref not in index.free and ref not in busy])
+
+
+@dataclass
+class Instance:
+    """One placed instance as the service keeps it (rebuilt from the ledger on resync)."""
+
+    placement: Placement
+    request_id: str
+    key: str
+    body: dict[str, Any]
+    owner: str
+    expires_at: float | None
+    degraded: bool = False
+
+
+@dataclass(frozen=True)
+class Decision:
+    status: Literal["placed", "existing", "no-capacity", "rejected", "conflict"]
+    request_id: str
+    instances: tuple[Instance, ...] = ()
+    reasons: tuple[str, ...] = ()
+
+
+@dataclass
+class Waiting:
+    body: PlaceBody
+    request_id: str
+    deliver: Callable[[Decision], None]
+
+
+@dataclass
+class Stats:
+    """A consistent snapshot for the metrics exporter and the web page (read under the lock)."""
+
+    placements: list[Placement]
+    degraded: int
+    budget_gbps: float
+    cross_used_gbps: float
+    hbm_planned_bytes: int
+    hbm_capacity_bytes: int
+    queue_by_class: dict[str, int]
+    decisions: dict[str, int]
+    placed_total: int
+    reports_total: int
+    drift_reports: int
+    migrations_proposed: int
+    topology_version: int
+    resyncs: int
+    ledger_refusals: int
+
+
+@dataclass
+class Counters:
+    decisions: Counter[str] = field(default_factory=Counter)
+    placed_total: int = 0
+    reports_total: int = 0
+    drift_reports: int = 0
+    migrations_proposed: int = 0
+    resyncs: int = 0
+    ledger_refusals: int = 0
+
+
+def replica_name(config: ServiceConfig) -> str:
+    return config.replica or f"{socket.gethostname()}-{os.getpid()}"
+
+
+def open_topology_store(state: str) -> TopologyStoreLike | None:
+    """Where DomainMap versions live for this ledger URL (None for the in-memory ledger)."""
+    scheme, _, arg = state.partition(":")
+    if scheme == "sqlite":
+        return TopologyStore(arg)
+    if scheme == "etcd":
+        from toposched.ledger.etcd_topology import EtcdTopologyStore
+
+        split_url(arg)  # validates
+        return EtcdTopologyStore(arg)
+    return None
+
+
+class ServiceState:
+    """The scheduler, ledger and queue of one replica. ``open()`` does the I/O; the constructor none."""
+
+    def __init__(
+        self,
+        config: ServiceConfig,
+        *,
+        clock: Callable[[], float] = time.monotonic,
+        ledger_clock: Callable[[], float] = time.time,
+    ) -> None:
+        self.config = config
+        self.ledger_clock = ledger_clock
+        self.owner = f"{OWNER_PREFIX}/{replica_name(config)}"
+        self.lock = threading.RLock()
+        self.worker = ThreadPoolExecutor(max_workers=1, thread_name_prefix="toposched-state")
+        self.inline = config.state.partition(":")[0] in ("sqlite", "memory")
+        """Run on the caller's thread (the event loop) instead of ``worker``."""
+        self.queue = FairQueue()
+        self.waiting: dict[str, Waiting] = {}
+        self.instances: dict[str, Instance] = {}
+        self.counters = Counters()
+        self.clock = clock
+        self.ready = False
+        self.last_error: str | None = None
+        self._scheduler: ServiceScheduler | None = None
+        self._guard: GuardedLedger | None = None
+        self._store: TopologyStoreLike | None = None
+        self.topology: StoredTopology | None = None
+        self.source: SourceRef | None = config.source
+        self._seq = 0
+
+    # ------------------------------------------------------------------ lifecycle
+
+    def call(self, fn: Callable[P, R], *args: P.args, **kwargs: P.kwargs) -> R:
+        """Run ``fn`` where the state lives and wait for it (for callers outside the event loop)."""
+        if self.inline:
+            return fn(*args, **kwargs)
+        return self.worker.submit(fn, *args, **kwargs).result()
+
+    @property
+    def scheduler(self) -> ServiceScheduler:
+        if self._scheduler is None:
+            raise StateError("the service is not ready yet (state not loaded)")
+        return self._scheduler
+
+    @property
+    def ledger(self) -> GuardedLedger:
+        if self._guard is None:
+            raise StateError("the service is not ready yet (state not loaded)")
+        return self._guard
+
+    def open(self) -> None:
+        """Load the topology, open the ledger, register capacities and adopt what the ledger holds."""
+        self._store = open_topology_store(self.config.state)
+        stored = self._store.latest() if self._store is not None else None
+        if self.source is not None:
+            loaded = load_source(self.source)
+            if stored is None or stored.cluster != loaded.cluster:
+                stored = self._save(loaded.cluster, loaded.source)
+        if stored is None:
+            raise InputError(
+                f"no topology: {self.config.state} holds no DomainMap and no source was given",
+                fix="pass --preset NAME, --cluster FILE, --smi FILE or --live",
+            )
+        self.topology = stored
+        self.source = stored.source
+        inner: Ledger = open_ledger(self.config.state, clock=self.ledger_clock)
+        try:
+            capacities = self._capacities(stored.cluster)
+            inner.set_capacity(capacities)
+            guard = GuardedLedger(inner, capacities)
+            scheduler = ServiceScheduler(
+                stored.cluster, ledger=guard, gpu=self.config.gpu, budget_gbps=self.config.budget_gbps
+            )
+        except BaseException:
+            inner.close()
+            raise
+        scheduler.guard = guard
+        self._guard, self._scheduler = guard, scheduler
+        with self.lock:
+            self._seq = max((e.seq for e in guard.audit(since=0)), default=0)
+            self.resync()
+        self.ready = True
+
+    def _capacities(self, cluster: Cluster) -> dict[str, int]:
+        default_gib = None
+        if self.config.gpu is not None:
+            from toposched.solver.options import gpu_type_for
+
+            default_gib = gpu_type_for(None, self.config.gpu).memory_bytes / 1024**3
+        try:
+            return capacities_from_cluster(cluster, default_gib=default_gib)
+        except ValueError as exc:
+            raise InputError(str(exc), fix="pass --gpu TYPE (e.g. H100-SXM)") from exc
+
+    def _save(self, cluster: Cluster, source: SourceRef) -> StoredTopology:
+        if self._store is not None:
+            return self._store.save(cluster, source)
+        from toposched.topology.domains import build_domain_map
+
+        return StoredTopology(0, time.time(), source, cluster, build_domain_map(cluster))
+
+    def close(self) -> None:
+        """Close the ledger and the topology store (call it on the worker: ``call(state.close)``)."""
+        self.ready = False
+        if self._guard is not None:
+            self._guard.close()
+        close = getattr(self._store, "close", None)
+        if callable(close):
+            close()
+
+    def shutdown(self) -> None:
+        """Close on the worker thread, then stop the worker."""
+        try:
+            self.call(self.close)
+        finally:
+            self.worker.shutdown(wait=True)
+
+    # ------------------------------------------------------------------ following other replicas
+
+    def follow(self) -> bool:
+        """Read the audit log since the last look; resync when someone else changed the ledger."""
+        entries = self.ledger.audit(since=self._seq)
+        if not entries:
+            return False
+        self._seq = max(self._seq, max(e.seq for e in entries))
+        if self.ledger.foreign(entries):
+            self.resync()
+            return True
+        return False
+
+    def resync(self) -> None:
+        """Rebuild placements and the free index from the ledger's live reservations."""
+        scheduler, guard = self.scheduler, self.ledger
+        live = {r.id: r for r in guard.reservations()}
+        held = {ref for r in live.values() for ref in r.gpus}
+        for pid in list(scheduler.placements):
+            if pid not in live:
+                scheduler.forget(pid)
+                self.instances.pop(pid, None)
+        for pid, reservation in live.items():
+            if pid in self.instances:
+                self.instances[pid].expires_at = reservation.expires_at
+                continue
+            instance = _instance_of(reservation)
+            if instance is None:
+                continue  # booked by something else than the service: its GPUs are busy, that is all
+            if pid not in scheduler.placements:  # a booking of ours from an unfinished decision is known
+                scheduler.adopt(instance.placement, str(instance.body.get("slo_class", "interactive")))
+            self.instances[pid] = instance
+        scheduler.sync_index(held)
+        guard.forget_own()
+        self.counters.resyncs += 1
+
+    def refresh_topology(self, *, probe: bool) -> StoredTopology:
+        """Probe the source again (``probe``) or adopt a newer stored version; same GPUs only."""
+        with self.lock:
+            if probe:
+                if self.source is None:
+                    raise InputError("this replica has no topology source to probe", fix="start it with one")
+                loaded = load_source(self.source)
+                if self.topology is not None and loaded.cluster == self.topology.cluster:
+                    return self.topology
+                self.scheduler.update_topology(loaded.cluster)
+                self.topology = self._save(loaded.cluster, loaded.source)
+                return self.topology
+            stored = self._store.latest() if self._store is not None else None
+            if stored is not None and self.topology is not None and stored.version > self.topology.version:
+                self.scheduler.update_topology(stored.cluster)
+                self.topology = stored
+            assert self.topology is not None
+            return self.topology
+
+    def tick(self) -> None:
+        """Background work: adopt other replicas' changes and new DomainMaps, then serve the queue."""
+        with self.lock:
+            self.resync()
+            self.refresh_topology(probe=False)
+            self.queue.expire(self.clock(), self.config.max_wait_s + 1.0)
+        self.drain()
+
+    # ------------------------------------------------------------------ decisions
+
+    def new_id(self) -> str:
+        return uuid.uuid4().hex[:16]
+
+    def place(self, body: PlaceBody) -> Decision:
+        """Place every replica of ``body`` now, all or none; never waits."""
+        rid = body.id or self.new_id()
+        if body.replicas > self.config.max_replicas:
+            raise InputError(f"replicas: at most {self.config.max_replicas} per request (got {body.replicas})")
+        with self.lock:
+            self.follow()
+            decision = self._place(body, rid)
+            self.counters.decisions[decision.status] += 1
+            return decision
+
+    def _place(self, body: PlaceBody, rid: str) -> Decision:
+        key = body.key()
+        for _attempt in range(self.config.commit_retries):
+            decided = self._attempt(body, rid, key)
+            if decided is not None:
+                return decided
+            self.counters.ledger_refusals += 1
+            self.resync()  # another replica holds a GPU we chose (or the same id): learn it, decide again
+        return Decision("no-capacity", rid, (), ("other replicas kept taking the chosen GPUs; retry",))
+
+    def _attempt(self, body: PlaceBody, rid: str, key: str) -> Decision | None:
+        """One decision; None when the ledger refused a booking (the caller resyncs and retries)."""
+        scheduler, guard = self.scheduler, self.ledger
+        existing = self.group(rid)
+        if existing and len(existing) == body.replicas and all(i.key == key for i in existing):
+            return Decision("existing", rid, tuple(existing))
+        if any(i.key != key for i in existing):
+            return Decision("conflict", rid, (), (f"id {rid} is already used by another request",))
+        pids = [f"{rid}-{n}" if body.replicas > 1 else rid for n in range(body.replicas)]
+        clash = [p for p in pids if p in self.instances and self.instances[p].request_id != rid]
+        if clash:
+            return Decision("conflict", rid, (), (f"instance id {clash[0]} belongs to another request",))
+        guard.pending_meta = {"request": key, "request_id": rid, "owner": self.owner}
+        guard.pending_ttl_s = body.ttl_s
+        guard.refused = None
+        try:
+            outcome = scheduler.place(body.request(rid), body.policy or self.config.policy)
+        except InfeasibleError:
+            if guard.refused is None:
+                raise
+            return None
+        finally:
+            guard.pending_meta, guard.pending_ttl_s = {}, None
+        if outcome.unplaced:
+            self._release_all([p.id for p in outcome.placements])
+            status: Literal["no-capacity", "rejected"] = (
+                "rejected" if all(u.status == "rejected" for u in outcome.unplaced) else "no-capacity"
+            )
+            return Decision(status, rid, (), tuple(dict.fromkeys(r for u in outcome.unplaced for r in u.reasons)))
+        body_json = {**json.loads(key), "id": rid}
+        instances = []
+        for p in outcome.placements:
+            booked = guard.booked.pop(p.id, None)
+            instance = Instance(p, rid, key, body_json, self.owner, booked.expires_at if booked else None)
+            self.instances[p.id] = instance
+            instances.append(instance)
+        self.counters.placed_total += len(instances)
+        return Decision("placed", rid, tuple(instances))
+
+    def _release_all(self, pids: Iterable[str]) -> None:
+        for pid in pids:
+            if not self.scheduler.release(pid):
+                self.ledger.release(pid)
+            self.instances.pop(pid, None)
+            self.ledger.booked.pop(pid, None)
+
+    def group(self, rid: str) -> list[Instance]:
+        """The instances of one placement request, in replica order."""
+        found = [i for i in self.instances.values() if i.request_id == rid]
+        return sorted(found, key=lambda i: i.placement.id)
+
+    def lookup(self, rid: str) -> list[Instance]:
+        """``group`` after a resync when this replica does not know the id (another replica placed it)."""
+        with self.lock:
+            found = self.group(rid)
+            if not found:
+                self.resync()
+                found = self.group(rid)
+            return found
+
+    def release(self, rid: str) -> list[str] | None:
+        """Release every instance of a request; None when there is no such placement."""
+        with self.lock:
+            found = self.lookup(rid)
+            if not found:
+                return None
+            pids = [i.placement.id for i in found]
+            self._release_all(pids)
+        self.drain()
+        return pids
+
+    def renew(self, rid: str, ttl_s: float) -> list[Instance] | None:
+        with self.lock:
+            found = self.lookup(rid)
+            if not found:
+                return None
+            for instance in found:
+                renewed = self.ledger.renew(instance.placement.id, ttl_s)
+                if renewed is None:
+                    self.resync()
+                    return None
+                instance.expires_at = renewed.expires_at
+            return found
+
+    def all_groups(self) -> list[list[Instance]]:
+        with self.lock:
+            self.follow()
+            by_request: dict[str, list[Instance]] = {}
+            for instance in self.instances.values():
+                by_request.setdefault(instance.request_id, []).append(instance)
+            return [sorted(v, key=lambda i: i.placement.id) for _k, v in sorted(by_request.items())]
+
+    # ------------------------------------------------------------------ the admission queue
+
+    def enqueue(self, body: PlaceBody, deliver: Callable[[Decision], None]) -> str | None:
+        """Queue a request that found no capacity; returns its id, or None when the queue is full."""
+        rid = body.id or self.new_id()
+        with self.lock:
+            if len(self.queue) >= self.config.max_queue:
+                self.counters.decisions["queue-full"] += 1
+                return None
+            if rid in self.queue:
+                raise InputError(f"id: {rid} is already waiting in the queue")
+            request = body.request(rid)
+            cands, _dropped = self.scheduler.candidates(request)
+            gpus = cands[0].option.gpus * body.replicas if cands else body.replicas
+            largest = max(self.scheduler.index.levels["nvlink"].largest_group(), 1)
+            occupancy = min(1.0, gpus / largest)
+            self.queue.push(rid, request.slo_class, float(gpus), occupancy, enqueued_at=self.clock())
+            self.waiting[rid] = Waiting(body, rid, deliver)
+        self.drain()
+        return rid
+
+    def cancel(self, rid: str) -> bool:
+        """A waiter gave up (its timeout): take it out of the queue; False when it was served already."""
+        with self.lock:
+            self.waiting.pop(rid, None)
+            if self.queue.remove(rid) is None:
+                return False
+            self.counters.decisions["queue-timeout"] += 1
+            return True
+
+    def drain(self) -> None:
+        """Serve the queue in fair order while its head can be placed (strict order: no overtaking)."""
+        while True:
+            with self.lock:
+                head: QueuedItem | None = self.queue.peek()
+                if head is None:
+                    return
+                waiting = self.waiting.get(head.item_id)
+                if waiting is None:
+                    self.queue.remove(head.item_id)
+                    continue
+                self.follow()
+                decision = self._place(waiting.body, waiting.request_id)
+                if decision.status == "no-capacity":
+                    return
+                self.queue.pop()
+                self.waiting.pop(head.item_id, None)
+                self.counters.decisions[decision.status] += 1
+            waiting.deliver(decision)
+
+    def queue_view(self) -> list[dict[str, Any]]:
+        with self.lock:
+            now = self.clock()
+            return [
+                {
+                    "id": item.item_id,
+                    "slo_class": item.slo_class,
+                    "gpus": item.cost_gpus,
+                    "occupancy": round(item.occupancy, 4),
+                    "waited_s": round(now - item.enqueued_at, 3),
+                    "finish_tag": round(item.finish, 6),
+                }
+                for item in self.queue
+            ]
+
+    # ------------------------------------------------------------------ sidecar reports
+
+    def report(self, placement_id: str, alerts: list[dict[str, Any]]) -> dict[str, Any] | None:
+        """Mark an instance degraded from a sidecar report and propose a re-placement (not committed)."""
+        from toposched.sidecar.checks import Alert
+        from toposched.sidecar.loop import Report
+        from toposched.sidecar.react import react
+
+        with self.lock:
+            instance = self.instances.get(placement_id)
+            if instance is None:
+                self.resync()
+                instance = self.instances.get(placement_id)
+            if instance is None:
+                return None
+            active = tuple(Alert(**a) for a in alerts)
+            report = Report(placement_id, "", 0, (), active, 0.0)
+            body = PlaceBody.model_validate(instance.body)
+            request: PlacementRequest = body.request(instance.placement.request_id)
+            reaction = react(report, self.scheduler, instance.placement, request, policy=body.policy or "slo")
+            self.counters.reports_total += 1
+            if any(a.kind == "TOPOLOGY_DRIFT" for a in active):
+                self.counters.drift_reports += 1
+            if reaction.proposal is not None:
+                self.counters.migrations_proposed += 1
+            instance.degraded = reaction.status == "degraded"
+            return reaction.to_json()
+
+    # ------------------------------------------------------------------ views
+
+    def stats(self) -> Stats:
+        with self.lock:
+            scheduler = self.scheduler
+            placements = list(scheduler.placements.values())
+            by_class: Counter[str] = Counter(item.slo_class for item in self.queue)
+            capacity = sum(self.ledger.capacities.values())
+            planned = sum(p.hbm_per_gpu.total * len(p.ranks) for p in placements)
+            return Stats(
+                placements=placements,
+                degraded=sum(1 for i in self.instances.values() if i.degraded),
+                budget_gbps=scheduler.budget_gbps,
+                cross_used_gbps=sum(scheduler.cross_used.values()),
+                hbm_planned_bytes=planned,
+                hbm_capacity_bytes=capacity,
+                queue_by_class=dict(by_class),
+                decisions=dict(self.counters.decisions),
+                placed_total=self.counters.placed_total,
+                reports_total=self.counters.reports_total,
+                drift_reports=self.counters.drift_reports,
+                migrations_proposed=self.counters.migrations_proposed,
+                topology_version=self.topology.version if self.topology else 0,
+                resyncs=self.counters.resyncs,
+                ledger_refusals=self.counters.ledger_refusals,
+            )
+
+    def topology_view(self) -> dict[str, Any]:
+        """Nodes, NVLink domains and who holds each GPU (the web page's heat map)."""
+        with self.lock:
+            self.follow()
+            scheduler, stored = self.scheduler, self.topology
+            assert stored is not None
+            holder = {ref: p.id for p in scheduler.placements.values() for ref in p.gpu_refs}
+            free = scheduler.index.free
+            dmap = scheduler.index.dmap
+            nodes = [
+                {
+                    "name": n.name,
+                    "rack": n.rack,
+                    "zone": n.zone,
+                    "gpus": [
+                        {
+                            "ref": f"{n.name}/{g.index}",
+                            "index": g.index,
+                            "model": g.model,
+                            "domain": dmap.gpu_domain.get(f"{n.name}/{g.index}"),
+                            "free": f"{n.name}/{g.index}" in free,
+                            "placement": holder.get(f"{n.name}/{g.index}"),
+                        }
+                        for g in n.gpus
+                    ],
+                }
+                for n in scheduler.cluster.nodes
+            ]
+            domains = [
+                {
+                    "id": d.id,
+                    "kind": d.kind,
+                    "gpus": list(d.gpus),
+                    "used": sum(1 for ref in d.gpus if ref not in free),
+                    "occupancy": round(sum(1 for ref in d.gpus if ref not in free) / max(d.size, 1), 4),
+                }
+                for d in dmap.domains
+            ]
+            return {
+                "cluster": scheduler.cluster.name,
+                "version": stored.version,
+                "created_at": stored.created_at,
+                "source": stored.source.describe(),
+                "gpus": len(scheduler.index.info),
+                "free": len(free),
+                "nodes": nodes,
+                "domains": domains,
+            }
+
+
+def _instance_of(reservation: Reservation) -> Instance | None:
+    meta = reservation.meta
+    if "placement" not in meta or "request" not in meta:
+        return None
+    try:
+        placement = Placement.model_validate_json(meta["placement"])
+        body = json.loads(meta["request"])
+    except ValueError:
+        return None
+    body["id"] = meta.get("request_id", placement.request_id)
+    return Instance(
+        placement=placement,
+        request_id=meta.get("request_id", placement.request_id),
+        key=meta["request"],
+        body=body,
+        owner=reservation.owner or meta.get("owner", ""),
+        expires_at=reservation.expires_at,
+    )

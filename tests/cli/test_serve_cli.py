@@ -1,0 +1,54 @@
+"""``toposched serve``: the options and the one-line errors before anything listens."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from tests.conftest import RunCli
+
+
+@pytest.fixture(autouse=True)
+def _no_token(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.delenv("TOPOSCHED_API_TOKEN", raising=False)
+
+
+def test_help_lists_the_options(run_cli: RunCli) -> None:
+    result = run_cli("serve", "--help")
+    assert result.exit_code == 0
+    for flag in ("--host", "--port", "--state", "--preset", "--cluster", "--smi", "--live", "--token-file"):
+        assert flag in result.stdout, flag
+
+
+def test_no_token_is_refused_with_the_fix(run_cli: RunCli, tmp_path: Path) -> None:
+    result = run_cli("serve", "--preset", "hgx-h100", "--state", f"sqlite:{tmp_path / 's.db'}")
+    assert result.exit_code == 2
+    assert "no API token" in result.stderr and "TOPOSCHED_API_TOKEN" in result.stderr
+    assert not (tmp_path / "s.db").exists()  # nothing opened
+
+
+def test_empty_token_file_is_refused(run_cli: RunCli, tmp_path: Path) -> None:
+    empty = tmp_path / "token"
+    empty.write_text("\n")
+    result = run_cli("serve", "--preset", "hgx-h100", "--token-file", str(empty))
+    assert result.exit_code == 2 and "is empty" in result.stderr
+    missing = run_cli("serve", "--preset", "hgx-h100", "--token-file", str(tmp_path / "nope"))
+    assert missing.exit_code == 2 and "--token-file" in missing.stderr
+
+
+def test_bad_port_and_two_sources_name_the_flag(run_cli: RunCli, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("TOPOSCHED_API_TOKEN", "a-long-enough-token")
+    result = run_cli("serve", "--preset", "hgx-h100", "--port", "70000")
+    assert result.exit_code == 2 and "--port" in result.stderr
+    result = run_cli("serve", "--preset", "hgx-h100", "--live")
+    assert result.exit_code == 2 and "one topology source" in result.stderr
+
+
+def test_unknown_preset_fails_before_listening(
+    run_cli: RunCli, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setenv("TOPOSCHED_API_TOKEN", "a-long-enough-token")
+    result = run_cli("serve", "--preset", "hgx-h10", "--state", f"sqlite:{tmp_path / 's.db'}")
+    assert result.exit_code == 2
+    assert "did you mean" in result.stderr

@@ -1,0 +1,244 @@
+"""The HTTP API against a real ``toposched serve`` (uvicorn) on a SQLite state file."""
+
+from __future__ import annotations
+
+import json
+import threading
+import time
+from typing import Any
+
+import httpx
+import pytest
+
+from tests.service.conftest import AUTH, Server
+
+NINE = (
+    "toposched_nvlink_affinity_ratio",
+    "toposched_cross_domain_traffic_budget_ratio",
+    "toposched_hbm_utilization_ratio",
+    "toposched_placements_by_tp",
+    "toposched_sidecar_drift_ratio",
+    "toposched_cross_domain_compression_ratio",
+    "toposched_comm_overlap_ratio",
+    "toposched_migration_ratio",
+    "toposched_cross_domain_p99_gap_seconds",
+)
+
+
+def samples(text: str, name: str) -> list[str]:
+    return [line for line in text.splitlines() if line.startswith((name + " ", name + "{"))]
+
+
+def place(server: Server, **body: Any) -> httpx.Response:
+    return server.client.post("/v1/placements", json={"model": "llama-3.1-8b", "replicas": 1, **body})
+
+
+def test_contract_place_without_token_delete_and_metrics(sqlite_server: Server) -> None:
+    body = {"model": "llama-3.1-8b", "replicas": 1}
+    denied = httpx.post(f"{sqlite_server.url}/v1/placements", json=body)
+    assert denied.status_code == 401
+    assert denied.headers["www-authenticate"].startswith("Bearer")
+    wrong = httpx.post(f"{sqlite_server.url}/v1/placements", json=body, headers={"Authorization": "Bearer nope"})
+    assert wrong.status_code == 401
+
+    made = httpx.post(f"{sqlite_server.url}/v1/placements", json=body, headers=AUTH)
+    assert made.status_code in (200, 201), made.text
+    placement = made.json()
+    assert placement["id"] and placement["ranks"]
+    assert {"node", "gpu", "rank"} <= set(placement["ranks"][0])
+
+    gone = httpx.delete(f"{sqlite_server.url}/v1/placements/{placement['id']}", headers=AUTH)
+    assert gone.status_code == 200
+    assert gone.json()["released"] == [placement["id"]]
+    assert sqlite_server.client.get(f"/v1/placements/{placement['id']}").status_code == 404
+
+    metrics = httpx.get(f"{sqlite_server.url}/metrics", headers=AUTH)
+    assert metrics.status_code == 200
+    for name in NINE:
+        assert f"# TYPE {name} gauge" in metrics.text, name
+    assert httpx.get(f"{sqlite_server.url}/metrics").status_code == 401
+
+
+def test_a_body_is_read_as_json_whatever_its_content_type(sqlite_server: Server) -> None:
+    form = {**AUTH, "Content-Type": "application/x-www-form-urlencoded"}  # what `curl -d` sends
+    body = json.dumps({"model": "llama-3.1-8b", "id": "curl-1"})
+    made = httpx.post(f"{sqlite_server.url}/v1/placements", content=body, headers=form)
+    assert made.status_code == 201, made.text
+    assert sqlite_server.client.delete("/v1/placements/curl-1").status_code == 200
+
+
+def test_only_health_endpoints_and_the_page_shell_are_open(sqlite_server: Server) -> None:
+    for path in ("/healthz", "/readyz", "/ui/", "/ui/app.js"):
+        assert httpx.get(sqlite_server.url + path).status_code == 200, path
+    for path in ("/v1/placements", "/v1/topology", "/v1/queue", "/v1/alerts", "/openapi.json", "/metrics"):
+        assert httpx.get(sqlite_server.url + path).status_code == 401, path
+
+
+def test_idempotent_by_id_and_conflict_on_other_body(sqlite_server: Server) -> None:
+    first = place(sqlite_server, id="idem-1")
+    again = place(sqlite_server, id="idem-1")
+    other = place(sqlite_server, id="idem-1", concurrent_seqs=64)
+    try:
+        assert first.status_code == 201
+        assert again.status_code == 200
+        assert again.json()["ranks"] == first.json()["ranks"]
+        assert other.status_code == 409
+        assert "idem-1" in other.json()["reasons"][0]
+        listed = sqlite_server.client.get("/v1/placements").json()["placements"]
+        assert [p["id"] for p in listed].count("idem-1") == 1
+    finally:
+        sqlite_server.client.delete("/v1/placements/idem-1")
+
+
+def test_validation_errors_name_the_field(sqlite_server: Server) -> None:
+    bad = place(sqlite_server, replicas=0)
+    assert bad.status_code == 422
+    assert [f["field"] for f in bad.json()["fields"]] == ["body.replicas"]
+    unknown = sqlite_server.client.post("/v1/placements", json={"model": "llama-3.1-8bb"})
+    assert unknown.status_code == 422
+    assert unknown.json()["fields"][0]["field"] == "body.model"
+    assert "llama-3.1-8b" in unknown.json()["fields"][0]["message"]
+    path = sqlite_server.client.post("/v1/placements", json={"model": "/etc/passwd"})
+    assert path.status_code == 422  # catalog names only: no files read over HTTP
+    extra = place(sqlite_server, colour="red")
+    assert extra.status_code == 422 and extra.json()["fields"][0]["field"] == "body.colour"
+    assert sqlite_server.client.get("/v1/placements/..%2Fx").status_code in (404, 422)
+
+
+def test_body_over_the_limit_is_413(sqlite_server: Server) -> None:
+    big = {"model": "llama-3.1-8b", "node_selector": {f"k{i}": "v" * 100 for i in range(1000)}}
+    response = sqlite_server.client.post("/v1/placements", json=big)
+    assert response.status_code == 413
+
+
+def test_renew_extends_the_lease(sqlite_server: Server) -> None:
+    made = place(sqlite_server, id="lease-1", ttl_s=30)
+    try:
+        assert made.status_code == 201
+        first = made.json()["expires_at"]
+        assert first is not None
+        renewed = sqlite_server.client.post("/v1/placements/lease-1/renew", json={"ttl_s": 3600})
+        assert renewed.status_code == 200
+        assert renewed.json()["expires_at"] > first + 3000
+        assert sqlite_server.client.post("/v1/placements/nope/renew", json={"ttl_s": 5}).status_code == 404
+        assert sqlite_server.client.post("/v1/placements/lease-1/renew", json={"ttl_s": -1}).status_code == 422
+    finally:
+        sqlite_server.client.delete("/v1/placements/lease-1")
+
+
+def test_full_cluster_answers_409_then_a_waiting_request_is_served_on_release(sqlite_server: Server) -> None:
+    whole = place(sqlite_server, id="whole", model="llama-3.1-70b", allowed_tp=[8])
+    assert whole.status_code == 201, whole.text
+    try:
+        full = place(sqlite_server, id="late")
+        assert full.status_code == 409
+        assert full.json()["status"] == "no-capacity" and full.json()["reasons"]
+        got: dict[str, httpx.Response] = {}
+        waiter = threading.Thread(target=lambda: got.setdefault("r", place(sqlite_server, id="waiter", wait_s=30)))
+        waiter.start()
+        deadline = time.monotonic() + 20
+        while time.monotonic() < deadline:
+            queued = sqlite_server.client.get("/v1/queue").json()
+            if queued["depth"]:
+                break
+            time.sleep(0.05)
+        assert [i["id"] for i in queued["items"]] == ["waiter"]
+        assert sqlite_server.client.delete("/v1/placements/whole").status_code == 200
+        waiter.join(30)
+        assert got["r"].status_code == 201, got["r"].text
+        assert sqlite_server.client.get("/v1/queue").json()["depth"] == 0
+    finally:
+        for pid in ("whole", "waiter"):
+            sqlite_server.client.delete(f"/v1/placements/{pid}")
+
+
+def test_waiting_request_times_out_and_leaves_the_queue(sqlite_server: Server) -> None:
+    whole = place(sqlite_server, id="whole-2", model="llama-3.1-70b", allowed_tp=[8])
+    assert whole.status_code == 201
+    try:
+        late = place(sqlite_server, id="late-2", wait_s=0.5)
+        assert late.status_code == 409
+        assert "waited" in late.json()["reasons"][0]
+        assert sqlite_server.client.get("/v1/queue").json()["depth"] == 0
+    finally:
+        sqlite_server.client.delete("/v1/placements/whole-2")
+
+
+def test_metrics_have_samples_only_where_there_is_a_source(sqlite_server: Server) -> None:
+    made = place(sqlite_server, id="m-1", allowed_tp=[2])
+    try:
+        assert made.status_code == 201
+        text = sqlite_server.client.get("/metrics").text
+        assert samples(text, "toposched_nvlink_affinity_ratio") == ["toposched_nvlink_affinity_ratio 1.0"]
+        assert samples(text, "toposched_placements_by_tp") == ['toposched_placements_by_tp{tp="2"} 1.0']
+        hbm = float(samples(text, "toposched_hbm_utilization_ratio")[0].split()[1])
+        assert 0 < hbm < 1
+        for absent in ("toposched_comm_overlap_ratio", "toposched_cross_domain_p99_gap_seconds"):
+            assert samples(text, absent) == [], absent
+        assert samples(text, "toposched_cross_domain_compression_ratio") == []  # no cross-domain traffic
+        assert 'toposched_decisions_total{outcome="placed"}' in text
+        assert "toposched_decision_seconds_bucket" in text
+        assert 'toposched_queue_depth{slo_class="batch"} 0.0' in text
+    finally:
+        sqlite_server.client.delete("/v1/placements/m-1")
+
+
+def test_topology_shows_the_domain_and_who_holds_each_gpu(sqlite_server: Server) -> None:
+    made = place(sqlite_server, id="topo-1", allowed_tp=[4])
+    try:
+        topo = sqlite_server.client.get("/v1/topology").json()
+        assert topo["gpus"] == 8 and topo["free"] == 4
+        (domain,) = topo["domains"]
+        assert domain["used"] == 4 and domain["occupancy"] == 0.5
+        held = {g["ref"] for n in topo["nodes"] for g in n["gpus"] if g["placement"] == "topo-1"}
+        assert held == {f"{r['node']}/{r['gpu']}" for r in made.json()["ranks"]}
+        refreshed = sqlite_server.client.post("/v1/topology/refresh")
+        assert refreshed.status_code == 200 and refreshed.json()["version"] >= 1
+    finally:
+        sqlite_server.client.delete("/v1/placements/topo-1")
+
+
+def test_sidecar_report_marks_degraded_and_proposes_a_move(sqlite_server: Server) -> None:
+    made = place(sqlite_server, id="rep-1", allowed_tp=[2])
+    assert made.status_code == 201
+    gpu = "{node}/{gpu}".format(**made.json()["ranks"][0])
+    alert = {"kind": "TOPOLOGY_DRIFT", "gpu": gpu, "subject": "nvlink", "observed": 0, "expected": 18}
+    try:
+        report = sqlite_server.client.post(
+            "/v1/reports", json={"placement": "rep-1", "node": "hgx-h100", "cycle": 1, "active_alerts": [alert]}
+        )
+        assert report.status_code == 200, report.text
+        reaction = report.json()
+        assert reaction["status"] == "degraded" and reaction["drifted_gpus"] == [gpu]
+        assert reaction["proposal"] is not None and gpu not in reaction["proposal"]["gpus"]
+        assert sqlite_server.client.get("/v1/placements/rep-1").json()["status"] == "degraded"
+        text = sqlite_server.client.get("/metrics").text
+        assert samples(text, "toposched_sidecar_drift_ratio") and samples(text, "toposched_migration_ratio")
+        missing = sqlite_server.client.post("/v1/reports", json={"placement": "nope", "active_alerts": []})
+        assert missing.status_code == 404
+    finally:
+        sqlite_server.client.delete("/v1/placements/rep-1")
+
+
+def test_openapi_lists_the_api(sqlite_server: Server) -> None:
+    spec = sqlite_server.client.get("/openapi.json").json()
+    for path in ("/v1/placements", "/v1/placements/{pid}", "/v1/placements/{pid}/renew", "/v1/topology",
+                 "/v1/topology/refresh", "/v1/queue", "/v1/extender/filter", "/v1/extender/prioritize",
+                 "/healthz", "/readyz", "/metrics"):  # fmt: skip
+        assert path in spec["paths"], path
+
+
+@pytest.mark.parametrize("replicas", [2])
+def test_several_replicas_all_or_none(sqlite_server: Server, replicas: int) -> None:
+    made = place(sqlite_server, id="multi", replicas=replicas, allowed_tp=[4])
+    try:
+        assert made.status_code == 201
+        group = made.json()
+        assert [i["id"] for i in group["instances"]] == ["multi-0", "multi-1"]
+        assert len({(r["node"], r["gpu"]) for r in group["ranks"]}) == 8
+        too_many = place(sqlite_server, id="more", allowed_tp=[4])
+        assert too_many.status_code == 409
+        assert sqlite_server.client.get("/v1/topology").json()["free"] == 0
+    finally:
+        sqlite_server.client.delete("/v1/placements/multi")
+    assert sqlite_server.client.get("/v1/topology").json()["free"] == 8

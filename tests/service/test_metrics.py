@@ -1,0 +1,70 @@
+"""The nine signals from a stats snapshot: values where there is a source, None where there is none."""
+
+from __future__ import annotations
+
+from dataclasses import replace
+
+from toposched.service.config import ServiceConfig
+from toposched.service.metrics import breaches, in_one_domain, signals
+from toposched.service.schemas import PlaceBody
+from toposched.service.state import ServiceState, Stats
+from toposched.topology.sources import SourceRef
+
+
+def placed_stats(*bodies: dict[str, object], preset: str = "hgx-h100") -> Stats:
+    state = ServiceState(ServiceConfig(state="memory", source=SourceRef(kind="preset", ref=preset), auth=False))
+    state.open()
+    for n, extra in enumerate(bodies):
+        decision = state.place(PlaceBody.model_validate({"model": "llama-3.1-8b", "id": f"p{n}", **extra}))
+        assert decision.status == "placed", decision
+    stats = state.stats()
+    state.close()
+    return stats
+
+
+def test_an_empty_cluster_has_only_the_always_defined_signals() -> None:
+    values = signals(placed_stats())
+    assert values["toposched_cross_domain_traffic_budget_ratio"] == 0.0
+    assert values["toposched_hbm_utilization_ratio"] == 0.0
+    assert values["toposched_placements_by_tp"] == {}
+    for absent in (
+        "toposched_nvlink_affinity_ratio",
+        "toposched_sidecar_drift_ratio",
+        "toposched_cross_domain_compression_ratio",
+        "toposched_comm_overlap_ratio",
+        "toposched_migration_ratio",
+        "toposched_cross_domain_p99_gap_seconds",
+    ):
+        assert values[absent] is None, absent
+
+
+def test_placements_feed_affinity_tp_and_hbm() -> None:
+    stats = placed_stats({"allowed_tp": [2]}, {"allowed_tp": [4]})
+    values = signals(stats)
+    assert values["toposched_nvlink_affinity_ratio"] == 1.0
+    assert values["toposched_placements_by_tp"] == {"2": 1.0, "4": 1.0}
+    expected = sum(p.hbm_per_gpu.total * p.tp for p in stats.placements) / stats.hbm_capacity_bytes
+    assert values["toposched_hbm_utilization_ratio"] == expected
+
+
+def test_a_tp_group_across_domains_lowers_affinity_and_compression_is_after_over_before() -> None:
+    # PCIe-only boxes: TP=2 cannot sit in an NVLink domain; batch work may compress its traffic
+    stats = placed_stats({"allowed_tp": [2], "affinity": "none", "slo_class": "batch"}, preset="l40s-8x-pcie")
+    (p,) = stats.placements
+    assert not in_one_domain(p)
+    values = signals(stats)
+    assert values["toposched_nvlink_affinity_ratio"] == 0.0
+    if p.cross_domain_gbps > 0:
+        assert values["toposched_cross_domain_compression_ratio"] == (0.5 if p.compression else 1.0)
+    fired = {b["alert"] for b in breaches(stats)}
+    assert {"NvlinkAffinityLow", "NvlinkAffinityCritical"} <= fired
+
+
+def test_sidecar_ratios_appear_once_a_sidecar_reported() -> None:
+    stats = placed_stats({"allowed_tp": [1]})
+    reported = replace(stats, reports_total=4, drift_reports=1, migrations_proposed=1, placed_total=100)
+    values = signals(reported)
+    assert values["toposched_sidecar_drift_ratio"] == 0.01
+    assert values["toposched_migration_ratio"] == 0.01
+    fired = {b["alert"] for b in breaches(reported)}
+    assert {"SidecarTopologyDrift", "SidecarDriftRatioHigh", "MigrationRatioHigh"} <= fired

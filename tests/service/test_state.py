@@ -1,0 +1,124 @@
+"""ServiceState in-process: whole-GPU bookings, refusal -> resync -> retry, following another replica."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from toposched.errors import InputError
+from toposched.ledger import open_ledger
+from toposched.service.config import ServiceConfig
+from toposched.service.schemas import PlaceBody
+from toposched.service.state import ServiceState
+from toposched.topology.sources import SourceRef
+
+HGX = SourceRef(kind="preset", ref="hgx-h100")
+
+
+def make_state(state: str, **extra: object) -> ServiceState:
+    config = ServiceConfig.model_validate({"state": state, "source": HGX, "auth": False, **extra})
+    s = ServiceState(config)
+    s.open()
+    return s
+
+
+def body(rid: str, **fields: object) -> PlaceBody:
+    return PlaceBody.model_validate({"model": "llama-3.1-8b", "id": rid, **fields})
+
+
+def test_a_booking_takes_the_whole_gpu_and_keeps_the_plan_in_meta(tmp_path: Path) -> None:
+    url = f"sqlite:{tmp_path / 's.db'}"
+    state = make_state(url)
+    try:
+        decision = state.place(body("a"))
+        assert decision.status == "placed"
+        (instance,) = decision.instances
+        ledger = open_ledger(url)
+        held = ledger.get("a")
+        assert held is not None
+        (ref,) = held.gpus
+        account = ledger.accounts()[ref]
+        assert account.reserved_bytes == account.capacity_bytes  # whole GPU: no second booking fits
+        assert int(held.meta["hbm_bytes"]) == instance.placement.hbm_per_gpu.total
+        assert held.meta["request_id"] == "a" and "placement" in held.meta
+        ledger.close()
+    finally:
+        state.close()
+
+
+def test_a_replica_with_a_stale_index_is_refused_resyncs_and_picks_other_gpus(tmp_path: Path) -> None:
+    url = f"sqlite:{tmp_path / 's.db'}"
+    one, two = make_state(url, replica="one"), make_state(url, replica="two")
+    try:
+        first = one.place(body("x", allowed_tp=[4]))
+        assert first.status == "placed"
+        # "two" decides without looking at the audit log first: its index still says all 8 GPUs are free
+        second = two._place(body("y", allowed_tp=[4]), "y")
+        assert second.status == "placed"
+        assert two.counters.ledger_refusals >= 1
+        gpus_x = set(first.instances[0].placement.gpu_refs)
+        gpus_y = set(second.instances[0].placement.gpu_refs)
+        assert gpus_x.isdisjoint(gpus_y)
+        third = two.place(body("z", allowed_tp=[2]))
+        assert third.status == "no-capacity"
+        # "two" knows "x" (adopted from the ledger) and may release it
+        assert two.release("x") == ["x"]
+        one.follow()
+        assert "x" not in one.instances and len(one.scheduler.index.free) == 4
+    finally:
+        one.close()
+        two.close()
+
+
+def test_same_id_on_another_replica_is_the_same_placement(tmp_path: Path) -> None:
+    url = f"sqlite:{tmp_path / 's.db'}"
+    one, two = make_state(url, replica="one"), make_state(url, replica="two")
+    try:
+        first = one.place(body("same", allowed_tp=[2]))
+        again = two.place(body("same", allowed_tp=[2]))
+        assert again.status == "existing"
+        assert again.instances[0].placement.gpu_refs == first.instances[0].placement.gpu_refs
+        other = two.place(body("same", allowed_tp=[4]))
+        assert other.status == "conflict"
+    finally:
+        one.close()
+        two.close()
+
+
+def test_expired_lease_frees_the_gpus_on_the_next_sync() -> None:
+    now = [1000.0]
+    state = ServiceState(ServiceConfig(state="memory", source=HGX, auth=False), ledger_clock=lambda: now[0])
+    state.open()
+    decision = state.place(body("short", ttl_s=5))
+    assert decision.status == "placed" and decision.instances[0].expires_at is not None
+    assert len(state.scheduler.index.free) == 7
+    now[0] += 6
+    state.resync()
+    assert "short" not in state.instances and len(state.scheduler.index.free) == 8
+    state.close()
+
+
+def test_too_many_replicas_is_an_input_error() -> None:
+    state = ServiceState(ServiceConfig(state="memory", source=HGX, auth=False, max_replicas=2))
+    state.open()
+    with pytest.raises(InputError, match="at most 2"):
+        state.place(body("many", replicas=3))
+    state.close()
+
+
+def test_no_topology_anywhere_is_an_input_error(tmp_path: Path) -> None:
+    state = ServiceState(ServiceConfig(state=f"sqlite:{tmp_path / 'empty.db'}", auth=False))
+    with pytest.raises(InputError, match="no topology"):
+        state.open()
+
+
+def test_a_cold_replica_takes_the_stored_domain_map(tmp_path: Path) -> None:
+    url = f"sqlite:{tmp_path / 's.db'}"
+    first = make_state(url)
+    first.close()
+    cold = ServiceState(ServiceConfig(state=url, auth=False))
+    cold.open()
+    assert cold.topology is not None and cold.topology.source == HGX
+    assert len(cold.scheduler.index.info) == 8
+    cold.close()
