@@ -13,6 +13,7 @@ stderr and a non-zero exit; everything else is a bug and keeps its traceback.
     ├── DiscoveryError              a probe of real hardware failed
     │   └── NoDriverError           no NVIDIA driver / NVML library on this machine
     └── StateError                  the persistent state cannot be read or written
+        └── LedgerConflict          the ledger refused a booking (another holder was first)
 """
 
 from __future__ import annotations
@@ -108,3 +109,14 @@ class NoDriverError(DiscoveryError):
 
 class StateError(ToposchedError):
     """The persistent state (SQLite file, etcd) cannot be read or written."""
+
+
+class LedgerConflict(StateError):
+    """The ledger refused a booking the caller's view said was free; ``result`` is the refusal.
+
+    Expected with several scheduler replicas: the loser resyncs from the ledger and decides again.
+    """
+
+    def __init__(self, message: str, *, result: object) -> None:
+        super().__init__(message, fix="resync from the ledger and decide again")
+        self.result = result

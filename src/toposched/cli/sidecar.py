@@ -15,6 +15,7 @@ from pathlib import Path
 from typing import Any
 
 import typer
+from pydantic import ValidationError
 
 from toposched.binding.plan_doc import PlanDoc, load_plan
 from toposched.errors import InputError, NoDriverError, UnknownNameError
@@ -86,7 +87,14 @@ def sidecar_cmd(
     if here not in nodes:
         raise InputError(f"placement {chosen.id} has no GPU on node {here!r} (it uses {sorted(set(nodes))})")
     exp = expectations_from_plan(chosen, doc.cluster, node=here, pcie_budget_gbps=pcie_budget_gbps)
-    config = LoopConfig(interval_s=interval, iterations=iterations, webhook=webhook)
+    try:
+        config = LoopConfig(interval_s=interval, iterations=iterations, webhook=webhook)
+    except ValidationError as exc:
+        err = exc.errors()[0]
+        flag = {"interval_s": "--interval", "iterations": "--iterations", "webhook": "--webhook"}.get(
+            str(err["loc"][0]) if err["loc"] else "", "--interval"
+        )
+        raise InputError(f"{flag}: {err['msg']} (got {err.get('input')!r})") from exc
     metrics = SidecarMetrics()
     if fake is not None:
         lib: Any = build_scenario(fake, doc.cluster.node(here), exp, interval_s=interval)

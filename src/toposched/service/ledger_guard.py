@@ -4,8 +4,8 @@ The scheduler hands out whole GPUs (its index marks a GPU busy once anything is 
 ledger counts bytes: two replicas that both pick GPU 3 for small models could both fit their bytes on it.
 ``GuardedLedger`` closes that gap for the service: every booking takes the GPU's *whole capacity*, so the
 ledger's atomic compare-and-swap refuses the second replica, which then resyncs and retries. The HBM the
-plan needs is kept in the reservation's ``meta`` (``hbm_bytes``), with the placement record that lets any
-replica rebuild its state from the ledger alone.
+plan needs is kept in the reservation's ``meta`` (``hbm_bytes``), next to the placement record the
+scheduler attaches (``placement``) that lets any replica rebuild its state from the ledger alone.
 
 It also remembers which audit entries it caused itself, so a replica following the audit log can tell
 its own changes from other replicas' (``foreign``).
@@ -28,9 +28,6 @@ class GuardedLedger:
     def __init__(self, inner: Ledger, capacities: Mapping[str, int]) -> None:
         self.inner = inner
         self.capacities = dict(capacities)
-        self.pending_meta: dict[str, str] = {}
-        self.pending_ttl_s: float | None = None
-        self.refused: ReserveResult | None = None
         self.booked: dict[str, Reservation] = {}
         self._mine: Counter[tuple[str, str]] = Counter()
 
@@ -73,17 +70,13 @@ class GuardedLedger:
     ) -> ReserveResult:
         planned = set(gpus.values())
         whole = {ref: self.capacities.get(ref, b) for ref, b in gpus.items()}
-        record = {**(meta or {}), **self.pending_meta}
+        record = dict(meta or {})
         record["hbm_bytes"] = str(max(planned)) if planned else "0"
-        result = self.inner.reserve(
-            rid, whole, ttl_s=ttl_s if ttl_s is not None else self.pending_ttl_s, owner=owner, meta=record
-        )
+        result = self.inner.reserve(rid, whole, ttl_s=ttl_s, owner=owner, meta=record)
         if result.status == "reserved":
             self._mine[("reserve", rid)] += 1
         if result.ok and result.reservation is not None:
             self.booked[rid] = result.reservation
-        else:
-            self.refused = result
         return result
 
     def renew(self, rid: str, ttl_s: float) -> Reservation | None:

@@ -28,13 +28,12 @@ from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from typing import Any, Literal, ParamSpec, Protocol, TypeVar
 
-from toposched.errors import InfeasibleError, InputError, StateError
+from toposched.errors import InputError, LedgerConflict, StateError
 from toposched.ledger.base import Ledger, Reservation, capacities_from_cluster, open_ledger
 from toposched.ledger.etcd import split_url
 from toposched.service.config import ServiceConfig
 from toposched.service.ledger_guard import GuardedLedger
 from toposched.service.schemas import PlaceBody
-from toposched.solver.place import Assessment
 from toposched.solver.queue import FairQueue, QueuedItem
 from toposched.solver.request import Placement, PlacementRequest
 from toposched.solver.scheduler import Scheduler
@@ -57,25 +56,6 @@ class ServiceScheduler(Scheduler):
     """The solver's scheduler plus what a replica needs: placement records on bookings, adopt/forget."""
 
     guard: GuardedLedger
-
-    def commit(self, chosen: Assessment) -> None:
-        self.guard.pending_meta["placement"] = chosen.placement.model_dump_json()
-        try:
-            super().commit(chosen)
-        finally:
-            del self.guard.pending_meta["placement"]
-
-    def adopt(self, placement: Placement, slo_class: str) -> None:
-        """Take in a placement another replica booked (its GPUs are marked busy by ``sync_index``)."""
-        self.placements[placement.id] = placement
-        self._cross_of[placement.id] = (slo_class, placement.cross_domain_gbps)
-        self.cross_used[slo_class] = self.cross_used.get(slo_class, 0.0) + placement.cross_domain_gbps
-
-    def forget(self, placement_id: str) -> None:
-        """Drop a placement whose booking is gone from the ledger (released elsewhere, lease expired)."""
-        self.placements.pop(placement_id, None)
-        cls, gbps = self._cross_of.pop(placement_id, ("interactive", 0.0))
-        self.cross_used[cls] = max(0.0, self.cross_used.get(cls, 0.0) - gbps)
 
     def sync_index(self, held: set[str]) -> None:
         """Make the index's free set: every healthy GPU that no booking holds and that has not failed."""
@@ -383,17 +363,11 @@ class ServiceState:
         clash = [p for p in pids if p in self.instances and self.instances[p].request_id != rid]
         if clash:
             return Decision("conflict", rid, (), (f"instance id {clash[0]} belongs to another request",))
-        guard.pending_meta = {"request": key, "request_id": rid, "owner": self.owner}
-        guard.pending_ttl_s = body.ttl_s
-        guard.refused = None
+        meta = {"request": key, "request_id": rid, "owner": self.owner}
         try:
-            outcome = scheduler.place(body.request(rid), body.policy or self.config.policy)
-        except InfeasibleError:
-            if guard.refused is None:
-                raise
+            outcome = scheduler.place(body.request(rid), body.policy or self.config.policy, ttl_s=body.ttl_s, meta=meta)
+        except LedgerConflict:
             return None
-        finally:
-            guard.pending_meta, guard.pending_ttl_s = {}, None
         if outcome.unplaced:
             self._release_all([p.id for p in outcome.placements])
             status: Literal["no-capacity", "rejected"] = (

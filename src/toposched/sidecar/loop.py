@@ -18,6 +18,7 @@ Metrics live in a ``CollectorRegistry`` owned by the loop (no global state betwe
 from __future__ import annotations
 
 import json
+import os
 import sys
 import time
 from collections.abc import Callable
@@ -215,7 +216,11 @@ class Sidecar:
         if not self.config.webhook:
             return
         try:
-            response = httpx.post(self.config.webhook, json=report.to_json(), timeout=self.config.webhook_timeout_s)
+            token = os.environ.get("TOPOSCHED_API_TOKEN")
+            headers = {"Authorization": f"Bearer {token}"} if token else {}
+            response = httpx.post(
+                self.config.webhook, json=report.to_json(), headers=headers, timeout=self.config.webhook_timeout_s
+            )
             response.raise_for_status()
         except httpx.HTTPError as exc:
             self.emit_error(self._event("error", cycle=report.cycle, message=f"webhook {self.config.webhook}: {exc}"))

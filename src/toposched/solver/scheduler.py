@@ -24,7 +24,7 @@ from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 from typing import Any
 
-from toposched.errors import InfeasibleError, InputError
+from toposched.errors import InputError, LedgerConflict
 from toposched.ledger.base import GIB, Ledger, capacities_from_cluster
 from toposched.ledger.memory import MemoryLedger
 from toposched.perf.hardware import GpuSpec
@@ -160,9 +160,25 @@ class Scheduler:
 
     # ------------------------------------------------------------------ placing
 
-    def place(self, request: PlacementRequest, policy: str = "slo") -> Outcome:
-        """Place every replica of ``request``; each failure becomes an ``Unplaced`` with reasons."""
+    def place(
+        self,
+        request: PlacementRequest,
+        policy: str = "slo",
+        *,
+        ttl_s: float | None = None,
+        meta: dict[str, str] | None = None,
+    ) -> Outcome:
+        """Place every replica of ``request``; each failure becomes an ``Unplaced`` with reasons.
+
+        Each instance is booked in the ledger with lease ``ttl_s`` and ``meta`` added to its record;
+        a booking the ledger refuses raises ``LedgerConflict`` (instances booked before it stay).
+        """
         choose = POLICIES.get(policy)
+        if request.near_required and request.near not in self.placements:
+            raise InputError(
+                f"near: placement {request.near!r} is not placed here, so nothing can be required near it",
+                fix="place it first, or make the affinity a preference (near_required false)",
+            )
         outcome = Outcome()
         replica_nodes: set[str] = set()
         for replica in range(request.replicas):
@@ -176,27 +192,42 @@ class Scheduler:
             if isinstance(result, Unplaced):
                 outcome.unplaced.append(result.model_copy(update={"replica": replica}))
                 continue
-            self.commit(result)
+            self.commit(result, ttl_s=ttl_s, meta=meta)
             outcome.placements.append(result.placement)
             replica_nodes.update(r.node for r in result.placement.ranks)
         return outcome
 
-    def commit(self, chosen: Assessment) -> None:
+    def commit(self, chosen: Assessment, *, ttl_s: float | None = None, meta: dict[str, str] | None = None) -> None:
+        """Book a chosen placement in the ledger (atomically, all its GPUs) and take its GPUs.
+
+        The booking's record carries the placement itself, so another replica can adopt it from the
+        ledger alone. ``LedgerConflict`` when the ledger refuses (another holder was first).
+        """
         placement = chosen.placement
         refs = placement.gpu_refs
+        record = {"model": placement.model, "tp": str(placement.tp), "pp": str(placement.pp)}
+        record["placement"] = placement.model_dump_json()
+        record.update(meta or {})
         booked = self.ledger.reserve(
-            placement.id,
-            dict.fromkeys(refs, placement.hbm_per_gpu.total),
-            owner="toposched",
-            meta={"model": placement.model, "tp": str(placement.tp), "pp": str(placement.pp)},
+            placement.id, dict.fromkeys(refs, placement.hbm_per_gpu.total), ttl_s=ttl_s, owner="toposched", meta=record
         )
         if not booked.ok:
-            raise InfeasibleError(f"ledger refused {placement.id}: {booked.status} {booked.reasons}")
+            raise LedgerConflict(f"ledger refused {placement.id}: {booked.status} {booked.reasons}", result=booked)
         self.index.take(refs)
-        cls = self._class_of.get(placement.request_id, "interactive")
-        self.cross_used[cls] = self.cross_used.get(cls, 0.0) + chosen.cross_gbps
+        self.adopt(placement, self._class_of.get(placement.request_id, "interactive"), cross_gbps=chosen.cross_gbps)
+
+    def adopt(self, placement: Placement, slo_class: str, *, cross_gbps: float | None = None) -> None:
+        """Track a placement (booked here, or by another replica: its GPUs must already be taken)."""
+        gbps = placement.cross_domain_gbps if cross_gbps is None else cross_gbps
         self.placements[placement.id] = placement
-        self._cross_of[placement.id] = (cls, chosen.cross_gbps)
+        self._cross_of[placement.id] = (slo_class, gbps)
+        self.cross_used[slo_class] = self.cross_used.get(slo_class, 0.0) + gbps
+
+    def forget(self, placement_id: str) -> None:
+        """Stop tracking a placement whose booking is gone (released elsewhere, lease expired)."""
+        self.placements.pop(placement_id, None)
+        cls, gbps = self._cross_of.pop(placement_id, ("interactive", 0.0))
+        self.cross_used[cls] = max(0.0, self.cross_used.get(cls, 0.0) - gbps)
 
     def fail_gpu(self, ref: str) -> list[str]:
         """Take a GPU out of service; returns the placements that used it (the caller drains them)."""
