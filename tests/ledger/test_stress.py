@@ -44,7 +44,7 @@ def test_etcd_several_processes(etcd_url: str) -> None:
 
 
 def test_the_checker_sees_an_overcommitting_backend(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setattr(sqlite_backend, "check_fit", lambda _accounts, _gpus: ("reserved", {}))
+    monkeypatch.setattr(sqlite_backend, "judge", lambda _rid, _gpus, _held, _touched: None)
     result = run_stress(StressConfig(url=f"sqlite:{tmp_path / 's.sqlite3'}", clients=2, ops=200, gpus=2))
     assert result["double_bookings"] > 0
 

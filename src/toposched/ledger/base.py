@@ -196,6 +196,19 @@ def check_fit(accounts: Mapping[str, GpuAccount], gpus: Mapping[str, int]) -> tu
     return ("insufficient", short) if short else ("reserved", {})
 
 
+def judge(
+    rid: str, gpus: Mapping[str, int], held: Reservation | None, touched: Mapping[str, GpuAccount]
+) -> ReserveResult | None:
+    """Every backend's verdict on a valid request: the answer when the booking cannot go ahead
+    (the id already holds these GPUs, holds other GPUs, or the GPUs lack room), None when it can."""
+    if held is not None:
+        if held.same_booking(gpus):
+            return ReserveResult(status="already_held", reservation=held)
+        return ReserveResult(status="conflict", reservation=held, reasons={"request": f"id {rid} holds other GPUs"})
+    status, reasons = check_fit(touched, gpus)
+    return None if status == "reserved" else ReserveResult(status=status, reasons=reasons)
+
+
 def wall_clock() -> float:
     return time.time()
 

@@ -46,7 +46,7 @@ from toposched.ledger.base import (
     GpuAccount,
     Reservation,
     ReserveResult,
-    check_fit,
+    judge,
     validate_request,
     wall_clock,
 )
@@ -177,22 +177,16 @@ class EtcdLedger:
                 revision = int(data["header"]["revision"])
                 responses = data["responses"]
                 found, index = kvs_of(responses[0]), kvs_of(responses[1])
-                if found:
-                    held, _lease = _parse(found[0])
-                    if held.same_booking(gpus):
-                        return ReserveResult(status="already_held", reservation=held)
-                    return ReserveResult(
-                        status="conflict", reservation=held, reasons={"request": f"id {rid} holds other GPUs"}
-                    )
+                held = _parse(found[0])[0] if found else None
                 touched = {}
                 for i, ref in enumerate(refs):
                     cap, holds = kvs_of(responses[2 + 2 * i]), kvs_of(responses[3 + 2 * i])
                     if cap:
                         used = sum(int(kv.value) for kv in holds)
                         touched[ref] = GpuAccount(ref=ref, capacity_bytes=int(cap[0].value), reserved_bytes=used)
-                status, reasons = check_fit(touched, gpus)
-                if status != "reserved":
-                    return ReserveResult(status=status, reasons=reasons)
+                refusal = judge(rid, gpus, held, touched)
+                if refusal is not None:
+                    return refusal
                 if ttl_s is not None and not lease:
                     lease, granted = self.client.grant(max(1, math.ceil(ttl_s)))
                 now = self._clock()

@@ -20,7 +20,7 @@ from toposched.ledger.base import (
     GpuAccount,
     Reservation,
     ReserveResult,
-    check_fit,
+    judge,
     validate_request,
     wall_clock,
 )
@@ -104,19 +104,14 @@ class MemoryLedger:
         if problem:
             return ReserveResult(status="invalid", reasons={"request": problem})
         self._expire()
-        held = self._by_id.get(rid)
-        if held is not None:
-            if held.same_booking(gpus):
-                return ReserveResult(status="already_held", reservation=held)
-            return ReserveResult(status="conflict", reservation=held, reasons={"request": f"id {rid} holds other GPUs"})
         touched = {
             ref: GpuAccount(ref=ref, capacity_bytes=self._capacity[ref], reserved_bytes=self._reserved[ref])
             for ref in gpus
             if ref in self._capacity
         }
-        status, reasons = check_fit(touched, gpus)
-        if status != "reserved":
-            return ReserveResult(status=status, reasons=reasons)
+        refusal = judge(rid, gpus, self._by_id.get(rid), touched)
+        if refusal is not None:
+            return refusal
         now = self._clock()
         reservation = Reservation(
             id=rid,

@@ -40,7 +40,7 @@ from toposched.ledger.base import (
     GpuAccount,
     Reservation,
     ReserveResult,
-    check_fit,
+    judge,
     validate_request,
     wall_clock,
 )
@@ -251,12 +251,6 @@ class SqliteLedger:
         marks = ",".join("?" * len(refs))
         with self._txn(write=True) as (conn, now):
             held = self._find(conn, rid, now)
-            if held is not None:
-                if held.same_booking(gpus):
-                    return ReserveResult(status="already_held", reservation=held)
-                return ReserveResult(
-                    status="conflict", reservation=held, reasons={"request": f"id {rid} holds other GPUs"}
-                )
             caps = dict(conn.execute(f"SELECT ref, capacity FROM ledger_gpus WHERE ref IN ({marks})", refs).fetchall())
             sums = dict(
                 conn.execute(
@@ -267,9 +261,9 @@ class SqliteLedger:
                 ref: GpuAccount(ref=ref, capacity_bytes=cap, reserved_bytes=int(sums.get(ref, 0)))
                 for ref, cap in caps.items()
             }
-            status, reasons = check_fit(touched, gpus)
-            if status != "reserved":
-                return ReserveResult(status=status, reasons=reasons)
+            refusal = judge(rid, gpus, held, touched)
+            if refusal is not None:
+                return refusal
             reservation = Reservation(
                 id=rid,
                 gpus=dict(gpus),
