@@ -194,14 +194,7 @@ def _vllm(
     single_numa: int | None,
     port: int,
 ) -> list[str]:
-    argv = ["vllm", "serve", model, "--tensor-parallel-size", str(p.tp), "--pipeline-parallel-size", str(p.pp)]
-    if p.ep > 1:
-        argv.append("--enable-expert-parallel")
-    argv += ["--max-model-len", str(request.max_model_len), "--gpu-memory-utilization", "0.92"]
-    if p.kv_dtype != "auto":
-        argv += ["--kv-cache-dtype", _VLLM_KV[p.kv_dtype]]
-    if request.weight_dtype == "fp8":
-        argv += ["--quantization", "fp8"]
+    argv = _vllm_core(p, request, model)
     if single_numa is None and all(n is not None for n in numas) and len(set(numas)) > 1:
         argv += ["--numa-bind", "--numa-bind-nodes", *[str(n) for n in numas]]
     if nnodes > 1:
@@ -211,6 +204,36 @@ def _vllm(
             argv.append("--headless")
     argv += ["--host", "0.0.0.0", "--port", str(port)]
     return argv
+
+
+def _vllm_core(p: Placement, request: PlacementRequest, model: str) -> list[str]:
+    """``vllm serve`` with the degrees, context and dtypes: what every executor's command shares."""
+    argv = ["vllm", "serve", model, "--tensor-parallel-size", str(p.tp), "--pipeline-parallel-size", str(p.pp)]
+    if p.ep > 1:
+        argv.append("--enable-expert-parallel")
+    argv += ["--max-model-len", str(request.max_model_len), "--gpu-memory-utilization", "0.92"]
+    if p.kv_dtype != "auto":
+        argv += ["--kv-cache-dtype", _VLLM_KV[p.kv_dtype]]
+    if request.weight_dtype == "fp8":
+        argv += ["--quantization", "fp8"]
+    return argv
+
+
+def vllm_ray_argv(
+    p: Placement, request: PlacementRequest, *, model_path: str | None = None, port: int = 8000
+) -> list[str]:
+    """The one driver command of vLLM's Ray executor: the placement group chooses the GPUs, so there is
+    no numactl, no per-rank NUMA binding and none of the mp backend's multi-node flags."""
+    model = model_path or engine_model_id(request.model)
+    return [
+        *_vllm_core(p, request, model),
+        "--distributed-executor-backend",
+        "ray",
+        "--host",
+        "0.0.0.0",
+        "--port",
+        str(port),
+    ]
 
 
 def _sglang(

@@ -23,13 +23,11 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict
 
-from toposched.binding.engines import build_launches
+from toposched.binding.engines import build_launches, vllm_ray_argv
 from toposched.binding.plan_doc import PlanDoc
 from toposched.errors import InputError
 from toposched.solver.request import Placement
 from toposched.topology.domains import DomainMap, build_domain_map, gpu_ref
-
-RAY_VLLM_FLAGS = ("--distributed-executor-backend", "ray")
 
 
 class RayPlacement(BaseModel):
@@ -90,36 +88,16 @@ def placement_group_spec(doc: PlanDoc, placement: Placement, dmap: DomainMap, ar
     )
 
 
-def _vllm_ray_argv(argv: list[str]) -> list[str]:
-    """The node-0 vLLM command without numactl and mp multi-node flags, with the Ray backend."""
-    start = argv.index("vllm")
-    out: list[str] = []
-    skip_value = {"--nnodes", "--node-rank", "--master-addr", "--master-port"}
-    i = start
-    while i < len(argv):
-        arg = argv[i]
-        if arg in skip_value:
-            i += 2
-            continue
-        if arg == "--numa-bind-nodes":  # per-rank NUMA lists follow until the next flag
-            i += 1
-            while i < len(argv) and not argv[i].startswith("--"):
-                i += 1
-            continue
-        if arg not in ("--headless", "--numa-bind"):
-            out.append(arg)
-        i += 1
-    host = out.index("--host")
-    return out[:host] + list(RAY_VLLM_FLAGS) + out[host:]
-
-
 def ray_specs(doc: PlanDoc, *, model_path: str | None = None) -> list[RayPlacement]:
     """One placement-group spec per placement of the plan (vLLM with the Ray executor)."""
     dmap = build_domain_map(doc.cluster)
     _check_unique(dmap, {n.name for n in doc.cluster.nodes})
     launches = build_launches(doc.placements, doc.request, doc.cluster, "vllm", model_path=model_path)
-    head = {launch.placement: launch for launch in launches if launch.node_rank == 0}
-    return [placement_group_spec(doc, p, dmap, _vllm_ray_argv(head[p.id].argv)) for p in doc.placements]
+    port = {launch.placement: launch.port for launch in launches if launch.node_rank == 0}
+    return [
+        placement_group_spec(doc, p, dmap, vllm_ray_argv(p, doc.request, model_path=model_path, port=port[p.id]))
+        for p in doc.placements
+    ]
 
 
 def ray_start_args(specs: list[RayPlacement], doc: PlanDoc) -> dict[str, list[str]]:
