@@ -80,3 +80,31 @@ def test_state_survives_reopening(tmp_path: Path) -> None:
     again = SqliteLedger(path)
     assert again.accounts()["n/0"].reserved_bytes == 10 * GIB
     assert [e.action for e in again.audit()] == ["reserve"]
+
+
+def test_one_ledger_object_is_safe_across_threads(tmp_path: Path) -> None:
+    import threading
+
+    from toposched.ledger.sqlite import SqliteLedger
+
+    ledger = SqliteLedger(tmp_path / "t.sqlite3")
+    ledger.set_capacity({f"n/{i}": 8 for i in range(4)})
+    errors: list[BaseException] = []
+
+    def worker(k: int) -> None:
+        try:
+            for n in range(40):
+                rid = f"t{k}-{n}"
+                if ledger.reserve(rid, {f"n/{n % 4}": 1}).ok:
+                    ledger.release(rid)
+        except BaseException as exc:
+            errors.append(exc)
+
+    threads = [threading.Thread(target=worker, args=(k,)) for k in range(4)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    assert errors == []
+    assert all(a.reserved_bytes == 0 for a in ledger.accounts().values())
+    assert ledger.reservations() == []

@@ -24,6 +24,7 @@ from __future__ import annotations
 import json
 import os
 import sqlite3
+import threading
 from collections.abc import Iterator, Mapping
 from contextlib import contextmanager
 from pathlib import Path
@@ -107,6 +108,9 @@ class SqliteLedger:
         self._busy_timeout_s = busy_timeout_s
         self._conn: sqlite3.Connection | None = None
         self._pid = 0
+        # One connection per process, shared by its threads: transactions are serialised by this lock
+        # (a thread-per-connection design would hit "database is locked" between threads instead).
+        self._lock = threading.RLock()
 
     # ------------------------------------------------------------------------------ connection
 
@@ -131,7 +135,9 @@ class SqliteLedger:
             raise StateError(f"cannot create the folder of the ledger file {self.path}: {exc}") from exc
         conn: sqlite3.Connection | None = None
         try:
-            conn = sqlite3.connect(self.path, timeout=self._busy_timeout_s, isolation_level=None)
+            conn = sqlite3.connect(
+                self.path, timeout=self._busy_timeout_s, isolation_level=None, check_same_thread=False
+            )
             check = conn.execute("PRAGMA quick_check").fetchone()
             if check is None or check[0] != "ok":
                 raise sqlite3.DatabaseError(f"integrity check failed: {check[0] if check else 'no answer'}")
@@ -167,7 +173,11 @@ class SqliteLedger:
     @contextmanager
     def _txn(self, *, write: bool) -> Iterator[tuple[sqlite3.Connection, float]]:
         """A transaction (write: ``BEGIN IMMEDIATE`` plus a sweep of due leases) and the time it runs at."""
-        conn = self._connect()
+        with self._lock:
+            conn = self._connect()
+            yield from self._run(conn, write=write)
+
+    def _run(self, conn: sqlite3.Connection, *, write: bool) -> Iterator[tuple[sqlite3.Connection, float]]:
         try:
             conn.execute("BEGIN IMMEDIATE" if write else "BEGIN")
             try:
@@ -337,9 +347,10 @@ class SqliteLedger:
         ]
 
     def close(self) -> None:
-        if self._conn is not None and self._pid == os.getpid():
-            self._conn.close()
-        self._conn = None
+        with self._lock:
+            if self._conn is not None and self._pid == os.getpid():
+                self._conn.close()
+            self._conn = None
 
 
 BACKENDS.register("sqlite", lambda arg, clock: SqliteLedger(arg or default_state_path(), clock=clock))
