@@ -28,6 +28,7 @@ from typing import Literal
 from pydantic import BaseModel, ConfigDict, Field
 
 from toposched.errors import InputError
+from toposched.solver.layout import layout_problem, node_blocks
 from toposched.solver.request import Placement, PlacementRequest
 from toposched.topology.domains import DomainMap, build_domain_map, gpu_ref
 from toposched.topology.model import Cluster, LinkKind
@@ -92,21 +93,11 @@ def engine_model_id(ref: str) -> str:
 
 
 def _node_groups(p: Placement) -> list[tuple[str, list[int]]]:
-    """Nodes in rank order with their GPUs in rank order; each node must hold a contiguous rank block."""
-    groups: list[tuple[str, list[int]]] = []
-    for r in sorted(p.ranks, key=lambda r: r.rank):
-        if groups and groups[-1][0] == r.node:
-            groups[-1][1].append(r.gpu)
-        elif any(n == r.node for n, _ in groups):
-            raise InputError(f"placement {p.id}: the ranks on node {r.node} are not contiguous; engines need that")
-        else:
-            groups.append((r.node, [r.gpu]))
-    if len({len(g) for _, g in groups}) > 1:
-        raise InputError(
-            f"placement {p.id}: {', '.join(f'{n} has {len(g)}' for n, g in groups)} GPUs; "
-            "multi-node engines need the same number of GPUs on every node"
-        )
-    return groups
+    """Nodes in rank order with their GPUs in rank order; the layout must be one engines can launch."""
+    problem = layout_problem(p.ranks, p.tp)
+    if problem:
+        raise InputError(f"placement {p.id}: {problem}")
+    return node_blocks(p.ranks)
 
 
 def _nccl_env(cluster: Cluster, dmap: DomainMap, node: str, gpus: Sequence[int], multi_node: bool) -> dict[str, str]:

@@ -121,7 +121,8 @@ def place_exact(
             # latency over the link the level implies, judged on a representative group
             sample = [r for r in groups[0].gpus if r in index.free][: option.tp]
             probe = assess(
-                index, cand.options, option, [sample] * option.pp, placement_id="probe", policy="exact",
+                index, cand.options, option, [sample] * option.pp, placement_id="probe",
+                request_id=inst.request.id, policy="exact",
                 required_level=level, budget_left_gbps=float("inf"),
             )  # fmt: skip
             terms.append(W_GPU * option.gpus * use)
@@ -210,7 +211,7 @@ def place_exact(
             sorted((r for r, x in xs.items() if solver.value(x)), key=lambda r: index.info[r].order) for xs in stage_x
         ]
         result = assess(
-            index, cand.options, cand.option, stages, placement_id=inst.pid, policy="exact",
+            index, cand.options, cand.option, stages, placement_id=inst.pid, request_id=inst.request.id, policy="exact",
             required_level=level, budget_left_gbps=scheduler._class_budget_left(inst.request.slo_class),
         )  # fmt: skip
         scheduler.commit(result)

@@ -18,6 +18,7 @@ from dataclasses import dataclass
 from toposched.perf.hardware import GpuSpec
 from toposched.solver.experts import place_experts
 from toposched.solver.index import ClusterIndex, Group
+from toposched.solver.locality import pick_in_group
 from toposched.solver.options import DegreeOption, OptionSet
 from toposched.solver.request import (
     SLO_CLASSES,
@@ -43,27 +44,6 @@ COMPRESSION_RATIO = 0.5
 COMPRESSION_US_PER_ALLREDUCE = 10.0
 OVERLAP_FRACTION = 0.3
 BF16_BYTES = 2
-
-
-def pick_in_group(index: ClusterIndex, candidates: Sequence[str], size: int) -> list[str]:
-    """``size`` GPUs of ``candidates`` with the best locality (deterministic)."""
-    info = index.info
-    ordered = sorted(
-        candidates, key=lambda r: (info[r].numa if info[r].numa is not None else -1, info[r].pcie or "", info[r].order)
-    )
-    if len(ordered) == size:
-        return ordered
-    best: tuple[int, int, int, int] | None = None
-    best_window: list[str] = []
-    for start in range(len(ordered) - size + 1):
-        window = ordered[start : start + size]
-        numas = len({info[r].numa for r in window})
-        switches = len({info[r].pcie for r in window})
-        span = info[window[-1]].order - info[window[0]].order
-        key = (numas, switches, span, info[window[0]].order)
-        if best is None or key < best:
-            best, best_window = key, window
-    return best_window
 
 
 def find_stages(
@@ -143,11 +123,16 @@ def assess(
     stages: list[list[str]],
     *,
     placement_id: str,
+    request_id: str,
     policy: str,
     required_level: str | None,
     budget_left_gbps: float,
 ) -> Assessment:
-    """Predict and check one concrete choice of GPUs."""
+    """Predict and check one concrete choice of GPUs.
+
+    ``request_id`` is passed explicitly: ``options`` is shared by every request with the same
+    fields (the scheduler caches it), so ``options.request.id`` may be another request's id.
+    """
     request, gpu = options.request, options.gpu
     links = [tp_link(index, stage, gpu) for stage in stages]
     worst = max(links, key=lambda x: (not x[1], x[0].startswith(("tcp", "roce", "ib")), x[0].startswith("pcie")))
@@ -247,7 +232,7 @@ def assess(
     )
     placement = Placement(
         id=placement_id,
-        request_id=request.id,
+        request_id=request_id,
         model=spec.name,
         policy=policy,
         tp=option.tp,
