@@ -58,15 +58,25 @@ class LevelIndex:
             for ref in g.gpus:
                 self.of_gpu.setdefault(ref, []).append(i)
         self.free_count = [sum(1 for ref in g.gpus if ref in free) for g in groups]
-        self.max_size = max((len(g.gpus) for g in groups), default=0)
+        self.size = [len(g.gpus) for g in groups]
+        self.max_size = max(self.size, default=0)
+        self.spans_nodes = any(len(g.nodes) > 1 for g in groups)
+        """Some group holds GPUs of several nodes (a multi-node NVLink domain, or level none)."""
+        # free count -> groups; partly used and wholly free groups apart, so best fit can prefer the
+        # partly used ones (keep whole groups whole for the large instances that need them)
         self.buckets: list[dict[int, None]] = [{} for _ in range(self.max_size + 1)]
-        for i, count in enumerate(self.free_count):
-            self.buckets[count][i] = None
+        self.whole: list[dict[int, None]] = [{} for _ in range(self.max_size + 1)]
+        for i in range(len(groups)):
+            self._bucket(i)[i] = None
+
+    def _bucket(self, group: int) -> dict[int, None]:
+        count = self.free_count[group]
+        return (self.whole if count == self.size[group] else self.buckets)[count]
 
     def _move(self, group: int, delta: int) -> None:
-        del self.buckets[self.free_count[group]][group]
+        del self._bucket(group)[group]
         self.free_count[group] += delta
-        self.buckets[self.free_count[group]][group] = None
+        self._bucket(group)[group] = None
 
     def take(self, ref: str) -> None:
         for g in self.of_gpu.get(ref, ()):
@@ -77,9 +87,15 @@ class LevelIndex:
             self._move(g, +1)
 
     def best_fit(self, size: int) -> Iterator[int]:
-        """Groups with at least ``size`` free GPUs, tightest first."""
+        """Groups with at least ``size`` free GPUs: partly used ones tightest first, then wholly free ones.
+
+        A small instance takes room in a partly used group before it breaks a whole one (the exact
+        baseline's objective charges breaking a whole NVLink group more than any fit difference).
+        """
         for count in range(max(size, 1), self.max_size + 1):
             yield from list(self.buckets[count])
+        for count in range(max(size, 1), self.max_size + 1):
+            yield from list(self.whole[count])
 
     def largest_group(self) -> int:
         return self.max_size

@@ -17,7 +17,8 @@ from dataclasses import dataclass
 
 from toposched.perf.hardware import GpuSpec
 from toposched.solver.experts import place_experts
-from toposched.solver.index import ClusterIndex, Group
+from toposched.solver.index import ClusterIndex, Group, LevelIndex
+from toposched.solver.layout import layout_problem
 from toposched.solver.locality import pick_in_group
 from toposched.solver.options import DegreeOption, OptionSet
 from toposched.solver.request import (
@@ -29,6 +30,7 @@ from toposched.solver.request import (
     PlacementRequest,
     Rank,
 )
+from toposched.topology.domains import gpu_ref
 from toposched.topology.model import Fabric
 from toposched.workload.dtypes import weight_format
 
@@ -46,37 +48,130 @@ OVERLAP_FRACTION = 0.3
 BF16_BYTES = 2
 
 
-def find_stages(
-    index: ClusterIndex, tp: int, pp: int, level: str, accept: GroupFilter, allowed: Callable[[str], bool]
-) -> tuple[list[list[str]], list[Group]] | None:
-    """``pp`` disjoint TP groups of ``tp`` GPUs, each inside one group of ``level``; None if impossible."""
+def _fit_key(level_index: LevelIndex, g: int, room: int) -> tuple[bool, int]:
+    """Best-fit order of a group: partly used before wholly free, then the least room that suffices."""
+    return (level_index.free_count[g] == level_index.size[g], room)
+
+
+def _one_stage(
+    index: ClusterIndex, tp: int, level: str, accept: GroupFilter, ok: Callable[[str], bool]
+) -> tuple[list[str], Group] | None:
+    """One TP group of ``tp`` GPUs inside one accepted group of ``level`` (best fit), or None."""
     level_index = index.levels[level]
+    for g in level_index.best_fit(tp):
+        group = level_index.groups[g]
+        if not accept(group):
+            continue
+        room = [r for r in group.gpus if r in index.free and ok(r)]
+        if len(room) < tp:
+            continue
+        picked = pick_in_group(index, room, tp)
+        if picked is not None:
+            return list(picked), group
+    return None
+
+
+def _stages_on_node(
+    index: ClusterIndex, node: str, tp: int, count: int, level: str, accept: GroupFilter, ok: Callable[[str], bool]
+) -> tuple[list[list[str]], list[Group]] | None:
+    """``count`` disjoint TP groups on one node, each inside one accepted group of ``level``."""
+    level_index = index.levels[level]
+    refs = [gpu_ref(node, g.index) for g in index.nodes[node].gpus]
+    usable = [r for r in refs if r in index.free and ok(r)]
+    if len(usable) < tp * count:
+        return None
+    ids = sorted({g for r in usable for g in level_index.of_gpu.get(r, ())})
     taken: set[str] = set()
     stages: list[list[str]] = []
     groups: list[Group] = []
-    for _ in range(pp):
-        choice: tuple[Group, list[str]] | None = None
-        if groups:  # keep consecutive stages together when the previous group still has room
-            prev = groups[-1]
-            room = [r for r in prev.gpus if r in index.free and r not in taken and allowed(r)]
-            if len(room) >= tp:
-                choice = (prev, room)
-        if choice is None:
-            for g in level_index.best_fit(tp):
-                group = level_index.groups[g]
-                if not accept(group):
-                    continue
-                room = [r for r in group.gpus if r in index.free and r not in taken and allowed(r)]
-                if len(room) >= tp:
-                    choice = (group, room)
-                    break
-        if choice is None:
+    for _ in range(count):
+        best: tuple[tuple[int, bool, int], Group, list[str]] | None = None
+        for g in ids:
+            group = level_index.groups[g]
+            if not accept(group):
+                continue
+            room = [r for r in group.gpus if r in usable and r not in taken]
+            if len(room) < tp:
+                continue
+            # the previous stage's group first (consecutive stages stay together), then best fit
+            key = (0 if groups and group is groups[-1] else 1, *_fit_key(level_index, g, len(room)))
+            if best is None or key < best[0]:
+                best = (key, group, room)
+        if best is None:
             return None
-        picked = pick_in_group(index, choice[1], tp)
+        picked = pick_in_group(index, best[2], tp)
+        if picked is None:
+            return None
         taken.update(picked)
-        stages.append(picked)
-        groups.append(choice[0])
+        stages.append(list(picked))
+        groups.append(best[1])
     return stages, groups
+
+
+def find_stages(
+    index: ClusterIndex, tp: int, pp: int, level: str, accept: GroupFilter, allowed: Callable[[str], bool]
+) -> tuple[list[list[str]], list[Group]] | None:
+    """``pp`` disjoint TP groups of ``tp`` GPUs, each inside one group of ``level``, in a layout the
+    engines can launch (``solver/layout.py``); None if impossible.
+
+    Tried in this order, the first that fits wins:
+
+    1. one stage: best fit over the level's groups (a TP group may span nodes only where the group
+       does, e.g. a multi-node NVLink domain; ``pick_in_group`` then takes equal shares of the fewest
+       nodes);
+    2. every stage on one node (best-fit node);
+    3. ``k`` whole stages on each of ``pp / k`` nodes, the most stages per node first (so pipeline
+       stages align with nodes and every node runs the same number of GPUs);
+    4. stages that each span nodes (TP over a multi-node NVLink domain), no node shared by two stages.
+    """
+    if pp == 1:
+        one = _one_stage(index, tp, level, accept, allowed)
+        if one is None or _layout_problem(index, [one[0]], tp):
+            return None
+        return [one[0]], [one[1]]
+    node_index = index.levels["node"]
+    largest_node = node_index.max_size
+    for per_node in (k for k in range(pp, 0, -1) if pp % k == 0 and k * tp <= largest_node):
+        stages: list[list[str]] = []
+        groups: list[Group] = []
+        for g in node_index.best_fit(per_node * tp):
+            node_group = node_index.groups[g]
+            if not accept(node_group):
+                continue
+            (node,) = node_group.nodes
+            hosted = _stages_on_node(index, node, tp, per_node, level, accept, allowed)
+            if hosted is None:
+                continue
+            stages.extend(hosted[0])
+            groups.extend(hosted[1])
+            if len(stages) == pp:
+                return stages, groups
+    if not index.levels[level].spans_nodes:
+        return None
+    used_nodes: set[str] = set()
+    stages, groups = [], []
+    for _ in range(pp):
+        one = _one_stage(index, tp, level, accept, lambda r: allowed(r) and index.info[r].node not in used_nodes)
+        if one is None:
+            return None
+        stages.append(one[0])
+        groups.append(one[1])
+        used_nodes.update(index.info[r].node for r in one[0])
+    if _layout_problem(index, stages, tp):
+        return None
+    return stages, groups
+
+
+def _layout_problem(index: ClusterIndex, stages: list[list[str]], tp: int) -> str | None:
+    refs = [r for stage in stages for r in stage]
+    return layout_problem([_R(n, index.info[r].node, index.info[r].index) for n, r in enumerate(refs)], tp)
+
+
+@dataclass(frozen=True)
+class _R:
+    rank: int
+    node: str
+    gpu: int
 
 
 def fabric_link(fabric: Fabric | None) -> str:

@@ -108,19 +108,48 @@ class Scheduler:
             cands: list[Candidate] = []
             for name, nodes in sorted(by_type.items()):
                 gpu = self.gpu_of_node[next(iter(nodes))]
-                level_cap = self.index.levels["none" if request.affinity == "none" else "node"].largest_group()
-                if request.affinity == "nvlink":
-                    level_cap = self.index.levels["nvlink"].largest_group()
+                level_cap = self._tp_cap(request)
                 max_gpus = sum(len(self.index.nodes[n].gpus) for n in nodes)
                 opts = build_options(request, gpu, max_tp=max(level_cap, 1), max_gpus=max_gpus)
                 dropped.extend(f"{name}: {d}" for d in opts.dropped)
                 cands.extend(Candidate(opts, o, frozenset(nodes)) for o in opts.options)
-            cands.sort(
-                key=lambda c: (len(c.option.fallbacks), c.option.gpus, -c.option.tp, c.option.pp, c.options.gpu.name)
-            )
+            cands.sort(key=lambda c: self._layout_key(request, c))
             self._options[key] = (cands, dropped)
         cands, dropped = self._options[key]
         return cands, list(dropped)
+
+    def _tp_cap(self, request: PlacementRequest) -> int:
+        """The largest TP group the affinity allows on this cluster (ignoring occupancy).
+
+        ``auto`` allows a whole node or a whole NVLink domain, whichever is larger: inside a
+        multi-node NVLink domain (GB200 NVL72) a TP group may span trays.
+        """
+        levels = self.index.levels
+        if request.affinity == "none":
+            return levels["none"].largest_group()
+        if request.affinity == "nvlink":
+            return levels["nvlink"].largest_group()
+        if request.affinity == "auto":
+            return max(levels["node"].largest_group(), levels["nvlink"].largest_group())
+        return levels["node"].largest_group()
+
+    @staticmethod
+    def _layout_key(request: PlacementRequest, cand: Candidate) -> tuple[Any, ...]:
+        """The order degree options are tried in (the first placeable one that meets the SLO wins).
+
+        Options that fit as asked come before those needing capacity fallbacks. Then:
+
+        * with a latency SLO (``slo_tpot_ms``/``slo_ttft_ms``): the fewest GPUs, larger TP first;
+        * without one, the default layout rule: PP=1 with the smallest TP that fits (TP inside one
+          NVLink domain is the better knob: an all-reduce over NVLink costs less than a pipeline
+          bubble, and no GPU idles); pipeline stages only when no single TP group can hold the
+          model, then the fewest stages with the largest TP (a stage per domain or node). So
+          Llama-3.1-405B FP8 on one HGX H100 is TP8, not TP1 x PP7.
+        """
+        o = cand.option
+        if request.slo_tpot_ms is None and request.slo_ttft_ms is None:
+            return (len(o.fallbacks), o.pp, o.gpus, -o.tp, cand.options.gpu.name)
+        return (len(o.fallbacks), o.gpus, -o.tp, o.pp, cand.options.gpu.name)
 
     def group_filter(
         self, request: PlacementRequest, nodes: frozenset[str], replica_nodes: set[str], *, near_strict: bool = False
