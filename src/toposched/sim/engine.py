@@ -220,14 +220,17 @@ class Simulation:
         """Place up to ``count`` instances (None: as many as fit); returns their InstanceUp events."""
         events: list[Event] = []
         while count is None or len(events) < count:
-            rid = f"i{next(self._ids)}"
-            out = self.scheduler.place(self.template.model_copy(update={"id": rid, "replicas": 1}), self.policy)
-            if not out.placements:
+            # a known count is one batch (``Scheduler.place_batch``, the order the service uses too);
+            # "as many as fit" goes one at a time until the first refusal
+            n = 1 if count is None else count - len(events)
+            batch = [self.template.model_copy(update={"id": f"i{next(self._ids)}", "replicas": 1}) for _ in range(n)]
+            out = self.scheduler.place_batch(batch, self.policy)
+            for p in out.placements:
+                self.placed_history.append(p)
+                events.append(InstanceUp(self.now + self.scenario.instance_startup_s, self._instance(p)))
+            if out.unplaced or not out.placements:
                 self._full = True
                 break
-            p = out.placements[0]
-            self.placed_history.append(p)
-            events.append(InstanceUp(self.now + self.scenario.instance_startup_s, self._instance(p)))
         return events
 
     def nvlink_down(self, ref: str) -> list[str]:

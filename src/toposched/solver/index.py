@@ -87,14 +87,13 @@ class LevelIndex:
             self._move(g, +1)
 
     def best_fit(self, size: int) -> Iterator[int]:
-        """Groups with at least ``size`` free GPUs: partly used ones tightest first, then wholly free ones.
+        """Groups with at least ``size`` free GPUs, tightest first; at equal room, partly used first.
 
-        A small instance takes room in a partly used group before it breaks a whole one (the exact
-        baseline's objective charges breaking a whole NVLink group more than any fit difference).
+        Best fit keeps large free blocks whole; the tie-break makes a small instance take room in a
+        partly used group before it breaks a wholly free one of the same room.
         """
         for count in range(max(size, 1), self.max_size + 1):
             yield from list(self.buckets[count])
-        for count in range(max(size, 1), self.max_size + 1):
             yield from list(self.whole[count])
 
     def largest_group(self) -> int:

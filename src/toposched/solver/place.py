@@ -48,9 +48,9 @@ OVERLAP_FRACTION = 0.3
 BF16_BYTES = 2
 
 
-def _fit_key(level_index: LevelIndex, g: int, room: int) -> tuple[bool, int]:
-    """Best-fit order of a group: partly used before wholly free, then the least room that suffices."""
-    return (level_index.free_count[g] == level_index.size[g], room)
+def _fit_key(level_index: LevelIndex, g: int, room: int) -> tuple[int, bool]:
+    """Best-fit order of a group: the least room that suffices, then partly used before wholly free."""
+    return (room, level_index.free_count[g] == level_index.size[g])
 
 
 def _one_stage(
@@ -160,6 +160,19 @@ def find_stages(
     if _layout_problem(index, stages, tp):
         return None
     return stages, groups
+
+
+def fit_cost(index: ClusterIndex, stages: Sequence[Sequence[str]]) -> tuple[int, int]:
+    """(free GPUs in the NVLink groups the stages use, whole NVLink groups they break): lower is better.
+
+    Best fit, then the tie-break of ``LevelIndex.best_fit``, for choosing between equally good
+    degree options (the same TP and PP on two GPU types).
+    """
+    level = index.levels["nvlink"]
+    refs = [r for stage in stages for r in stage]
+    touched = {g for r in refs for g in level.of_gpu.get(r, ())}
+    broken = sum(1 for g in touched if level.size[g] > 1 and level.free_count[g] == level.size[g])
+    return sum(level.free_count[g] for g in touched), broken
 
 
 def _layout_problem(index: ClusterIndex, stages: list[list[str]], tp: int) -> str | None:

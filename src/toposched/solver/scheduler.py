@@ -31,7 +31,7 @@ from toposched.perf.hardware import GpuSpec
 from toposched.registry import Registry
 from toposched.solver.index import LEVELS, ClusterIndex, Group
 from toposched.solver.options import DegreeOption, OptionSet, build_options, gpu_type_for
-from toposched.solver.place import Assessment, assess, find_stages
+from toposched.solver.place import Assessment, assess, find_stages, fit_cost
 from toposched.solver.request import SLO_CLASSES, Placement, PlacementRequest, Unplaced
 from toposched.topology.model import Cluster
 
@@ -351,8 +351,11 @@ def _search(
     reasons = list(dropped)
     best_violating: Assessment | None = None
     budget_left = s._class_budget_left(request.slo_class)
+    winner: tuple[Assessment, tuple[int, int], tuple[Any, ...]] | None = None
     for cand in order(cands):
         option = cand.option
+        if winner is not None and winner[2] != (option.tp, option.pp, option.fallbacks):
+            break
         level = s.index.resolve_level(request.affinity, option.tp)
         found = None
         if request.near and not request.near_required:  # preferred role affinity: try near first
@@ -383,10 +386,17 @@ def _search(
             )
             continue
         if result.meets_slo or stop_at_first_placeable:
-            return result
+            # the same degrees on another GPU type may fit better: keep the one breaking the fewest
+            # whole NVLink groups, then the tightest (candidates of equal degrees are adjacent)
+            cost = fit_cost(s.index, stages)
+            if winner is None or cost < winner[1]:
+                winner = (result, cost, (option.tp, option.pp, option.fallbacks))
+            continue
         if best_violating is None or result.placement.tpot_ms < best_violating.placement.tpot_ms:
             best_violating = result
         reasons.append(f"tp={option.tp} pp={option.pp}: {result.placement.constraints[3].detail}")
+    if winner is not None:
+        return winner[0]
     if best_violating is not None:
         return best_violating
     if not cands:
