@@ -11,6 +11,7 @@ from typing import Any
 
 import pytest
 
+from tests.binding.builders import make_doc, make_placement, nvl72_doc
 from tests.conftest import RunCli, shared_dir
 from toposched.binding.engines import ENV_VARS, SGLANG_FLAGS, VLLM_FLAGS, build_launches, shell_script
 from toposched.binding.plan_doc import load_plan, parse_plan
@@ -102,6 +103,68 @@ def test_multi_node_pp_across_two_nodes() -> None:
     assert "--headless" not in head.argv and "--headless" in worker.argv
     _, sg_worker = build_launches([p], request, s.cluster, "sglang")
     assert sg_worker.argv[sg_worker.argv.index("--dist-init-addr") + 1] == "h100-00:20000"
+
+
+# --- TP across the trays of a multi-node NVLink domain (GB200 NVL72; issue 12, defect 5) -------------
+
+
+def test_vllm_tp8_over_two_nvl72_trays_is_one_multi_node_engine() -> None:
+    doc = nvl72_doc((0, 1), tp=8)
+    head, worker = build_launches(doc.placements, doc.request, doc.cluster, "vllm")
+    assert (head.node, worker.node) == ("nvl72-tray00", "nvl72-tray01")
+    for launch, rank in ((head, 0), (worker, 1)):
+        argv = launch.argv
+        assert argv[:3] == ["vllm", "serve", "meta-llama/Meta-Llama-3.1-405B"]
+        assert argv[argv.index("--tensor-parallel-size") + 1] == "8"
+        assert argv[argv.index("--pipeline-parallel-size") + 1] == "1"
+        assert argv[argv.index("--nnodes") + 1] == "2" and argv[argv.index("--node-rank") + 1] == str(rank)
+        assert argv[argv.index("--master-addr") + 1] == "nvl72-tray00"
+        assert argv[argv.index("--master-port") + 1] == "29501"
+        assert ("--headless" in argv) == (rank == 1)
+        # four local workers, one per GPU of the tray, each bound to its GPU's NUMA node
+        assert launch.gpus == [0, 1, 2, 3] and launch.env["CUDA_VISIBLE_DEVICES"] == "0,1,2,3"
+        i = argv.index("--numa-bind-nodes")
+        assert argv[i + 1 : i + 5] == ["0", "0", "1", "1"]
+        assert _flags(argv) <= VLLM_FLAGS and set(launch.env) <= ENV_VARS
+
+
+def test_sglang_tp8_over_two_nvl72_trays() -> None:
+    doc = nvl72_doc((0, 1), tp=8)
+    launches = build_launches(doc.placements, doc.request, doc.cluster, "sglang")
+    assert [x.node for x in launches] == ["nvl72-tray00", "nvl72-tray01"]
+    for rank, launch in enumerate(launches):
+        argv = launch.argv
+        assert argv[argv.index("--tp-size") + 1] == "8" and argv[argv.index("--pp-size") + 1] == "1"
+        assert argv[argv.index("--nnodes") + 1] == "2" and argv[argv.index("--node-rank") + 1] == str(rank)
+        assert argv[argv.index("--dist-init-addr") + 1] == "nvl72-tray00:20000"
+        assert launch.env["CUDA_VISIBLE_DEVICES"] == "0,1,2,3"
+        assert _flags(argv) <= SGLANG_FLAGS and set(launch.env) <= ENV_VARS
+
+
+def test_nodes_follow_rank_order_not_tray_order() -> None:
+    # TP16 over four trays taken out of order, and TP8 x PP2 (each stage over two trays).
+    for trays, tp, pp in (((5, 2, 9, 7), 16, 1), ((3, 1, 4, 0), 8, 2)):
+        doc = nvl72_doc(trays, tp=tp, pp=pp)
+        launches = build_launches(doc.placements, doc.request, doc.cluster, "vllm")
+        assert [x.node for x in launches] == [f"nvl72-tray{t:02d}" for t in trays]
+        assert [x.node_rank for x in launches] == [0, 1, 2, 3] and {x.nnodes for x in launches} == {4}
+        assert {x.argv[x.argv.index("--master-addr") + 1] for x in launches} == {f"nvl72-tray{trays[0]:02d}"}
+        assert [("--headless" in x.argv) for x in launches] == [False, True, True, True]
+
+
+def test_launch_refuses_layouts_the_engines_cannot_start() -> None:
+    cluster = load_preset("gb200-nvl72")
+    t0, t1 = cluster.nodes[0].name, cluster.nodes[1].name
+    uneven = make_placement([(t0, (0, 1, 2, 3)), (t1, (0, 1))], tp=2, pp=3)
+    with pytest.raises(InputError, match="nvl72-tray00 has 4, nvl72-tray01 has 2 GPUs; multi-node engines need"):
+        build_launches([uneven], make_doc(cluster).request, cluster, "vllm")
+    split = make_placement([(t0, (0, 1)), (t1, (0, 1)), (t0, (2, 3)), (t1, (2, 3))], tp=8)
+    with pytest.raises(InputError, match="not contiguous"):
+        build_launches([split], make_doc(cluster).request, cluster, "sglang")
+    hgx = hgx_h100_cluster(nodes=2)
+    half_stages = make_placement([("h100-00", range(6)), ("h100-01", range(6))], tp=4, pp=3)
+    with pytest.raises(InputError, match="6 GPUs per node with tp=4: a node must hold whole pipeline stages"):
+        build_launches([half_stages], make_doc(hgx).request, hgx, "vllm")
 
 
 def test_single_node_launch_sets_no_network_nccl_variables() -> None:

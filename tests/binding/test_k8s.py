@@ -12,6 +12,7 @@ from typing import Any
 import kubernetes_validate
 import pytest
 
+from tests.binding.builders import nvl72_doc
 from tests.binding.conftest import DATA
 from toposched.binding.engines import VLLM_FLAGS
 from toposched.binding.k8s import (
@@ -473,3 +474,40 @@ def test_sglang_workers_reach_the_leader_and_need_an_image(plans: dict[str, Plan
     script = script_of(templates(lws)[1])
     assert '--dist-init-addr "$LWS_LEADER_ADDRESS:20000"' in script
     assert "--node-rank 1" in script
+
+
+# --- TP across the trays of a multi-node NVLink domain (GB200 NVL72; issue 12, defect 5) -------------
+
+NVL72_VISIBLE = [  # what a tray's container sees: its four GPUs, listed out of order
+    "00000000:38:00.0, GPU-t2",
+    "00000000:18:00.0, GPU-t0",
+    "00000000:48:00.0, GPU-t3",
+    "00000000:28:00.0, GPU-t1",
+]
+
+
+def test_tp_over_nvl72_trays_is_a_leader_worker_set_of_one_pod_per_tray(tmp_path: Path) -> None:
+    doc = nvl72_doc((5, 2, 9, 7), tp=16)
+    (lws,) = k8s_objects(doc)
+    assert lws["kind"] == "LeaderWorkerSet"
+    lwt = lws["spec"]["leaderWorkerTemplate"]
+    assert lwt["size"] == 4 and lwt["restartPolicy"] == "RecreateGroupOnPodRestart"
+    leader, worker = lwt["leaderTemplate"], lwt["workerTemplate"]
+    for tpl, hosts in ((leader, ["nvl72-tray05"]), (worker, ["nvl72-tray02", "nvl72-tray09", "nvl72-tray07"])):
+        validate_template(tpl)
+        assert tpl["spec"]["containers"][0]["resources"]["limits"]["nvidia.com/gpu"] == "4"
+        exprs = expressions(tpl)
+        assert exprs["kubernetes.io/hostname"]["values"] == hosts
+        assert exprs[GPU_CLIQUE] == {"key": GPU_CLIQUE, "operator": "Exists"}
+        assert tpl["spec"]["affinity"]["podAntiAffinity"]  # one pod per tray
+    # The worker pod that lands on tray09 is node rank 2 of 4, headless, on that tray's four GPUs.
+    result = run_entrypoint(tmp_path, worker, "nvl72-tray09", NVL72_VISIBLE)
+    assert result.returncode == 0, result.stderr
+    assert (tmp_path / "rec/env").read_text() == "GPU-t0,GPU-t1,GPU-t2,GPU-t3|PCI_BUS_ID\n"
+    argv = (tmp_path / "rec/vllm").read_text().splitlines()
+    assert argv[argv.index("--tensor-parallel-size") + 1] == "16"
+    assert argv[argv.index("--nnodes") + 1] == "4" and argv[argv.index("--node-rank") + 1] == "2"
+    assert argv[argv.index("--master-addr") + 1] == "grp-0.grp.default" and "--headless" in argv
+    sglang = k8s_objects(doc, K8sOptions(engine="sglang", image="registry.invalid/sglang:pinned"))[0]
+    script = script_of(sglang["spec"]["leaderWorkerTemplate"]["workerTemplate"])
+    assert '--nnodes 4 --node-rank 2 --dist-init-addr "$LWS_LEADER_ADDRESS:20000"' in script

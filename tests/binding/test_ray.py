@@ -19,6 +19,7 @@ from typing import Any
 
 import pytest
 
+from tests.binding.builders import nvl72_doc
 from toposched.binding.engines import VLLM_FLAGS
 from toposched.binding.plan_doc import PlanDoc
 from toposched.binding.ray import ray_document, ray_specs, ray_start_args
@@ -49,6 +50,23 @@ def test_spec_single_node_is_strict_pack_and_pcie_uses_the_node(plans: dict[str,
     doc = ray_document(plans["two"])
     assert [g["placement"] for g in doc["placement_groups"]] == ["plan-0", "plan-1"]
     assert doc["ray_start"] == {"hgx-h100": ["--num-gpus", "8", "--resources", '{"nvl_hgx_h100_nv0":8}']}
+
+
+def test_nvl72_bundles_are_pinned_to_their_tray() -> None:
+    """The NVL72's one NVLink domain spans 18 trays: its resource would let Ray choose the trays (and how
+    many GPUs on each), so each bundle names its tray; the tray implies the domain."""
+    doc = nvl72_doc((5, 2), tp=8)
+    (spec,) = ray_specs(doc)
+    assert spec.strategy == "PACK"
+    assert spec.bundles == [{"GPU": 1.0, "host_nvl72_tray05": 1.0}] * 4 + [{"GPU": 1.0, "host_nvl72_tray02": 1.0}] * 4
+    assert spec.env == {"VLLM_RAY_BUNDLE_INDICES": "0,1,2,3,4,5,6,7"}
+    assert ray_start_args([spec], doc) == {
+        "nvl72-tray02": ["--num-gpus", "4", "--resources", '{"host_nvl72_tray02":4}'],
+        "nvl72-tray05": ["--num-gpus", "4", "--resources", '{"host_nvl72_tray05":4}'],
+    }
+    assert "nvl_nvl72_clique0" not in json.dumps(ray_document(doc))
+    (single,) = ray_specs(nvl72_doc((3,), tp=4))
+    assert single.strategy == "STRICT_PACK" and single.bundles == [{"GPU": 1.0, "host_nvl72_tray03": 1.0}] * 4
 
 
 # --- a real local Ray cluster ----------------------------------------------------------------------

@@ -3,8 +3,11 @@
 Ray cannot be told which physical GPU of a node a bundle takes, but it can be told which node (and
 so which NVLink domain) through a custom resource (engines.md section 9: bundles may mix
 ``{"GPU": 1, "<custom>": 1}``). Each GPU's bundle asks for one unit of a resource that names its
-NVLink domain (``nvl_<domain>``), or its node when the GPU is in no NVLink domain (``host_<node>``,
-PCIe machines); ``ray_start`` gives the ``ray start`` flags that declare those resources on each node.
+NVLink domain (``nvl_<domain>``) when that domain lies within one node, or else its node
+(``host_<node>``): PCIe machines, whose GPUs are in no domain, and the trays of a multi-node NVLink
+domain (GB200 NVL72), where a domain resource would be declared on every tray and let Ray put the
+bundles on trays, and in numbers per tray, other than the plan's. ``ray_start`` gives the
+``ray start`` flags that declare those resources on each node.
 
 Bundles are in rank order, so ``VLLM_RAY_BUNDLE_INDICES`` (engines.md 1.3: comma-separated, one
 per worker, no duplicates) is ``0,1,...``; the strategy is ``STRICT_PACK`` for a one-node placement
@@ -51,8 +54,15 @@ def resource_name(kind: Literal["nvl", "host"], ident: str) -> str:
 
 
 def gpu_resource(dmap: DomainMap, node: str, gpu: int) -> str:
-    domain = dmap.gpu_domain.get(gpu_ref(node, gpu))
-    return resource_name("nvl", domain) if domain else resource_name("host", node)
+    """The resource a GPU's bundle asks for: its NVLink domain when that lies within one node, else its node.
+
+    A domain that spans nodes (the trays of an NVL72) names no node, so it would not hold a bundle to
+    the planned tray: the node is named instead (it implies the domain).
+    """
+    domain = dmap.domain_of(gpu_ref(node, gpu))
+    if domain is not None and len(domain.nodes) == 1:
+        return resource_name("nvl", domain.id)
+    return resource_name("host", node)
 
 
 def _check_unique(dmap: DomainMap, nodes: set[str]) -> None:

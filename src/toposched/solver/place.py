@@ -85,7 +85,7 @@ def _stages_on_node(
     stages: list[list[str]] = []
     groups: list[Group] = []
     for _ in range(count):
-        best: tuple[tuple[int, bool, int], Group, list[str]] | None = None
+        best: tuple[tuple[int, int, bool], Group, list[str]] | None = None
         for g in ids:
             group = level_index.groups[g]
             if not accept(group):
