@@ -75,3 +75,37 @@ def test_exact_policy_on_a_small_box(run_cli: RunCli) -> None:
     data = json.loads(result.stdout)
     pairs = sorted(tuple(sorted(r["gpu"] for r in p["ranks"])) for p in data["placements"])
     assert pairs == [(0, 1), (2, 3)]
+
+
+def test_exact_keeps_the_cross_domain_budget_like_slo(run_cli: RunCli) -> None:
+    # issue 12: exact used to book GPUs 4-7 with the cross-domain budget broken while slo queued it
+    args = ("plan", "--preset", "l40s-8x-pcie", "--model", "llama-3.1-70b", "--tp", "4", "--affinity", "none",
+            "--budget-gbps", "1", "--json")  # fmt: skip
+    for policy in ("slo", "exact"):
+        result = run_cli(*args, "--policy", policy)
+        assert result.exit_code == 1, (policy, result.stderr)
+        data = json.loads(result.stdout)
+        assert data["placements"] == [], policy
+        assert [u["status"] for u in data["unplaced"]] == ["queued"], policy
+    roomy = run_cli(*args[:-3], "--budget-gbps", "256", "--json", "--policy", "exact")
+    assert roomy.exit_code == 0, roomy.stderr
+    (placement,) = json.loads(roomy.stdout)["placements"]
+    assert all(c["held"] for c in placement["constraints"] if c["name"] != "slo")
+
+
+def test_policy_help_lists_the_registry(run_cli: RunCli) -> None:
+    result = run_cli("plan", "--preset", "hgx-h100", "--model", "llama-3.1-8b", "--policy", "exactly")
+    assert result.exit_code == 2 and "exact" in result.stderr and "Traceback" not in result.stderr
+
+
+def test_simulate_refuses_exact_above_its_cluster_limit_in_one_line(run_cli: RunCli) -> None:
+    result = run_cli("simulate", "--scenario", "seed-256", "--policies", "slo,exact", "--json")
+    assert result.exit_code == 2
+    assert result.stdout == "" and "Traceback" not in result.stderr
+    assert "256 GPUs" in result.stderr and "at most 128" in result.stderr
+
+
+def test_simulate_runs_exact_on_a_small_scenario(run_cli: RunCli) -> None:
+    result = run_cli("simulate", "--scenario", "small", "--policies", "exact", "--requests", "10", "--json")
+    assert result.exit_code == 0, result.stderr
+    assert json.loads(result.stdout)["policies"]["exact"]["requests"] == 10

@@ -242,3 +242,31 @@ def test_several_replicas_all_or_none(sqlite_server: Server, replicas: int) -> N
     finally:
         sqlite_server.client.delete("/v1/placements/multi")
     assert sqlite_server.client.get("/v1/topology").json()["free"] == 8
+
+
+def test_same_fields_different_ids_each_answer_carries_its_own_id(sqlite_server: Server) -> None:
+    # issue 12: the candidate cache is shared by requests with equal fields; it leaked the first one's id
+    fields = {"model": "llama-3.1-8b", "replicas": 1, "allowed_tp": [2], "concurrent_seqs": 4}
+    answers: dict[str, httpx.Response] = {}
+
+    def post(rid: str) -> None:
+        with httpx.Client(base_url=sqlite_server.url, headers=AUTH, timeout=30) as client:
+            answers[rid] = client.post("/v1/placements", json={**fields, "id": rid})
+
+    threads = [threading.Thread(target=post, args=(rid,)) for rid in ("twin-a", "twin-b")]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    try:
+        for rid, answer in answers.items():
+            assert answer.status_code == 201, answer.text
+            data = answer.json()
+            assert data["id"] == rid
+            assert [i["request_id"] for i in data["instances"]] == [rid]
+            assert [i["id"] for i in data["instances"]] == [rid]
+            again = sqlite_server.client.get(f"/v1/placements/{rid}").json()
+            assert again["instances"][0]["request_id"] == rid
+    finally:
+        for rid in ("twin-a", "twin-b"):
+            sqlite_server.client.delete(f"/v1/placements/{rid}")

@@ -2,12 +2,17 @@
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from pathlib import Path
+from typing import Any
 
 import pytest
 
 from toposched.errors import InputError
 from toposched.ledger import open_ledger
+from toposched.ledger.base import ReserveResult
+from toposched.ledger.memory import MemoryLedger
+from toposched.service import state as state_module
 from toposched.service.config import ServiceConfig
 from toposched.service.schemas import PlaceBody
 from toposched.service.state import ServiceState
@@ -122,3 +127,90 @@ def test_a_cold_replica_takes_the_stored_domain_map(tmp_path: Path) -> None:
     assert cold.topology is not None and cold.topology.source == HGX
     assert len(cold.scheduler.index.info) == 8
     cold.close()
+
+
+class RefusingLedger(MemoryLedger):
+    """A memory ledger that refuses every booking of one placement id (another holder, every time)."""
+
+    def __init__(self, refuse: str, **kw: Any) -> None:
+        super().__init__(**kw)
+        self.refuse = refuse
+
+    def reserve(self, rid: str, gpus: Mapping[str, int], **kw: Any) -> ReserveResult:
+        if rid == self.refuse:
+            return ReserveResult(status="conflict", reasons={"request": f"{rid} is held elsewhere (test)"})
+        return super().reserve(rid, gpus, **kw)
+
+
+def test_no_capacity_after_the_retries_leaves_nothing_booked(monkeypatch: pytest.MonkeyPatch) -> None:
+    ledger = RefusingLedger("r-1")
+    monkeypatch.setattr(state_module, "open_ledger", lambda url, clock: ledger)
+    state = make_state("memory", commit_retries=3)
+    try:
+        decision = state.place(body("r", replicas=3, allowed_tp=[2]))
+        assert decision.status == "no-capacity" and decision.instances == ()
+        assert state.counters.ledger_refusals == 3
+        assert [r.id for r in ledger.reservations()] == []  # replica 0 was booked on each try, then released
+        assert state.group("r") == [] and state.scheduler.placements == {}
+        assert len(state.scheduler.index.free) == 8
+        other = state.place(body("s", replicas=2, allowed_tp=[4]))  # the GPUs really are free again
+        assert other.status == "placed"
+    finally:
+        state.close()
+
+
+def test_a_release_after_refusals_keeps_another_requests_bookings(monkeypatch: pytest.MonkeyPatch) -> None:
+    ledger = RefusingLedger("r-1")
+    monkeypatch.setattr(state_module, "open_ledger", lambda url, clock: ledger)
+    state = make_state("memory", commit_retries=2)
+    try:
+        kept = state.place(body("keep", allowed_tp=[2]))
+        assert kept.status == "placed"
+        assert state.place(body("r", replicas=2, allowed_tp=[2])).status == "no-capacity"
+        assert [r.id for r in ledger.reservations()] == ["keep"]
+    finally:
+        state.close()
+
+
+def test_same_fields_different_ids_each_answer_carries_its_own_id() -> None:
+    state = make_state("memory")
+    try:
+        first, second = state.place(body("one", allowed_tp=[2])), state.place(body("two", allowed_tp=[2]))
+        for decision, rid in ((first, "one"), (second, "two")):
+            assert decision.status == "placed" and decision.request_id == rid
+            (instance,) = decision.instances
+            assert instance.request_id == rid and instance.placement.request_id == rid
+            assert state.ledger.get(rid) is not None and state.ledger.get(rid).meta["request_id"] == rid  # type: ignore[union-attr]
+    finally:
+        state.close()
+
+
+def test_exact_through_the_service_on_a_small_preset() -> None:
+    state = make_state("memory", policy="exact")
+    try:
+        decision = state.place(body("e", replicas=2, allowed_tp=[4]))
+        assert decision.status == "placed"
+        placements = [i.placement for i in decision.instances]
+        assert [p.policy for p in placements] == ["exact", "exact"]
+        assert all(c.held for p in placements for c in p.constraints if c.name != "slo")
+        assert set(placements[0].gpu_refs).isdisjoint(placements[1].gpu_refs)
+        assert state.place(body("f", allowed_tp=[2])).status == "no-capacity"
+        assert state.release("e") == ["e-0", "e-1"]
+        assert len(state.scheduler.index.free) == 8
+    finally:
+        state.close()
+
+
+def test_exact_is_refused_on_a_cluster_above_its_limit() -> None:
+    big = SourceRef(kind="preset", ref="cluster-32x-hgx-h100")
+    config = ServiceConfig.model_validate({"state": "memory", "source": big, "auth": False, "policy": "exact"})
+    with pytest.raises(InputError, match="256 GPUs; exact handles at most 128") as info:
+        ServiceState(config).open()
+    assert info.value.fix is not None and "slo" in info.value.fix
+    state = make_state("memory", source=big)
+    try:  # a request that names exact is refused the same way on a large cluster
+        with pytest.raises(InputError, match="at most 128"):
+            state.place(body("x", policy="exact"))
+        assert state.scheduler.placements == {}
+    finally:
+        state.close()

@@ -222,3 +222,15 @@ def test_expert_parallel_placement_reports_hot_expert_copies_and_their_bytes() -
     assert hot.hbm_per_gpu.total == plain.hbm_per_gpu.total  # the KV cache gives the room
     with pytest.raises(InputError):
         make_scheduler("hgx-h200").place(make_request("mixtral-8x7b", allowed_tp=(4,), ep=4, expert_hit_rates=(1.0,)))
+
+
+@pytest.mark.parametrize("policy", ["slo", "latency", "index-order", "random", "exact"])
+def test_requests_with_equal_fields_keep_their_own_ids(policy: str) -> None:
+    # issue 12: candidates are cached by the request's fields without its id; the id must not leak
+    s = make_scheduler()
+    first = s.place(make_request("llama-3.1-8b", id="first", allowed_tp=(2,)), policy=policy).placements
+    second = s.place(make_request("llama-3.1-8b", id="second", allowed_tp=(2,)), policy=policy).placements
+    assert [(p.id, p.request_id) for p in first] == [("first", "first")]
+    assert [(p.id, p.request_id) for p in second] == [("second", "second")]
+    assert {r.id: r.meta.get("placement", "") for r in s.ledger.reservations()}.keys() == {"first", "second"}
+    assert '"request_id":"second"' in s.ledger.get("second").meta["placement"]  # type: ignore[union-attr]

@@ -132,7 +132,7 @@ def plan(
     weight_dtype: str | None = typer.Option(None, "--weight-dtype", help="bf16|fp16|fp8|int8|int4."),
     kv_dtype: str | None = typer.Option(None, "--kv-dtype", help="auto|fp8|int8|int4."),
     affinity: str = typer.Option("auto", "--affinity", help="auto|nvlink|pcie-switch|numa|node|none."),
-    policy: str = typer.Option("slo", "--policy", help="slo|latency|index-order|random|exact."),
+    policy: str = typer.Option("slo", "--policy", help=f"Placement policy: {'|'.join(POLICIES.names())}."),
     busy: str | None = typer.Option(None, "--busy", help="GPUs already taken: 0,1,... or NODE/INDEX,..."),
     budget_gbps: float = typer.Option(256.0, "--budget-gbps", help="Cross-domain traffic budget (GB/s)."),
     seed: int = typer.Option(0, "--seed", help="Seed for the random policy."),
@@ -142,8 +142,7 @@ def plan(
     ref = source_ref(smi, preset, cluster, live)
     if ref is None:
         raise InputError("plan needs a topology", fix="pass --preset NAME, --smi FILE, --cluster FILE or --live")
-    if policy != "exact":
-        POLICIES.get(policy)  # unknown names fail here with the valid ones
+    POLICIES.get(policy)  # unknown names fail here with the valid ones
     if tp is not None:
         spec = resolve_model(model)
         problem = tp_problem(spec, tp)
@@ -181,12 +180,7 @@ def plan(
         err_console.print(f"warning: {w}", markup=False, soft_wrap=True)
     busy_refs = parse_gpu_list(busy, loaded.cluster, "--busy")
     scheduler = Scheduler(loaded.cluster, gpu=gpu, busy=busy_refs, budget_gbps=budget_gbps, seed=seed)
-    if policy == "exact":
-        from toposched.solver.exact import place_exact
-
-        outcome = place_exact(scheduler, [request])
-    else:
-        outcome = scheduler.place(request, policy=policy)
+    outcome = scheduler.place(request, policy=policy)
     if json_out:
         print_json(
             {

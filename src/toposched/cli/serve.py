@@ -45,7 +45,11 @@ def serve(
     token_file: Path | None = typer.Option(
         None, "--token-file", help=f"File holding the API token [default: ${TOKEN_ENV}].", metavar="FILE"
     ),
-    policy: str = typer.Option("slo", "--policy", help="Default placement policy: slo|latency|index-order|random."),
+    policy: str = typer.Option(
+        "slo",
+        "--policy",
+        help="Default placement policy: slo|latency|index-order|random|exact (exact: clusters of at most 128 GPUs).",
+    ),
     budget_gbps: float = typer.Option(256.0, "--budget-gbps", help="Cross-domain traffic budget (GB/s)."),
     replica: str = typer.Option("", "--replica", help="Name of this replica in ledger owners [default: host-pid]."),
     open_extender: bool = typer.Option(

@@ -12,7 +12,7 @@ from toposched.errors import InputError
 from toposched.sim.engine import Simulation
 from toposched.sim.report import result_json, result_table, write_report
 from toposched.sim.run import simulate as run_simulation
-from toposched.sim.scenario import SCENARIOS, load_scenario
+from toposched.sim.scenario import SCENARIOS, load_cluster, load_scenario
 from toposched.solver.scheduler import POLICIES
 
 
@@ -33,10 +33,17 @@ def simulate(
     if not names:
         raise InputError("--policies is empty", fix="e.g. --policies random,slo")
     for name in names:
-        if name == "exact":
-            raise InputError("--policies exact is not available in the simulator", fix="compare exact with `plan`")
-        POLICIES.get(name)
+        POLICIES.get(name)  # unknown names fail here with the valid ones
     sc = load_scenario(scenario)
+    if "exact" in names:
+        from toposched.solver.exact import MAX_GPUS
+
+        gpus = sum(len(n.gpus) for n in load_cluster(sc.cluster).nodes)
+        if gpus > MAX_GPUS:
+            raise InputError(
+                f"--policies exact: scenario {sc.name!r} has {gpus} GPUs; exact handles at most {MAX_GPUS}",
+                fix="drop exact from --policies, or use a scenario on a smaller cluster",
+            )
     if requests is not None:
         if requests < 1:
             raise InputError(f"--requests must be at least 1 (got {requests})")

@@ -8,7 +8,9 @@ from pydantic import BaseModel, ConfigDict, Field, model_validator
 
 from toposched.topology.sources import SourceRef
 
-PolicyName = Literal["slo", "latency", "index-order", "random"]
+PolicyName = Literal["slo", "latency", "index-order", "random", "exact"]
+"""The placement policies a request or the service may name; ``exact`` only on clusters of at most
+``solver.exact.MAX_GPUS`` GPUs (``ServiceState.open`` checks it once the cluster is known)."""
 
 
 class ServiceConfig(BaseModel):
@@ -33,7 +35,7 @@ class ServiceConfig(BaseModel):
     open_extender: bool = False
     """Serve /v1/extender/* without the token (kube-scheduler cannot send one; it only reads state)."""
     policy: PolicyName = "slo"
-    """Placement policy used when a request names none."""
+    """Placement policy used when a request names none (``exact``: small clusters only, checked at open)."""
     budget_gbps: float = Field(default=256.0, gt=0, le=1e6)
     """Cross-domain traffic budget (GB/s) shared by all live placements."""
     max_body_bytes: int = Field(default=64 * 1024, ge=1024, le=16 * 1024 * 1024)

@@ -131,6 +131,20 @@ def replica_name(config: ServiceConfig) -> str:
     return config.replica or f"{socket.gethostname()}-{os.getpid()}"
 
 
+def check_policy(policy: str, cluster: Cluster) -> None:
+    """``InputError`` when the policy cannot serve this cluster (exact: at most ``exact.MAX_GPUS`` GPUs)."""
+    if policy != "exact":
+        return
+    from toposched.solver.exact import MAX_GPUS
+
+    gpus = sum(len(n.gpus) for n in cluster.nodes)
+    if gpus > MAX_GPUS:
+        raise InputError(
+            f"policy exact: cluster {cluster.name!r} has {gpus} GPUs; exact handles at most {MAX_GPUS}",
+            fix="serve with --policy slo (exact is for small clusters)",
+        )
+
+
 def open_topology_store(state: str) -> TopologyStoreLike | None:
     """Where DomainMap versions live for this ledger URL (None for the in-memory ledger)."""
     scheme, _, arg = state.partition(":")
@@ -208,6 +222,7 @@ class ServiceState:
                 f"no topology: {self.config.state} holds no DomainMap and no source was given",
                 fix="pass --preset NAME, --cluster FILE, --smi FILE or --live",
             )
+        check_policy(self.config.policy, stored.cluster)
         self.topology = stored
         self.source = stored.source
         inner: Ledger = open_ledger(self.config.state, clock=self.ledger_clock)
@@ -342,14 +357,32 @@ class ServiceState:
             return decision
 
     def _place(self, body: PlaceBody, rid: str) -> Decision:
+        """Decide with retries; all or none: when the answer is no instance, none of ours stays booked."""
         key = body.key()
+        check_policy(body.policy or self.config.policy, self.scheduler.cluster)
         for _attempt in range(self.config.commit_retries):
             decided = self._attempt(body, rid, key)
             if decided is not None:
                 return decided
             self.counters.ledger_refusals += 1
             self.resync()  # another replica holds a GPU we chose (or the same id): learn it, decide again
+        self._release_partial(rid, key)
         return Decision("no-capacity", rid, (), ("other replicas kept taking the chosen GPUs; retry",))
+
+    def _release_partial(self, rid: str, key: str) -> None:
+        """Release what this replica booked for request ``rid`` (body ``key``) in attempts that did not finish.
+
+        A refusal of replica k leaves replicas 0..k-1 booked (the retry reuses them); when the retries run
+        out, they must go too. Only bookings whose record names this request, this body and this replica
+        are released: another request that uses the same id, or another replica's decision, is not touched.
+        """
+        ours = [
+            r.id
+            for r in self.ledger.reservations()
+            if r.meta.get("request_id") == rid and r.meta.get("request") == key and r.meta.get("owner") == self.owner
+        ]
+        self._release_all(ours)
+        self.resync()
 
     def _attempt(self, body: PlaceBody, rid: str, key: str) -> Decision | None:
         """One decision; None when the ledger refused a booking (the caller resyncs and retries)."""
@@ -468,7 +501,12 @@ class ServiceState:
             return True
 
     def drain(self) -> None:
-        """Serve the queue in fair order while its head can be placed (strict order: no overtaking)."""
+        """Serve the queue in fair order while its head can be placed (strict order: no overtaking).
+
+        ``Scheduler.place_batch``'s order (priority, then fewest GPUs) is not used here on purpose: it would
+        let a small request overtake a head that does not fit yet, which the fair queue forbids. Each
+        request is decided alone through ``_place``, so all-or-none and the ledger retries hold per request.
+        """
         while True:
             with self.lock:
                 head: QueuedItem | None = self.queue.peek()
