@@ -7,6 +7,9 @@ import pytest
 from tests.solver.builders import make_scheduler
 from toposched.errors import UnknownNameError
 from toposched.solver.request import PlacementRequest
+from toposched.solver.scheduler import Scheduler
+from toposched.topology.model import Cluster
+from toposched.topology.presets import hgx, nvlink_pairs_4gpu
 
 
 def _batch(priority_big: int = 0) -> list[PlacementRequest]:
@@ -58,3 +61,47 @@ def test_unknown_policy_is_refused_before_anything_is_booked() -> None:
     with pytest.raises(UnknownNameError):
         s.place_batch(_batch(), "best")
     assert len(s.index.free) == 8
+
+
+def _mixed_cluster() -> Scheduler:
+    """The gap benchmark's instance 13: an HGX H100 with 7 free GPUs and two 4-GPU NVLink-pair boxes."""
+    cluster = Cluster(
+        nodes=(hgx("h0", "NVIDIA H100 80GB HBM3", 79.65), nvlink_pairs_4gpu("p1"), nvlink_pairs_4gpu("p2"))
+    )
+    return Scheduler(cluster, busy=["h0/7", "p1/2"])
+
+
+def test_a_batch_keeps_whole_nvlink_groups_when_nothing_needs_them() -> None:
+    """Best fit alone puts both TP2 on wholly free NVLink pairs (breaking two); the partly used
+    HGX has room for both, and nothing else in the batch needs it."""
+    batch = [PlacementRequest(id=f"r{n}", model="llama-3.1-8b", allowed_tp=(2,)) for n in range(2)]
+    one_by_one = _mixed_cluster()
+    base = one_by_one.index
+    whole_before = {g for g in range(len(base.levels["nvlink"].groups)) if _whole(one_by_one, g)}
+    for r in batch:
+        one_by_one.place(r)
+    assert sum(1 for g in whole_before if not _whole(one_by_one, g)) == 2
+    s = _mixed_cluster()
+    out = s.place_batch(batch)
+    assert len(out.placements) == 2
+    assert {r.node for p in out.placements for r in p.ranks} == {"h0"}
+    assert all(_whole(s, g) for g in whole_before)
+
+
+def test_a_batch_still_breaks_a_whole_group_when_a_larger_instance_needs_the_partial_one() -> None:
+    """Keeping whole groups is only chosen when it places as much: the TP4 needs the HGX's room."""
+    s = Scheduler(Cluster(nodes=(hgx("h0", "NVIDIA H100 80GB HBM3", 79.65), nvlink_pairs_4gpu("p1"))),
+                  busy=[f"h0/{i}" for i in range(4)])  # fmt: skip
+    batch = [
+        PlacementRequest(id="small", model="llama-3.1-8b", allowed_tp=(2,)),
+        PlacementRequest(id="large", model="llama-3.1-70b", allowed_tp=(4,)),
+    ]
+    out = s.place_batch(batch)
+    assert not out.unplaced
+    by_id = {p.request_id: {r.node for r in p.ranks} for p in out.placements}
+    assert by_id == {"small": {"p1"}, "large": {"h0"}}
+
+
+def _whole(s: Scheduler, g: int) -> bool:
+    level = s.index.levels["nvlink"]
+    return level.size[g] > 1 and level.free_count[g] == level.size[g]

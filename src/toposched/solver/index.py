@@ -19,6 +19,7 @@ engines that claim a fixed fraction of HBM do.
 from __future__ import annotations
 
 from collections.abc import Iterable, Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass
 
 from toposched.solver.request import Affinity
@@ -60,6 +61,8 @@ class LevelIndex:
         self.free_count = [sum(1 for ref in g.gpus if ref in free) for g in groups]
         self.size = [len(g.gpus) for g in groups]
         self.max_size = max(self.size, default=0)
+        self.keep_whole = False
+        """Prefer partly used groups over wholly free ones before best fit (see ``best_fit``)."""
         self.spans_nodes = any(len(g.nodes) > 1 for g in groups)
         """Some group holds GPUs of several nodes (a multi-node NVLink domain, or level none)."""
         # free count -> groups; partly used and wholly free groups apart, so best fit can prefer the
@@ -90,8 +93,16 @@ class LevelIndex:
         """Groups with at least ``size`` free GPUs, tightest first; at equal room, partly used first.
 
         Best fit keeps large free blocks whole; the tie-break makes a small instance take room in a
-        partly used group before it breaks a wholly free one of the same room.
+        partly used group before it breaks a wholly free one of the same room. With ``keep_whole``
+        every partly used group comes before every wholly free one (``Scheduler.place_batch`` tries
+        both orders on a batch and keeps the better outcome).
         """
+        if self.keep_whole:
+            for count in range(max(size, 1), self.max_size + 1):
+                yield from list(self.buckets[count])
+            for count in range(max(size, 1), self.max_size + 1):
+                yield from list(self.whole[count])
+            return
         for count in range(max(size, 1), self.max_size + 1):
             yield from list(self.buckets[count])
             yield from list(self.whole[count])
@@ -146,6 +157,18 @@ class ClusterIndex:
             if ref not in covered
         )
         return groups
+
+    @contextmanager
+    def keeping_whole(self, on: bool) -> Iterator[None]:
+        """Within the block, every level's best fit prefers partly used groups (``LevelIndex.keep_whole``)."""
+        before = {name: level.keep_whole for name, level in self.levels.items()}
+        for level in self.levels.values():
+            level.keep_whole = on
+        try:
+            yield
+        finally:
+            for name, level in self.levels.items():
+                level.keep_whole = before[name]
 
     def gpu(self, ref: str) -> GPU:
         info = self.info[ref]

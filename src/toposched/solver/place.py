@@ -48,9 +48,11 @@ OVERLAP_FRACTION = 0.3
 BF16_BYTES = 2
 
 
-def _fit_key(level_index: LevelIndex, g: int, room: int) -> tuple[int, bool]:
-    """Best-fit order of a group: the least room that suffices, then partly used before wholly free."""
-    return (room, level_index.free_count[g] == level_index.size[g])
+def _fit_key(level_index: LevelIndex, g: int, room: int) -> tuple[int, int]:
+    """Best-fit order of a group: the least room that suffices, then partly used before wholly free
+    (the other way round under ``keep_whole``)."""
+    whole = int(level_index.free_count[g] == level_index.size[g])
+    return (whole, room) if level_index.keep_whole else (room, whole)
 
 
 def _one_stage(
@@ -85,7 +87,7 @@ def _stages_on_node(
     stages: list[list[str]] = []
     groups: list[Group] = []
     for _ in range(count):
-        best: tuple[tuple[int, int, bool], Group, list[str]] | None = None
+        best: tuple[tuple[int, int, int], Group, list[str]] | None = None
         for g in ids:
             group = level_index.groups[g]
             if not accept(group):
@@ -162,17 +164,21 @@ def find_stages(
     return stages, groups
 
 
-def fit_cost(index: ClusterIndex, stages: Sequence[Sequence[str]]) -> tuple[int, int]:
-    """(free GPUs in the NVLink groups the stages use, whole NVLink groups they break): lower is better.
-
-    Best fit, then the tie-break of ``LevelIndex.best_fit``, for choosing between equally good
-    degree options (the same TP and PP on two GPU types).
-    """
+def fragmentation(index: ClusterIndex, stages: Sequence[Sequence[str]]) -> tuple[int, int]:
+    """(whole NVLink groups the stages would break, free GPUs in the NVLink groups they use)."""
     level = index.levels["nvlink"]
     refs = [r for stage in stages for r in stage]
     touched = {g for r in refs for g in level.of_gpu.get(r, ())}
     broken = sum(1 for g in touched if level.size[g] > 1 and level.free_count[g] == level.size[g])
-    return sum(level.free_count[g] for g in touched), broken
+    return broken, sum(level.free_count[g] for g in touched)
+
+
+def fit_cost(index: ClusterIndex, stages: Sequence[Sequence[str]]) -> tuple[int, int]:
+    """Lower is better: best fit, then the tie-break of ``LevelIndex.best_fit`` (both the other way
+    round under ``keep_whole``), for choosing between equally good degree options (the same TP and
+    PP on two GPU types)."""
+    broken, free = fragmentation(index, stages)
+    return (broken, free) if index.levels["nvlink"].keep_whole else (free, broken)
 
 
 def _layout_problem(index: ClusterIndex, stages: list[list[str]], tp: int) -> str | None:

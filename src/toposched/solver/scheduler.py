@@ -31,7 +31,7 @@ from toposched.perf.hardware import GpuSpec
 from toposched.registry import Registry
 from toposched.solver.index import LEVELS, ClusterIndex, Group
 from toposched.solver.options import DegreeOption, OptionSet, build_options, gpu_type_for
-from toposched.solver.place import Assessment, assess, find_stages, fit_cost
+from toposched.solver.place import Assessment, assess, find_stages, fit_cost, fragmentation
 from toposched.solver.request import SLO_CLASSES, Placement, PlacementRequest, Unplaced
 from toposched.topology.model import Cluster
 
@@ -260,12 +260,57 @@ class Scheduler:
             from toposched.solver.exact import place_exact
 
             return place_exact(self, requests, ttl_s=ttl_s, meta=meta)
+        ordered = self.batch_order(requests)
+        keep_whole = False
+        if len(ordered) > 1 and policy in ("slo", "latency"):
+            # Best fit alone lets a small instance break a whole NVLink group the rest of the batch
+            # did not need; preferring partly used groups can take room a later, larger instance
+            # needed. Try both without booking and keep the better outcome (the exact objective's
+            # order: unplaced, SLO misses, GPUs, whole groups broken, fit).
+            keep_whole = self._trial(ordered, policy, keep_whole=True) < self._trial(ordered, policy, keep_whole=False)
         outcome = Outcome()
-        for request in self.batch_order(requests):
-            one = self.place(request, policy, ttl_s=ttl_s, meta=(meta or {}).get(request.id))
-            outcome.placements.extend(one.placements)
-            outcome.unplaced.extend(one.unplaced)
+        with self.index.keeping_whole(keep_whole):
+            for request in ordered:
+                one = self.place(request, policy, ttl_s=ttl_s, meta=(meta or {}).get(request.id))
+                outcome.placements.extend(one.placements)
+                outcome.unplaced.extend(one.unplaced)
         return outcome
+
+    def _trial(self, ordered: Sequence[PlacementRequest], policy: str, *, keep_whole: bool) -> tuple[int, ...]:
+        """Decide a batch without booking anything (GPUs taken in the index, then given back)."""
+        choose = POLICIES.get(policy)
+        taken: list[str] = []
+        saved_cross = dict(self.cross_used)
+        unplaced = misses = gpus = broken = fit = 0
+        try:
+            with self.index.keeping_whole(keep_whole):
+                for request in ordered:
+                    replica_nodes: set[str] = set()
+                    for replica in range(request.replicas):
+                        pid = f"{request.id}-{replica}" if request.replicas > 1 else request.id
+                        if pid in self.placements:
+                            continue
+                        result = choose(self, request, pid, replica_nodes)
+                        if isinstance(result, Unplaced):
+                            unplaced += 1 + request.priority
+                            continue
+                        p = result.placement
+                        refs = list(p.gpu_refs)
+                        b, f = fragmentation(self.index, [refs])
+                        self.index.take(refs)
+                        taken.extend(refs)
+                        self.cross_used[request.slo_class] = (
+                            self.cross_used.get(request.slo_class, 0.0) + result.cross_gbps
+                        )
+                        replica_nodes.update(r.node for r in p.ranks)
+                        misses += not result.meets_slo
+                        gpus += len(refs)
+                        broken += b
+                        fit += f
+        finally:
+            self.index.give(taken)
+            self.cross_used = saved_cross
+        return (unplaced, misses, gpus, broken, fit)
 
     def commit(self, chosen: Assessment, *, ttl_s: float | None = None, meta: dict[str, str] | None = None) -> None:
         """Book a chosen placement in the ledger (atomically, all its GPUs) and take its GPUs.
