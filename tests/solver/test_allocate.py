@@ -215,6 +215,16 @@ def test_greedy_matches_exhaustive_on_dgx2(size: int) -> None:
     assert greedy.score == exact.score
 
 
+def test_exhaustive_search_scores_one_set_per_mix_of_interchangeable_gpus() -> None:
+    # DGX-2: every pair NV6, two NUMA groups of 8, so a set is known by how many it takes from each
+    # group: 9 sets for size 8 instead of C(16, 8) = 12,870, and the same answer as all of them.
+    node = load_preset("dgx2").nodes[0]
+    result = preferred_allocation(node, range(16), (), 8)
+    assert (result.method, result.candidates, result.gpus) == ("exhaustive", 9, tuple(range(8)))
+    # the DGX-1 mesh has overlapping cliques, where the packing estimate is not symmetric: all 70 sets
+    assert allocate(DGX1, 4).candidates == 70
+
+
 # ------------------------------------------------------------------------------------ properties
 
 
