@@ -455,12 +455,29 @@ def _improve(
 _TOPOLOGIES: weakref.WeakKeyDictionary[ClusterIndex, dict[str, NodeTopology]] = weakref.WeakKeyDictionary()
 
 
+# Tables by node shape: they hold GPU indices only, so the nodes of one kind in a cluster (2,048
+# identical HGX nodes) share one build instead of paying ~0.7 ms each on first use.
+_BY_SHAPE: dict[tuple[object, ...], NodeTopology] = {}
+_BY_SHAPE_LIMIT = 1024
+
+
+def _shape(node: Node) -> tuple[object, ...]:
+    gpus = tuple((g.index, g.numa_node, g.cpu_affinity, g.health) for g in node.gpus)
+    return (gpus, node.links)
+
+
 def node_topology(index: ClusterIndex, node: str) -> NodeTopology:
     """The scoring tables of one node of ``index``'s cluster (cached for the index's lifetime)."""
     per_node = _TOPOLOGIES.setdefault(index, {})
     topo = per_node.get(node)
     if topo is None:
-        topo = per_node[node] = NodeTopology(index.nodes[node])
+        shape = _shape(index.nodes[node])
+        topo = _BY_SHAPE.get(shape)
+        if topo is None:
+            if len(_BY_SHAPE) >= _BY_SHAPE_LIMIT:
+                _BY_SHAPE.clear()
+            topo = _BY_SHAPE[shape] = NodeTopology(index.nodes[node])
+        per_node[node] = topo
     return topo
 
 

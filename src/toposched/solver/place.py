@@ -1,10 +1,11 @@
 """Turning a degree option into concrete GPUs, and a chosen GPU list into a ``Placement``.
 
 * ``find_stages`` picks ``pp`` TP groups of ``tp`` GPUs that each sit inside one group of the
-  affinity level: best fit (the group with the fewest free GPUs that still has room, so large free
-  blocks stay whole), and the next stage next to the previous one when it can.
-* ``pick_in_group`` chooses GPUs inside a group by locality: fewest NUMA nodes and PCIe switches,
-  then contiguous indices.
+  affinity level, in a layout the engines can launch (``solver/layout.py``): best fit (the group
+  with the fewest free GPUs that still has room, so large free blocks stay whole), all stages on
+  one node when one has room, else whole stages spread evenly over nodes.
+* ``pick_in_group`` (``solver/locality.py``) chooses the GPUs inside a group with the scoring that
+  ``allocate`` uses; in a group spanning nodes, equal shares of the fewest nodes.
 * ``assess`` predicts latency over the links the GPUs actually use, estimates cross-domain traffic,
   applies compression/overlap where the SLO class allows them, and checks the constraints.
 """
