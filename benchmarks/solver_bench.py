@@ -26,6 +26,7 @@ import time
 
 from toposched.solver.exact import objective, place_exact
 from toposched.solver.index import ClusterIndex
+from toposched.solver.place import fragmentation
 from toposched.solver.request import Placement, PlacementRequest, Unplaced
 from toposched.solver.scheduler import Scheduler
 from toposched.topology.model import Cluster
@@ -77,13 +78,7 @@ def _small_cluster(rng: random.Random) -> Cluster:
 
 def broken_groups(index_before: ClusterIndex, placements: list[Placement]) -> int:
     """Whole NVLink groups (all GPUs free before) that the placements take GPUs from."""
-    used = {ref for p in placements for ref in p.gpu_refs}
-    level = index_before.levels["nvlink"]
-    return sum(
-        1
-        for g in level.groups
-        if len(g.gpus) > 1 and all(r in index_before.free for r in g.gpus) and any(r in used for r in g.gpus)
-    )
+    return fragmentation(index_before, [[ref for p in placements for ref in p.gpu_refs]])[0]
 
 
 def gap(instances: int, *, arrival_order: bool) -> None:

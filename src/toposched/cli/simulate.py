@@ -36,13 +36,12 @@ def simulate(
         POLICIES.get(name)  # unknown names fail here with the valid ones
     sc = load_scenario(scenario)
     if "exact" in names:
-        from toposched.solver.exact import MAX_GPUS
+        from toposched.solver.exact import size_problem
 
-        gpus = sum(len(n.gpus) for n in load_cluster(sc.cluster).nodes)
-        if gpus > MAX_GPUS:
+        problem = size_problem(f"scenario {sc.name!r}", sum(len(n.gpus) for n in load_cluster(sc.cluster).nodes))
+        if problem:
             raise InputError(
-                f"--policies exact: scenario {sc.name!r} has {gpus} GPUs; exact handles at most {MAX_GPUS}",
-                fix="drop exact from --policies, or use a scenario on a smaller cluster",
+                f"--policies exact: {problem}", fix="drop exact from --policies, or use a scenario on a smaller cluster"
             )
     if requests is not None:
         if requests < 1:

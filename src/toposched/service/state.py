@@ -35,7 +35,7 @@ from toposched.service.config import ServiceConfig
 from toposched.service.ledger_guard import GuardedLedger
 from toposched.service.schemas import PlaceBody
 from toposched.solver.queue import FairQueue, QueuedItem
-from toposched.solver.request import Placement, PlacementRequest
+from toposched.solver.request import Placement, PlacementRequest, instance_ids
 from toposched.solver.scheduler import Scheduler
 from toposched.topology.model import Cluster, Health
 from toposched.topology.sources import SourceRef, load_source
@@ -132,17 +132,14 @@ def replica_name(config: ServiceConfig) -> str:
 
 
 def check_policy(policy: str, cluster: Cluster) -> None:
-    """``InputError`` when the policy cannot serve this cluster (exact: at most ``exact.MAX_GPUS`` GPUs)."""
+    """``InputError`` when the policy cannot serve this cluster (exact: ``exact.size_problem``)."""
     if policy != "exact":
         return
-    from toposched.solver.exact import MAX_GPUS
+    from toposched.solver.exact import size_problem
 
-    gpus = sum(len(n.gpus) for n in cluster.nodes)
-    if gpus > MAX_GPUS:
-        raise InputError(
-            f"policy exact: cluster {cluster.name!r} has {gpus} GPUs; exact handles at most {MAX_GPUS}",
-            fix="serve with --policy slo (exact is for small clusters)",
-        )
+    problem = size_problem(f"cluster {cluster.name!r}", sum(len(n.gpus) for n in cluster.nodes))
+    if problem:
+        raise InputError(f"policy exact: {problem}", fix="serve with --policy slo (exact is for small clusters)")
 
 
 def open_topology_store(state: str) -> TopologyStoreLike | None:
@@ -392,7 +389,7 @@ class ServiceState:
             return Decision("existing", rid, tuple(existing))
         if any(i.key != key for i in existing):
             return Decision("conflict", rid, (), (f"id {rid} is already used by another request",))
-        pids = [f"{rid}-{n}" if body.replicas > 1 else rid for n in range(body.replicas)]
+        pids = instance_ids(rid, body.replicas)
         clash = [p for p in pids if p in self.instances and self.instances[p].request_id != rid]
         if clash:
             return Decision("conflict", rid, (), (f"instance id {clash[0]} belongs to another request",))

@@ -220,7 +220,7 @@ class Simulation:
         """Place up to ``count`` instances (None: as many as fit); returns their InstanceUp events."""
         events: list[Event] = []
         while count is None or len(events) < count:
-            # a known count is one batch (``Scheduler.place_batch``, the order the service uses too);
+            # a known count is one batch (``Scheduler.place_batch``);
             # "as many as fit" goes one at a time until the first refusal
             n = 1 if count is None else count - len(events)
             batch = [self.template.model_copy(update={"id": f"i{next(self._ids)}", "replicas": 1}) for _ in range(n)]

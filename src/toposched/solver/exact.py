@@ -54,7 +54,7 @@ from toposched.solver.layout import layout_problem, per_node_choices
 from toposched.solver.locality import pick_in_group
 from toposched.solver.options import DegreeOption
 from toposched.solver.place import BF16_BYTES, Assessment, assess
-from toposched.solver.request import Placement, PlacementRequest, Unplaced
+from toposched.solver.request import Placement, PlacementRequest, Unplaced, instance_ids
 from toposched.solver.scheduler import Candidate, Outcome, Scheduler
 
 W_UNPLACED = 10**9
@@ -104,13 +104,19 @@ class _Choice:
 Cut = tuple[int, frozenset[str]]
 
 
+def size_problem(what: str, gpus: int) -> str | None:
+    """Why ``what`` (with ``gpus`` GPUs) is too large for the exact policy, or None (one rule for
+    ``plan``, ``simulate`` and the service)."""
+    if gpus <= MAX_GPUS:
+        return None
+    return f"{what} has {gpus} GPUs; exact handles at most {MAX_GPUS} GPUs"
+
+
 def check_size(index: ClusterIndex) -> None:
     """``InfeasibleError`` naming the fix when the cluster is too large for the exact policy."""
-    if len(index.info) > MAX_GPUS:
-        raise InfeasibleError(
-            f"policy exact is for clusters of at most {MAX_GPUS} GPUs (this one has {len(index.info)})",
-            fix="use policy slo",
-        )
+    problem = size_problem(f"cluster {index.cluster.name!r}", len(index.info))
+    if problem:
+        raise InfeasibleError(f"policy exact: {problem}", fix="use policy slo")
 
 
 def _nvlink_groups(index: ClusterIndex) -> list[tuple[str, ...]]:
@@ -185,8 +191,7 @@ def place_exact(
             )
         scheduler._class_of[request.id] = request.slo_class
         cands, dropped = scheduler.candidates(request)
-        for replica in range(request.replicas):
-            pid = f"{request.id}-{replica}" if request.replicas > 1 else request.id
+        for replica, pid in enumerate(instance_ids(request.id, request.replicas)):
             existing = scheduler.placements.get(pid)
             if existing is not None:  # idempotent by id
                 outcome.placements.append(existing)
@@ -616,4 +621,4 @@ def _budget(model: cp_model.CpModel, s: Scheduler, traffic: dict[str, list[cp_mo
     model.add(sum(p for parts in traffic.values() for p in parts) <= math.floor(total_left * 1000))
 
 
-__all__ = ["MAX_GPUS", "check_size", "choose", "objective", "place_exact"]
+__all__ = ["MAX_GPUS", "check_size", "choose", "objective", "place_exact", "size_problem"]

@@ -86,6 +86,11 @@ class PlacementRequest(BaseModel):
         return self
 
 
+def instance_ids(request_id: str, replicas: int) -> list[str]:
+    """The instance (placement) ids of a request: the id itself for one replica, ``ID-0..ID-n`` for more."""
+    return [f"{request_id}-{n}" for n in range(replicas)] if replicas > 1 else [request_id]
+
+
 class Rank(BaseModel):
     model_config = ConfigDict(frozen=True)
 

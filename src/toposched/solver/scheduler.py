@@ -22,6 +22,7 @@ from __future__ import annotations
 import random
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
+from functools import partial
 from typing import Any
 
 from toposched.errors import InputError, LedgerConflict
@@ -32,7 +33,7 @@ from toposched.registry import Registry
 from toposched.solver.index import LEVELS, ClusterIndex, Group
 from toposched.solver.options import DegreeOption, OptionSet, build_options, gpu_type_for
 from toposched.solver.place import Assessment, assess, find_stages, fit_cost, fragmentation
-from toposched.solver.request import SLO_CLASSES, Placement, PlacementRequest, Unplaced
+from toposched.solver.request import SLO_CLASSES, Placement, PlacementRequest, Unplaced, instance_ids
 from toposched.topology.model import Cluster
 
 DEFAULT_BUDGET_GBPS = 256.0
@@ -203,28 +204,33 @@ class Scheduler:
         a booking the ledger refuses raises ``LedgerConflict`` (instances booked before it stay).
         """
         choose = POLICIES.get(policy)
+        outcome = Outcome()
+        self._decide(request, choose, lambda chosen: self.commit(chosen, ttl_s=ttl_s, meta=meta), outcome)
+        return outcome
+
+    def _decide(
+        self, request: PlacementRequest, choose: Policy, take: Callable[[Assessment], None], outcome: Outcome
+    ) -> None:
+        """The replica loop of one request: ids already placed are reused, each new choice goes to ``take``."""
         if request.near_required and request.near not in self.placements:
             raise InputError(
                 f"near: placement {request.near!r} is not placed here, so nothing can be required near it",
                 fix="place it first, or make the affinity a preference (near_required false)",
             )
-        outcome = Outcome()
+        self._class_of[request.id] = request.slo_class
         replica_nodes: set[str] = set()
-        for replica in range(request.replicas):
-            pid = f"{request.id}-{replica}" if request.replicas > 1 else request.id
+        for replica, pid in enumerate(instance_ids(request.id, request.replicas)):
             existing = self.placements.get(pid)
             if existing is not None:  # idempotent by id
                 outcome.placements.append(existing)
                 continue
-            self._class_of[request.id] = request.slo_class
             result = choose(self, request, pid, replica_nodes)
             if isinstance(result, Unplaced):
                 outcome.unplaced.append(result.model_copy(update={"replica": replica}))
                 continue
-            self.commit(result, ttl_s=ttl_s, meta=meta)
+            take(result)
             outcome.placements.append(result.placement)
             replica_nodes.update(r.node for r in result.placement.ranks)
-        return outcome
 
     def batch_order(self, requests: Sequence[PlacementRequest]) -> list[PlacementRequest]:
         """The order ``place_batch`` places a batch in: priority first, then fewest GPUs, then arrival.
@@ -260,57 +266,61 @@ class Scheduler:
             from toposched.solver.exact import place_exact
 
             return place_exact(self, requests, ttl_s=ttl_s, meta=meta)
+        choose = POLICIES.get(policy)
         ordered = self.batch_order(requests)
-        keep_whole = False
-        if len(ordered) > 1 and policy in ("slo", "latency"):
-            # Best fit alone lets a small instance break a whole NVLink group the rest of the batch
-            # did not need; preferring partly used groups can take room a later, larger instance
-            # needed. Try both without booking and keep the better outcome (the exact objective's
-            # order: unplaced, SLO misses, GPUs, whole groups broken, fit).
-            keep_whole = self._trial(ordered, policy, keep_whole=True) < self._trial(ordered, policy, keep_whole=False)
-        outcome = Outcome()
-        with self.index.keeping_whole(keep_whole):
+        metas = meta or {}
+        if len(ordered) == 1 or policy not in ("slo", "latency"):
+            outcome = Outcome()
             for request in ordered:
-                one = self.place(request, policy, ttl_s=ttl_s, meta=(meta or {}).get(request.id))
-                outcome.placements.extend(one.placements)
-                outcome.unplaced.extend(one.unplaced)
+                self._decide(request, choose, partial(self.commit, ttl_s=ttl_s, meta=metas.get(request.id)), outcome)
+            return outcome
+        # Best fit alone lets a small instance break a whole NVLink group the rest of the batch did
+        # not need; preferring partly used groups can take room a later, larger instance needed.
+        # Decide the batch both ways without booking, then book the better one (the exact
+        # objective's order: unplaced, SLO misses, GPUs, whole groups broken, fit).
+        plain = self._trial(ordered, choose, keep_whole=False)
+        whole = self._trial(ordered, choose, keep_whole=True)
+        _score, outcome, chosen = whole if whole[0] < plain[0] else plain
+        for request, assessment in chosen:
+            self.commit(assessment, ttl_s=ttl_s, meta=metas.get(request.id))
         return outcome
 
-    def _trial(self, ordered: Sequence[PlacementRequest], policy: str, *, keep_whole: bool) -> tuple[int, ...]:
-        """Decide a batch without booking anything (GPUs taken in the index, then given back)."""
-        choose = POLICIES.get(policy)
-        taken: list[str] = []
+    def _trial(
+        self, ordered: Sequence[PlacementRequest], choose: Policy, *, keep_whole: bool
+    ) -> tuple[tuple[int, ...], Outcome, list[tuple[PlacementRequest, Assessment]]]:
+        """Decide a batch without booking (GPUs taken in the index and placements tracked, then undone).
+
+        Returns the score, the outcome and the choices in order, ready for ``commit``.
+        """
         saved_cross = dict(self.cross_used)
-        unplaced = misses = gpus = broken = fit = 0
+        outcome = Outcome()
+        chosen: list[tuple[PlacementRequest, Assessment]] = []
+        misses = gpus = broken = fit = 0
         try:
             with self.index.keeping_whole(keep_whole):
                 for request in ordered:
-                    replica_nodes: set[str] = set()
-                    for replica in range(request.replicas):
-                        pid = f"{request.id}-{replica}" if request.replicas > 1 else request.id
-                        if pid in self.placements:
-                            continue
-                        result = choose(self, request, pid, replica_nodes)
-                        if isinstance(result, Unplaced):
-                            unplaced += 1 + request.priority
-                            continue
-                        p = result.placement
-                        refs = list(p.gpu_refs)
+
+                    def stage(result: Assessment, request: PlacementRequest = request) -> None:
+                        nonlocal misses, gpus, broken, fit
+                        refs = result.placement.gpu_refs
                         b, f = fragmentation(self.index, [refs])
                         self.index.take(refs)
-                        taken.extend(refs)
-                        self.cross_used[request.slo_class] = (
-                            self.cross_used.get(request.slo_class, 0.0) + result.cross_gbps
-                        )
-                        replica_nodes.update(r.node for r in p.ranks)
+                        self.adopt(result.placement, request.slo_class, cross_gbps=result.cross_gbps)
+                        chosen.append((request, result))
                         misses += not result.meets_slo
                         gpus += len(refs)
                         broken += b
                         fit += f
+
+                    self._decide(request, choose, stage, outcome)
         finally:
-            self.index.give(taken)
+            for _request, result in chosen:
+                self.forget(result.placement.id)
+                self.index.give(result.placement.gpu_refs)
             self.cross_used = saved_cross
-        return (unplaced, misses, gpus, broken, fit)
+        priorities = {r.id: r.priority for r in ordered}
+        unplaced = sum(1 + priorities[u.request_id] for u in outcome.unplaced)
+        return (unplaced, misses, gpus, broken, fit), outcome, chosen
 
     def commit(self, chosen: Assessment, *, ttl_s: float | None = None, meta: dict[str, str] | None = None) -> None:
         """Book a chosen placement in the ledger (atomically, all its GPUs) and take its GPUs.
