@@ -1,0 +1,224 @@
+"""Reading files that come from users: bounded, regular files only, strict text, safe YAML and JSON.
+
+Every parser entry point that takes a path reads it through :func:`read_text` so that
+``/dev/zero``, a FIFO or a 10 GB file cannot hang or exhaust the process, and a file that is not
+UTF-8 gets one line naming the file instead of a traceback. :func:`load_yaml` and
+:func:`load_json` add what the plain loaders lack for hostile input: a duplicate key is an error
+(YAML and JSON would silently keep the last one), NaN/Infinity and absurdly long numbers are
+refused, and nesting deeper than :data:`MAX_DEPTH` is one clear error, not a RecursionError.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+import stat
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+from toposched.errors import InputError
+
+MAX_BYTES = 16 * 1024 * 1024
+"""Largest input file read (16 MiB: a 4,096-node cluster spec or a long NCCL log fits)."""
+
+MAX_DEPTH = 64
+"""Deepest nesting accepted in YAML/JSON documents (real specs and config.json use under 10)."""
+
+MAX_NUMBER_DIGITS = 40
+"""Longest integer literal accepted in JSON (Python would otherwise parse 5,000-digit numbers)."""
+
+MAX_ALIASES = 1000
+"""Most YAML alias uses accepted in one document (guards against 'billion laughs' expansion)."""
+
+
+def read_bytes(path: str | Path, *, what: str = "file", max_bytes: int = MAX_BYTES) -> bytes:
+    """The bytes of a regular file of at most ``max_bytes``; InputError naming the file otherwise."""
+    p = Path(path)
+    try:
+        fd = os.open(p, os.O_RDONLY | getattr(os, "O_NONBLOCK", 0))
+    except FileNotFoundError:
+        raise InputError(f"{what} {str(p)!r} does not exist", fix="check the path") from None
+    except IsADirectoryError:
+        raise InputError(f"{what} {str(p)!r} is a directory, not a file", fix="name a file") from None
+    except PermissionError:
+        raise InputError(f"{what} {str(p)!r} cannot be read (permission denied)", fix="check its permissions") from None
+    except OSError as exc:
+        raise InputError(f"{what} {str(p)!r} cannot be opened: {exc.strerror}", fix="check the path") from None
+    try:
+        info = os.fstat(fd)
+        if stat.S_ISDIR(info.st_mode):
+            raise InputError(f"{what} {str(p)!r} is a directory, not a file", fix="name a file")
+        if not stat.S_ISREG(info.st_mode):
+            raise InputError(
+                f"{what} {str(p)!r} is not a regular file (a device, FIFO or socket)",
+                fix="save the input to a file first, e.g. `nvidia-smi topo -m > topo.txt`",
+            )
+        if info.st_size > max_bytes:
+            raise InputError(
+                f"{what} {str(p)!r} is {info.st_size:,} bytes; at most {max_bytes:,} are read",
+                fix="pass the relevant part of the file",
+            )
+        chunks: list[bytes] = []
+        total = 0
+        while True:
+            chunk = os.read(fd, 1 << 20)
+            if not chunk:
+                break
+            total += len(chunk)
+            if total > max_bytes:
+                raise InputError(f"{what} {str(p)!r} grew past {max_bytes:,} bytes while being read")
+            chunks.append(chunk)
+        return b"".join(chunks)
+    except OSError as exc:
+        raise InputError(f"{what} {str(p)!r} cannot be read: {exc.strerror}", fix="check the file") from None
+    finally:
+        os.close(fd)
+
+
+def decode(data: bytes, *, source: str, what: str = "file") -> str:
+    """``data`` as UTF-8 (a BOM is dropped); InputError with the byte offset otherwise."""
+    try:
+        return data.decode("utf-8-sig")
+    except UnicodeDecodeError as exc:
+        raise InputError(
+            f"{what} {source!r} is not UTF-8 text (bad byte at offset {exc.start})",
+            fix="save it as UTF-8, e.g. `iconv -f latin1 -t utf-8`",
+        ) from None
+
+
+def read_text(path: str | Path, *, what: str = "file", max_bytes: int = MAX_BYTES) -> str:
+    """The UTF-8 text of a regular file of at most ``max_bytes``."""
+    return decode(read_bytes(path, what=what, max_bytes=max_bytes), source=str(path), what=what)
+
+
+def _depth(value: Any) -> int:
+    """Nesting depth of a loaded document, iteratively (never recurses)."""
+    deepest = 0
+    stack: list[tuple[Any, int]] = [(value, 1)]
+    seen: set[int] = set()
+    while stack:
+        item, depth = stack.pop()
+        if not isinstance(item, (dict, list)):
+            continue
+        if id(item) in seen:
+            continue
+        seen.add(id(item))
+        deepest = max(deepest, depth)
+        children = item.values() if isinstance(item, dict) else item
+        stack.extend((child, depth + 1) for child in children)
+    return deepest
+
+
+def _check_depth(value: Any, source: str) -> None:
+    depth = _depth(value)
+    if depth > MAX_DEPTH:
+        raise InputError(f"{source}: nested {depth} levels deep (at most {MAX_DEPTH})", fix="flatten the document")
+
+
+class _StrictLoader(yaml.SafeLoader):
+    """SafeLoader that refuses duplicate keys and counts alias uses."""
+
+    aliases = 0
+
+    def compose_node(self, parent: Any, index: Any) -> Any:
+        if self.check_event(yaml.AliasEvent):
+            self.aliases += 1
+            if self.aliases > MAX_ALIASES:
+                raise yaml.YAMLError(f"more than {MAX_ALIASES} alias uses")
+        return super().compose_node(parent, index)
+
+    def construct_mapping(self, node: Any, deep: bool = False) -> Any:
+        if isinstance(node, yaml.MappingNode):
+            seen: dict[Any, int] = {}
+            for key_node, _ in node.value:
+                if key_node.tag == "tag:yaml.org,2002:merge":
+                    continue
+                key = self.construct_object(key_node, deep=True)
+                try:
+                    hash(key)
+                except TypeError:
+                    continue
+                if key in seen:
+                    raise yaml.constructor.ConstructorError(
+                        None,
+                        None,
+                        f"duplicate key {key!r} (first at line {seen[key] + 1}; YAML would keep only the last)",
+                        key_node.start_mark,
+                    )
+                seen[key] = key_node.start_mark.line
+        return super().construct_mapping(node, deep=deep)
+
+
+def load_yaml(text: str, *, source: str) -> Any:
+    """One YAML document, safely: no duplicate keys, bounded aliases and depth."""
+    if "\x00" in text:
+        raise InputError(f"{source}: contains a NUL byte; not a text document", fix="check the file")
+    try:
+        data = yaml.load(text, Loader=_StrictLoader)
+    except RecursionError:
+        raise InputError(
+            f"{source}: nested too deeply (at most {MAX_DEPTH} levels)", fix="flatten the document"
+        ) from None
+    except yaml.YAMLError as exc:
+        mark = getattr(exc, "problem_mark", None)
+        where = f"line {mark.line + 1}, column {mark.column + 1}: " if mark is not None else ""
+        problem = getattr(exc, "problem", None) or str(exc)
+        raise InputError(f"{source}: {where}not valid YAML: {problem}", fix="fix the YAML syntax") from None
+    _check_depth(data, source)
+    return data
+
+
+def _no_constant(name: str) -> Any:
+    raise ValueError(f"{name} is not a number JSON allows")
+
+
+def _bounded_int(text: str) -> int:
+    digits = len(text.lstrip("-"))
+    if digits > MAX_NUMBER_DIGITS:
+        raise ValueError(f"an integer of {digits} digits")
+    return int(text)
+
+
+def _finite_float(text: str) -> float:
+    if len(text) > MAX_NUMBER_DIGITS * 2:
+        raise ValueError(f"a number written with {len(text)} characters")
+    value = float(text)
+    if not math.isfinite(value):
+        raise ValueError(f"{text} overflows to infinity")
+    return value
+
+
+def _unique_pairs(pairs: list[tuple[str, Any]]) -> dict[str, Any]:
+    out: dict[str, Any] = {}
+    for key, value in pairs:
+        if key in out:
+            raise ValueError(f"duplicate key {key!r}")
+        out[key] = value
+    return out
+
+
+def load_json(text: str, *, source: str) -> Any:
+    """One JSON document, strictly: no NaN/Infinity, no duplicate keys, bounded numbers and depth."""
+    try:
+        data = json.loads(
+            text,
+            parse_constant=_no_constant,
+            parse_int=_bounded_int,
+            parse_float=_finite_float,
+            object_pairs_hook=_unique_pairs,
+        )
+    except RecursionError:
+        raise InputError(
+            f"{source}: nested too deeply (at most {MAX_DEPTH} levels)", fix="flatten the document"
+        ) from None
+    except json.JSONDecodeError as exc:
+        raise InputError(
+            f"{source}: line {exc.lineno}, column {exc.colno}: not valid JSON: {exc.msg}", fix="fix the JSON syntax"
+        ) from None
+    except ValueError as exc:
+        raise InputError(f"{source}: not acceptable JSON: {exc}", fix="fix the value") from None
+    _check_depth(data, source)
+    return data
