@@ -2,9 +2,11 @@
 
 from __future__ import annotations
 
+import random
 import threading
 import time
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 import pytest
@@ -14,7 +16,8 @@ from toposched.errors import StateError
 from toposched.ledger import open_ledger
 from toposched.ledger.base import GIB, AuditEntry
 from toposched.ledger.etcd import EtcdLedger
-from toposched.ledger.stress import StressConfig, run_stress
+from toposched.ledger.etcd_client import Json, put_op
+from toposched.ledger.stress import Replay, StressConfig, run_stress
 
 
 @pytest.fixture
@@ -94,3 +97,96 @@ def test_namespaces_are_separate(etcd_server: EtcdServer) -> None:
     a, b = EtcdLedger(f"{etcd_server.url}/ns-a"), EtcdLedger(f"{etcd_server.url}/ns-b")
     a.set_capacity({"n/0": GIB})
     assert b.accounts() == {}
+
+
+CHURN_CAP = {f"c/{i}": 10 * GIB for i in range(4)}
+
+
+def _churn(url: str, seed: int, renews: bool, until: float) -> int:
+    """Book, renew and release on a few small GPUs with 2 s leases; a client that ``renews`` nothing
+    lets every lease run out. Returns how many reservations it made."""
+    ledger, rng, made = EtcdLedger(url), random.Random(seed), 0
+    held: list[str] = []
+    while time.monotonic() < until:
+        roll = rng.random()
+        if held and renews and roll < 0.3:
+            ledger.renew(held[rng.randrange(len(held))], 2)
+        elif held and renews and roll < 0.5:
+            ledger.release(held.pop(rng.randrange(len(held))))
+        else:
+            rid = f"s{seed}-{made}-{rng.randrange(10**6)}"
+            gpus = {ref: rng.randint(2, 5) * GIB for ref in rng.sample(sorted(CHURN_CAP), rng.randint(1, 2))}
+            if ledger.reserve(rid, gpus, ttl_s=rng.choice([1, 2]), owner=f"churn{seed}").ok:
+                made += 1
+                held.append(rid)
+        time.sleep(0.01)
+    ledger.close()
+    return made
+
+
+def test_audit_log_replays_to_the_ledger_under_lease_churn(etcd_url: str) -> None:
+    """Expired leases' bytes are booked again at once; each ``expire`` must come before the reserve
+    that reuses its bytes, so no GPU is ever over capacity at any point of the replay."""
+    ledger = EtcdLedger(etcd_url)
+    ledger.set_capacity(CHURN_CAP)
+    assert ledger.reserve("kept", {"c/0": GIB}).ok  # no lease: still there at the end
+    until = time.monotonic() + 4.5
+    with ThreadPoolExecutor(4) as pool:
+        made = sum(pool.map(lambda k: _churn(etcd_url, k, k % 2 == 0, until), range(4)))
+    deadline = time.monotonic() + 6  # every lease (2 s, no longer renewed) runs out
+    while len(ledger.reservations()) > 1 and time.monotonic() < deadline:
+        time.sleep(0.2)
+    entries = ledger.audit()
+    replay = Replay(CHURN_CAP)
+    replay.apply(entries)
+    expired = sum(e.action == "expire" for e in entries)
+    assert made > 12 and expired > 6  # the run did book bytes that leases had freed
+    assert replay.violations == 0, f"{replay.violations} of {replay.entries} log entries put a GPU over capacity"
+    assert replay.held == {r.id: r.gpus for r in ledger.reservations()} == {"kept": {"c/0": GIB}}
+    assert [e.seq for e in entries] == sorted({e.seq for e in entries})
+    assert all(e.at == e.expires_at for e in entries if e.action == "expire")
+
+
+def test_expires_at_is_never_after_the_lease_end(etcd_url: str) -> None:
+    """A reserve that has to retry keeps the lease it was granted first; the end it reports is the
+    grant's, not the commit's, so the lease can never run out before ``expires_at``."""
+    ledger, other = EtcdLedger(etcd_url), EtcdLedger(etcd_url)
+    ledger.set_capacity({"n/0": 80 * GIB})
+    commit = ledger.client.txn
+    raced: list[bool] = []
+
+    def racing_txn(compare: Sequence[Json], success: Sequence[Json], failure: Sequence[Json] = ()) -> tuple[bool, Json]:
+        if compare and not raced:  # the first commit: another replica books first, a second passes
+            raced.append(True)
+            time.sleep(1.2)
+            assert other.reserve("other", {"n/0": GIB}).ok
+        return commit(compare, success, failure)
+
+    ledger.client.txn = racing_txn  # type: ignore[method-assign]
+    result = ledger.reserve("a", {"n/0": GIB}, ttl_s=2)
+    assert raced and result.status == "reserved" and result.reservation is not None
+    expires_at = result.reservation.expires_at
+    assert expires_at is not None
+    while ledger.get("a") is not None:
+        time.sleep(0.05)
+    assert expires_at <= time.time()  # etcd ended the lease no earlier than the reservation said
+    renewed = other.renew("other", 2)
+    assert renewed is not None and renewed.expires_at is not None and renewed.expires_at <= time.time() + 2
+
+
+def test_a_reservation_over_etcds_request_limit_is_refused_clearly(etcd_url: str) -> None:
+    ledger = EtcdLedger(etcd_url, max_request_bytes=40_000)  # as if etcd ran with a small limit
+    caps = {f"node-{i // 8:03d}/{i % 8}": 80 * GIB for i in range(512)}
+    ledger.set_capacity(caps)
+    result = ledger.reserve("huge", dict.fromkeys(caps, GIB))
+    assert result.status == "invalid" and "over etcd's request limit (40000 bytes" in result.reasons["request"]
+    assert ledger.reservations() == [] and ledger.audit() == []
+    assert ledger.reserve("fits", dict.fromkeys(list(caps)[:64], GIB)).ok
+
+
+def test_a_ledger_in_the_old_key_layout_is_not_read_as_empty(etcd_url: str) -> None:
+    ledger = EtcdLedger(etcd_url)
+    ledger.client.txn([], [put_op(f"{ledger.prefix}cap/n%2F0", str(80 * GIB))])  # as toposched wrote before
+    with pytest.raises(StateError, match="another key layout") as caught:
+        ledger.set_capacity({"n/0": 80 * GIB})
+    assert caught.value.fix and "new namespace" in caught.value.fix

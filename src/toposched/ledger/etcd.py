@@ -3,26 +3,40 @@
 Keys, under ``/NAMESPACE/ledger/`` (namespace from the URL path, default ``toposched``; refs and ids
 are percent-encoded so ``/`` in them cannot collide):
 
-    cap/REF            capacity of a GPU
-    res/ID             the reservation (JSON), attached to its lease
-    hold/REF/ID        bytes the reservation holds on REF, attached to the same lease
-    index/ID           a copy of the reservation without lease, so an expiry can be noticed and logged
+    format             the key layout's version (``2``), written by ``set_capacity``
+    b/BB/g/REF/cap     capacity of a GPU; BB is the GPU's bucket (CRC-32 of its node name mod 64, in hex)
+    b/BB/g/REF/h/ID    bytes a small reservation (at most 32 GPUs) holds on REF
+    b/BB/all/ID        ``{REF: bytes}``: what a large reservation holds on the GPUs of bucket BB
+    res/ID             ``{"lease": N}``, attached to the reservation's lease: the reservation is live
+                       while this key exists
+    index/ID           the reservation (JSON, no lease), until it is released or its expiry is logged
     audit/UUID-N       one audit entry, written in the same transaction as the change
 
-Why it is exact: the reserved bytes of a GPU are the sum of its ``hold/REF/`` keys. ``reserve``
-reads them (and the capacity) at one revision R, checks the fit, then commits a transaction whose
-compares say "no key under ``hold/REF/`` and no ``cap/REF`` was written after R" for every GPU it
-books, and "``res/ID`` does not exist". Any other booking on one of those GPUs after R makes the
-compare fail, and the reserve reads again and retries; a booking on other GPUs does not conflict.
-Deletes (release, expiry) only free bytes, so missing one between the read and the commit can
-refuse too much, never book too much. All keys of a reservation share one etcd lease: when a
-holder crashes and stops renewing, etcd deletes them all in one revision after the TTL.
+Transactions stay within etcd's defaults (128 operations, 1.5 MiB) at any cluster and reservation
+size. A small reservation reads, compares and writes per GPU (2 + 2 x 32 compares at most); a large
+one per bucket it touches (2 + 64). ``set_capacity`` writes in chunks of 100 GPUs, only the GPUs
+whose capacity changed, so it is idempotent and simply redone after a crash half-way.
+
+Why it is exact: ``reserve`` reads the capacity and holds of the GPUs it books at one revision R,
+checks the fit, then commits a transaction whose compares say "``res/ID`` and ``index/ID`` do not
+exist" and "nothing under the keys I read was written after R": per GPU (``b/BB/g/REF/``) and per
+bucket (``b/BB/all/``) for a small reservation, per bucket (``b/BB/``, which holds both) for a large
+one. Any booking on those GPUs, or capacity change, after R fails the compare; the reserve reads
+again and retries. Deletes (release, logged expiry) only free bytes, so missing one between the read
+and the commit can refuse too much, never book too much.
+
+Leases and the audit log: only ``res/ID`` is attached to the etcd lease. Hold keys stay until the
+transaction that logs the reservation's end (release, or ``expire`` once the lease is gone) deletes
+them, so a reserve counts an expired reservation's bytes as held until its ``expire`` entry is
+committed; when those bytes are in the way it logs the expiry first and reads again. Replaying the
+audit log in ``seq`` order therefore never puts a GPU over capacity, and the log ends where the
+ledger is. ``accounts()`` and ``reservations()`` count only live reservations (``res/ID`` exists).
 
 Leases are etcd's: whole seconds, at least etcd's minimum (about 2 s), kept by etcd's clock, so the
-clock given to ``open_ledger`` only stamps times (``Feature.CLOCK`` is unsupported). A call made
-while etcd is down raises ``StateError``; a ``reserve`` whose answer was lost is retried safely with
-the same id (idempotent). ``expire`` audit entries are written by whichever replica next reads the
-audit log or reserves the same id; their ``at`` is the lease's end.
+clock given to ``open_ledger`` only stamps times (``Feature.CLOCK`` is unsupported). ``expires_at`` is
+the clock read *before* the lease was granted (or kept alive) plus its TTL, never after the lease's
+real end. A call made while etcd is down raises ``StateError``; a ``reserve`` whose answer was lost
+is retried safely with the same id (idempotent).
 """
 
 from __future__ import annotations
@@ -32,9 +46,13 @@ import math
 import random
 import time
 import uuid
-from collections.abc import Iterator, Mapping
+import zlib
+from collections.abc import Iterator, Mapping, Sequence
+from dataclasses import dataclass, field
 from typing import Any, ClassVar
 from urllib.parse import quote, unquote, urlsplit
+
+from pydantic import ValidationError
 
 from toposched.errors import InputError, StateError
 from toposched.ledger.base import (
@@ -51,18 +69,26 @@ from toposched.ledger.base import (
     wall_clock,
 )
 from toposched.ledger.etcd_client import (
+    ETCD_MAX_REQUEST_BYTES,
     EtcdClient,
+    EtcdError,
     Json,
     KeyValue,
     absent,
     delete_op,
     kvs_of,
     mod_equals,
+    op_bytes,
     put_op,
     range_op,
     unchanged_since,
 )
 
+LAYOUT = "2"
+BUCKETS = 64  # a large reservation touches at most this many bucket keys
+SMALL_MAX = 32  # reservations of up to this many GPUs keep one hold key per GPU
+CAPACITY_CHUNK = 100  # capacity keys per transaction
+CHUNK_BYTES = 512 * 1024  # and at most about this many bytes
 SEQ_PER_REVISION = 16  # audit seq = revision * 16 + position in the transaction
 MAX_ATTEMPTS = 200
 ETCD_MIN_TTL_S = 2  # etcd raises shorter lease TTLs to about this
@@ -80,14 +106,29 @@ def _q(text: str) -> str:
     return quote(text, safe="")
 
 
-def _record(reservation: Reservation, lease: int) -> str:
-    return json.dumps({**reservation.model_dump(), "lease": lease}, sort_keys=True)
+def bucket_of(ref: str) -> str:
+    """The bucket of a GPU ref: its node's name (``node`` of ``node/index``) hashed into 64."""
+    node = ref.rpartition("/")[0] or ref
+    return f"{zlib.crc32(node.encode()) % BUCKETS:02x}"
 
 
-def _parse(kv: KeyValue) -> tuple[Reservation, int]:
-    data: dict[str, Any] = json.loads(kv.value)
-    lease = int(data.pop("lease", 0))
-    return Reservation.model_validate(data), lease
+def _chunks(items: Sequence[Any], size: int) -> Iterator[Sequence[Any]]:
+    for start in range(0, len(items), size):
+        yield items[start : start + size]
+
+
+@dataclass
+class _Holds:
+    """Capacities and holds read from ``b/`` keys: GPU -> capacity, reservation id -> {GPU: bytes}."""
+
+    caps: dict[str, int] = field(default_factory=dict)
+    by_id: dict[str, dict[str, int]] = field(default_factory=dict)
+
+    def used(self, ref: str, ids: set[str] | None = None) -> int:
+        return sum(h.get(ref, 0) for rid, h in self.by_id.items() if ids is None or rid in ids)
+
+    def holders(self, refs: set[str]) -> set[str]:
+        return {rid for rid, h in self.by_id.items() if refs & h.keys()}
 
 
 class EtcdLedger:
@@ -97,17 +138,28 @@ class EtcdLedger:
         Feature.CLOCK: "leases expire by etcd's own clock, in whole seconds",
     }
 
-    def __init__(self, url: str, *, clock: Clock = wall_clock, timeout_s: float = 5.0) -> None:
+    def __init__(
+        self,
+        url: str,
+        *,
+        clock: Clock = wall_clock,
+        timeout_s: float = 5.0,
+        max_request_bytes: int = ETCD_MAX_REQUEST_BYTES,
+    ) -> None:
         endpoint, namespace = split_url(url)
         self.url = url
         self.client = EtcdClient(endpoint, timeout_s=timeout_s)
         self._clock = clock
         self.prefix = f"/{namespace}/ledger/"
+        self.max_request_bytes = max_request_bytes
 
     # ------------------------------------------------------------------------------ keys
 
-    def _cap(self, ref: str) -> str:
-        return f"{self.prefix}cap/{_q(ref)}"
+    def _gpu(self, ref: str) -> str:
+        return f"{self.prefix}b/{bucket_of(ref)}/g/{_q(ref)}/"
+
+    def _bucket(self, bucket: str) -> str:
+        return f"{self.prefix}b/{bucket}/"
 
     def _res(self, rid: str) -> str:
         return f"{self.prefix}res/{_q(rid)}"
@@ -115,44 +167,185 @@ class EtcdLedger:
     def _index(self, rid: str) -> str:
         return f"{self.prefix}index/{_q(rid)}"
 
-    def _holds(self, ref: str) -> str:
-        return f"{self.prefix}hold/{_q(ref)}/"
+    def _hold_keys(self, rid: str, gpus: Mapping[str, int]) -> dict[str, str]:
+        """The keys (and values) that hold a reservation's bytes: per GPU when small, else per bucket."""
+        if len(gpus) <= SMALL_MAX:
+            return {f"{self._gpu(ref)}h/{_q(rid)}": str(b) for ref, b in gpus.items()}
+        parts: dict[str, dict[str, int]] = {}
+        for ref, b in gpus.items():
+            parts.setdefault(bucket_of(ref), {})[ref] = b
+        return {f"{self._bucket(bb)}all/{_q(rid)}": json.dumps(part) for bb, part in parts.items()}
 
-    def _audit_op(self, action: AuditAction, held: Reservation, position: int, *, at: float) -> Json:
+    def _watched(self, gpus: Mapping[str, int]) -> list[tuple[str, bool]]:
+        """The key ranges a booking of ``gpus`` reads and guards: (key, is a prefix)."""
+        buckets = sorted({bucket_of(ref) for ref in gpus})
+        if len(gpus) <= SMALL_MAX:
+            return [(self._gpu(ref), True) for ref in sorted(gpus)] + [
+                (self._bucket(b) + "all/", True) for b in buckets
+            ]
+        return [(self._bucket(b), True) for b in buckets]
+
+    def _audit_op(self, action: AuditAction, held: Reservation, *, at: float, position: int = 0) -> Json:
         entry: Json = {"at": at, "action": action, "id": held.id, "owner": held.owner, "gpus": held.gpus}
         entry["expires_at"] = held.expires_at
         return put_op(f"{self.prefix}audit/{uuid.uuid4().hex}-{position}", json.dumps(entry))
 
-    def _ref_of_hold(self, key: str) -> str:
-        return unquote(key[len(self.prefix) + len("hold/") :].split("/", 1)[0])
+    # ------------------------------------------------------------------------------ decoding
+
+    def _damaged(self, key: str, exc: Exception) -> StateError:
+        return StateError(
+            f"etcd at {self.client.endpoint}: key {key} is damaged ({type(exc).__name__}: {exc})",
+            fix="release the reservation (or delete the key with etcdctl); the ledger writes only valid values",
+        )
+
+    def _reservation(self, kv: KeyValue) -> Reservation:
+        try:
+            return Reservation.model_validate_json(kv.value)
+        except ValidationError as exc:
+            raise self._damaged(kv.key, exc) from exc
+
+    def _lease_of(self, kv: KeyValue) -> int:
+        try:
+            return int(json.loads(kv.value)["lease"])
+        except (ValueError, KeyError, TypeError) as exc:
+            raise self._damaged(kv.key, exc) from exc
+
+    def _holds(self, kvs: Sequence[KeyValue]) -> _Holds:
+        out = _Holds()
+        for kv in kvs:
+            parts = kv.key[len(self.prefix) :].split("/")  # b, BB, g, REF, cap | b, BB, g, REF, h, ID | b, BB, all, ID
+            try:
+                if parts[2] == "g" and parts[4] == "cap":
+                    out.caps[unquote(parts[3])] = int(kv.value)
+                elif parts[2] == "g":
+                    out.by_id.setdefault(unquote(parts[5]), {})[unquote(parts[3])] = int(kv.value)
+                else:
+                    part = {str(ref): int(b) for ref, b in json.loads(kv.value).items()}
+                    out.by_id.setdefault(unquote(parts[3]), {}).update(part)
+            except (ValueError, IndexError, AttributeError) as exc:
+                raise self._damaged(kv.key, exc) from exc
+        return out
+
+    def _names(self, kvs: Sequence[KeyValue], kind: str) -> set[str]:
+        skip = len(self.prefix) + len(kind) + 1
+        return {unquote(kv.key[skip:]) for kv in kvs}
 
     @staticmethod
     def _backoff(attempt: int) -> None:
         time.sleep(random.uniform(0, 0.002 * min(attempt, 10)))
 
-    # ------------------------------------------------------------------------------ the interface
+    # ------------------------------------------------------------------------------ capacity and reads
 
     def set_capacity(self, capacities: Mapping[str, int]) -> None:
         for ref, cap in capacities.items():
-            if cap < 0:
-                raise ValueError(f"capacity of {ref} must be >= 0 (got {cap})")
-        if capacities:
-            self.client.txn([], [put_op(self._cap(ref), str(cap)) for ref, cap in capacities.items()])
+            if not isinstance(cap, int) or cap < 0:
+                raise ValueError(f"capacity of {ref} must be an integer >= 0 (got {cap!r})")
+        if not capacities:
+            return
+        _ok, data = self.client.txn(
+            [],
+            [
+                range_op(f"{self.prefix}format"),
+                range_op(f"{self.prefix}cap/", prefix=True, keys_only=True, limit=1),
+                range_op(f"{self.prefix}b/", prefix=True),
+            ],
+        )
+        fmt, old, current = (kvs_of(r) for r in data["responses"])
+        if old or (fmt and fmt[0].value.decode() != LAYOUT):
+            found = "the layout before 2" if old else f"layout {fmt[0].value.decode()}"
+            raise StateError(
+                f"etcd at {self.client.endpoint}: {self.prefix} holds a ledger in another key layout "
+                f"({found}; this toposched writes {LAYOUT})",
+                fix="give the ledger a new namespace (etcd:http://HOST:PORT/NAME), or release everything and "
+                f"`etcdctl del --prefix {self.prefix}`",
+            )
+        existing = self._holds(current).caps
+        changed = [(ref, cap) for ref, cap in capacities.items() if existing.get(ref) != cap]
+        ops = [] if fmt else [put_op(f"{self.prefix}format", LAYOUT)]
+        for ref, cap in changed:  # chunks by count and bytes: each one a transaction, redone safely
+            op = put_op(self._gpu(ref) + "cap", str(cap))
+            if len(ops) >= CAPACITY_CHUNK or op_bytes([*ops, op]) > CHUNK_BYTES:
+                self.client.txn([], ops)
+                ops = []
+            ops.append(op)
+        if ops:
+            self.client.txn([], ops)
 
     def accounts(self) -> dict[str, GpuAccount]:
         _ok, data = self.client.txn(
-            [], [range_op(f"{self.prefix}cap/", prefix=True), range_op(f"{self.prefix}hold/", prefix=True)]
+            [], [range_op(f"{self.prefix}b/", prefix=True), range_op(f"{self.prefix}res/", prefix=True, keys_only=True)]
         )
-        caps, holds = (kvs_of(r) for r in data["responses"])
-        sums: dict[str, int] = {}
-        for kv in holds:
-            ref = self._ref_of_hold(kv.key)
-            sums[ref] = sums.get(ref, 0) + int(kv.value)
-        out = {}
-        for kv in caps:
-            ref = unquote(kv.key[len(self.prefix) + len("cap/") :])
-            out[ref] = GpuAccount(ref=ref, capacity_bytes=int(kv.value), reserved_bytes=sums.get(ref, 0))
-        return out
+        holds = self._holds(kvs_of(data["responses"][0]))
+        live = self._names(kvs_of(data["responses"][1]), "res")
+        reserved: dict[str, int] = {}
+        for rid in holds.by_id.keys() & live:
+            for ref, b in holds.by_id[rid].items():
+                reserved[ref] = reserved.get(ref, 0) + b
+        return {
+            ref: GpuAccount(ref=ref, capacity_bytes=cap, reserved_bytes=reserved.get(ref, 0))
+            for ref, cap in holds.caps.items()
+        }
+
+    def _find(self, rid: str) -> tuple[KeyValue | None, KeyValue | None]:
+        """(``res/ID``, ``index/ID``) as they are now."""
+        _ok, data = self.client.txn([], [range_op(self._res(rid)), range_op(self._index(rid))])
+        res, index = (kvs_of(r) for r in data["responses"])
+        return (res[0] if res else None), (index[0] if index else None)
+
+    def get(self, rid: str) -> Reservation | None:
+        res, index = self._find(rid)
+        return self._reservation(index) if res is not None and index is not None else None
+
+    def reservations(self) -> list[Reservation]:
+        _ok, data = self.client.txn(
+            [],
+            [
+                range_op(f"{self.prefix}res/", prefix=True, keys_only=True),
+                range_op(f"{self.prefix}index/", prefix=True),
+            ],
+        )
+        live = self._names(kvs_of(data["responses"][0]), "res")
+        found = [self._reservation(kv) for kv in kvs_of(data["responses"][1])]
+        return [r for r in found if r.id in live]
+
+    # ------------------------------------------------------------------------------ expiry
+
+    def _log_expiry(self, index: KeyValue) -> bool:
+        """Log ``expire`` for a reservation whose lease is gone, and free its bytes (one transaction)."""
+        old = self._reservation(index)
+        compare = [absent(self._res(old.id)), mod_equals(index.key, index.mod_revision)]
+        success = [delete_op(index.key), *(delete_op(key) for key in self._hold_keys(old.id, old.gpus))]
+        success.append(self._audit_op("expire", old, at=old.expires_at or self._clock()))
+        return self.client.txn(compare, success)[0]
+
+    def _sweep_ids(self, ids: set[str]) -> int:
+        """Log the expiry of those of ``ids`` whose lease is gone; how many were logged."""
+        logged = 0
+        for chunk in _chunks(sorted(ids), 50):
+            reads: list[Json] = []
+            for rid in chunk:
+                reads += [range_op(self._res(rid), keys_only=True), range_op(self._index(rid))]
+            _ok, data = self.client.txn([], reads)
+            for i in range(len(chunk)):
+                live, index = kvs_of(data["responses"][2 * i]), kvs_of(data["responses"][2 * i + 1])
+                if not live and index:
+                    logged += self._log_expiry(index[0])
+        return logged
+
+    def sweep(self) -> int:
+        """Log ``expire`` for every reservation whose lease ran out; how many were logged."""
+        _ok, data = self.client.txn(
+            [],
+            [
+                range_op(f"{self.prefix}index/", prefix=True, keys_only=True),
+                range_op(f"{self.prefix}res/", prefix=True, keys_only=True),
+            ],
+        )
+        index = self._names(kvs_of(data["responses"][0]), "index")
+        live = self._names(kvs_of(data["responses"][1]), "res")
+        return self._sweep_ids(index - live) if index - live else 0
+
+    # ------------------------------------------------------------------------------ changes
 
     def reserve(
         self,
@@ -166,56 +359,59 @@ class EtcdLedger:
         problem = validate_request(gpus, ttl_s)
         if problem:
             return ReserveResult(status="invalid", reasons={"request": problem})
-        refs = sorted(gpus)
-        lease, granted = 0, 0
+        draft = Reservation(
+            id=rid, gpus=dict(gpus), owner=owner, created_at=self._clock(), expires_at=None, meta=dict(meta or {})
+        )
+        size = op_bytes([op for ops in self._booking(draft, 0, 0) for op in ops])
+        if size > self.max_request_bytes - 4096:
+            reason = (
+                f"{len(gpus)} GPUs in one reservation make a {size}-byte etcd transaction, over etcd's request "
+                f"limit ({self.max_request_bytes} bytes, --max-request-bytes)"
+            )
+            return ReserveResult(status="invalid", reasons={"request": reason})
+        watched = self._watched(gpus)
+        lease, granted, stamp, born = 0, 0, 0.0, 0.0
         try:
             for attempt in range(MAX_ATTEMPTS):
                 reads = [range_op(self._res(rid)), range_op(self._index(rid))]
-                for ref in refs:
-                    reads += [range_op(self._cap(ref)), range_op(self._holds(ref), prefix=True)]
+                reads += [range_op(key, prefix=prefix) for key, prefix in watched]
                 _ok, data = self.client.txn([], reads)
                 revision = int(data["header"]["revision"])
-                responses = data["responses"]
-                found, index = kvs_of(responses[0]), kvs_of(responses[1])
-                held = _parse(found[0])[0] if found else None
-                touched = {}
-                for i, ref in enumerate(refs):
-                    cap, holds = kvs_of(responses[2 + 2 * i]), kvs_of(responses[3 + 2 * i])
-                    if cap:
-                        used = sum(int(kv.value) for kv in holds)
-                        touched[ref] = GpuAccount(ref=ref, capacity_bytes=int(cap[0].value), reserved_bytes=used)
-                refusal = judge(rid, gpus, held, touched)
+                found, index = kvs_of(data["responses"][0]), kvs_of(data["responses"][1])
+                if found and not index:
+                    raise self._damaged(found[0].key, KeyError(f"no {self._index(rid)} next to it"))
+                if index and not found:  # an expired reservation under this id whose end is not logged yet
+                    self._log_expiry(index[0])
+                    continue
+                holds = self._holds([kv for r in data["responses"][2:] for kv in kvs_of(r)])
+                touched = {
+                    ref: GpuAccount(ref=ref, capacity_bytes=holds.caps[ref], reserved_bytes=holds.used(ref))
+                    for ref in gpus
+                    if ref in holds.caps
+                }
+                refusal = judge(rid, gpus, self._reservation(index[0]) if index else None, touched)
                 if refusal is not None:
+                    # bytes of reservations whose lease ran out count until their expiry is logged
+                    if refusal.status == "insufficient" and self._sweep_ids(holds.holders(set(refusal.reasons))):
+                        continue
                     return refusal
-                if ttl_s is not None and not lease:
+                if ttl_s is not None and (not lease or time.monotonic() - born > granted / 2):
+                    if lease:
+                        self.client.revoke(lease)
+                        lease = 0
+                    stamp, born = self._clock(), time.monotonic()  # read before the grant: never late
                     lease, granted = self.client.grant(max(1, math.ceil(ttl_s)))
-                now = self._clock()
-                reservation = Reservation(
-                    id=rid,
-                    gpus=dict(gpus),
-                    owner=owner,
-                    created_at=now,
-                    expires_at=None if ttl_s is None else now + granted,
-                    meta=dict(meta or {}),
+                reservation = draft.model_copy(
+                    update={"created_at": self._clock(), "expires_at": None if ttl_s is None else stamp + granted}
                 )
-                compare = [absent(self._res(rid))]
-                compare.append(mod_equals(self._index(rid), index[0].mod_revision if index else 0))
-                success = []
-                if index:  # an expired reservation under the same id that no one logged yet
-                    old, _lease = _parse(index[0])
-                    success.append(self._audit_op("expire", old, 0, at=old.expires_at or now))
-                for ref in refs:
-                    compare += [
-                        unchanged_since(self._cap(ref), revision),
-                        unchanged_since(self._holds(ref), revision, prefix=True),
-                    ]
-                    success.append(put_op(self._holds(ref) + _q(rid), str(gpus[ref]), lease=lease))
-                success += [
-                    put_op(self._res(rid), _record(reservation, lease), lease=lease),
-                    put_op(self._index(rid), _record(reservation, lease)),
-                    self._audit_op("reserve", reservation, 1, at=now),
-                ]
-                committed, _data = self.client.txn(compare, success)
+                compare, success = self._booking(reservation, lease, revision)
+                try:
+                    committed, _data = self.client.txn(compare, success)
+                except EtcdError as exc:
+                    if exc.code != 5:  # NotFound: the lease ran out while this reserve retried
+                        raise
+                    lease = 0
+                    continue
                 if committed:
                     lease = 0  # now owned by the reservation
                     return ReserveResult(status="reserved", reservation=reservation)
@@ -228,47 +424,51 @@ class EtcdLedger:
             if lease:
                 self.client.revoke(lease)
 
-    def _read(self, rid: str) -> tuple[Reservation, int, KeyValue] | None:
-        kvs, _rev = self.client.range(self._res(rid))
-        if not kvs:
-            return None
-        held, lease = _parse(kvs[0])
-        return held, lease, kvs[0]
+    def _booking(self, reservation: Reservation, lease: int, revision: int) -> tuple[list[Json], list[Json]]:
+        """The compares and writes that book ``reservation``, read at ``revision``."""
+        rid = reservation.id
+        compare = [absent(self._res(rid)), absent(self._index(rid))]
+        compare += [unchanged_since(key, revision, prefix=prefix) for key, prefix in self._watched(reservation.gpus)]
+        success = [put_op(key, value) for key, value in self._hold_keys(rid, reservation.gpus).items()]
+        success += [
+            put_op(self._res(rid), json.dumps({"lease": lease}), lease=lease),
+            put_op(self._index(rid), reservation.model_dump_json()),
+            self._audit_op("reserve", reservation, at=reservation.created_at),
+        ]
+        return compare, success
 
     def renew(self, rid: str, ttl_s: float) -> Reservation | None:
         if not ttl_s > 0:
             raise ValueError(f"ttl_s must be positive (got {ttl_s})")
         want = max(1, math.ceil(ttl_s))
         for attempt in range(MAX_ATTEMPTS):
-            found = self._read(rid)
-            if found is None:
+            res, index = self._find(rid)
+            if res is None or index is None:
+                if index is not None:
+                    self._log_expiry(index)
                 return None
-            held, lease, kv = found
-            now = self._clock()
+            held, lease = self._reservation(index), self._lease_of(res)
+            compare = [mod_equals(res.key, res.mod_revision), mod_equals(index.key, index.mod_revision)]
+            stamp = self._clock()  # read before the keepalive or grant, so expires_at is never late
             granted = self.client.keepalive(lease) if lease else -1
             if granted == 0:
                 return None  # the lease ran out between the read and the keepalive
             if granted == want or want < granted <= ETCD_MIN_TTL_S:
-                # the lease has the asked length: reset it to its full TTL and stamp the new end time
-                renewed = held.model_copy(update={"expires_at": now + granted})
-                success = [put_op(self._res(rid), _record(renewed, lease), lease=lease)]
-                success += [
-                    put_op(self._index(rid), _record(renewed, lease)),
-                    self._audit_op("renew", renewed, 0, at=now),
-                ]
-                if self.client.txn([mod_equals(self._res(rid), kv.mod_revision)], success)[0]:
+                # the lease has the asked length; the keepalive reset it to its full TTL
+                renewed = held.model_copy(update={"expires_at": stamp + granted})
+                success = [put_op(index.key, renewed.model_dump_json()), self._audit_op("renew", renewed, at=stamp)]
+                if self.client.txn(compare, success)[0]:
                     return renewed
             else:
-                # move every key of the reservation to a new lease of the asked length
+                # move the reservation to a new lease of the asked length (only res/ID is on it)
                 new_lease, granted = self.client.grant(want)
-                renewed = held.model_copy(update={"expires_at": now + granted})
-                success = [put_op(self._holds(ref) + _q(rid), str(b), lease=new_lease) for ref, b in held.gpus.items()]
-                success += [
-                    put_op(self._res(rid), _record(renewed, new_lease), lease=new_lease),
-                    put_op(self._index(rid), _record(renewed, new_lease)),
-                    self._audit_op("renew", renewed, 0, at=now),
+                renewed = held.model_copy(update={"expires_at": stamp + granted})
+                success = [
+                    put_op(res.key, json.dumps({"lease": new_lease}), lease=new_lease),
+                    put_op(index.key, renewed.model_dump_json()),
+                    self._audit_op("renew", renewed, at=stamp),
                 ]
-                if self.client.txn([mod_equals(self._res(rid), kv.mod_revision)], success)[0]:
+                if self.client.txn(compare, success)[0]:
                     if lease:
                         self.client.revoke(lease)
                     return renewed
@@ -278,49 +478,31 @@ class EtcdLedger:
 
     def release(self, rid: str) -> bool:
         for attempt in range(MAX_ATTEMPTS):
-            found = self._read(rid)
-            if found is None:
+            res, index = self._find(rid)
+            if res is None or index is None:
+                if index is not None:
+                    self._log_expiry(index)
                 return False
-            held, lease, kv = found
-            success = [delete_op(self._res(rid)), delete_op(self._index(rid))]
-            success += [delete_op(self._holds(ref) + _q(rid)) for ref in held.gpus]
-            success.append(self._audit_op("release", held, 0, at=self._clock()))
-            if self.client.txn([mod_equals(self._res(rid), kv.mod_revision)], success)[0]:
+            held, lease = self._reservation(index), self._lease_of(res)
+            compare = [mod_equals(res.key, res.mod_revision), mod_equals(index.key, index.mod_revision)]
+            success = [delete_op(res.key), delete_op(index.key)]
+            success += [delete_op(key) for key in self._hold_keys(rid, held.gpus)]
+            success.append(self._audit_op("release", held, at=self._clock()))
+            if self.client.txn(compare, success)[0]:
                 if lease:
                     self.client.revoke(lease)
                 return True
             self._backoff(attempt)
         raise StateError(f"etcd at {self.client.endpoint}: release {rid} lost {MAX_ATTEMPTS} races in a row")
 
-    def get(self, rid: str) -> Reservation | None:
-        found = self._read(rid)
-        return None if found is None else found[0]
-
-    def reservations(self) -> list[Reservation]:
-        kvs, _rev = self.client.range(f"{self.prefix}res/", prefix=True)
-        return [_parse(kv)[0] for kv in kvs]
-
-    def sweep(self) -> int:
-        """Log ``expire`` for reservations whose lease ran out; how many were logged."""
-        _ok, data = self.client.txn(
-            [], [range_op(f"{self.prefix}index/", prefix=True), range_op(f"{self.prefix}res/", prefix=True)]
-        )
-        index, live = (kvs_of(r) for r in data["responses"])
-        live_keys = {kv.key[len(self.prefix) + len("res/") :] for kv in live}
-        logged = 0
-        for kv in index:
-            name = kv.key[len(self.prefix) + len("index/") :]
-            if name in live_keys:
-                continue
-            old, _lease = _parse(kv)
-            compare = [absent(self._res(old.id)), mod_equals(kv.key, kv.mod_revision)]
-            success = [delete_op(kv.key), self._audit_op("expire", old, 0, at=old.expires_at or self._clock())]
-            logged += self.client.txn(compare, success)[0]
-        return logged
+    # ------------------------------------------------------------------------------ the audit log
 
     def _entry(self, kv: KeyValue) -> AuditEntry:
-        position = int(kv.key.rsplit("-", 1)[1])
-        return AuditEntry(seq=kv.create_revision * SEQ_PER_REVISION + position, **json.loads(kv.value))
+        try:
+            position = int(kv.key.rsplit("-", 1)[1])
+            return AuditEntry(seq=kv.create_revision * SEQ_PER_REVISION + position, **json.loads(kv.value))
+        except (ValueError, TypeError, ValidationError) as exc:
+            raise self._damaged(kv.key, exc) from exc
 
     def audit(self, *, since: int = 0, limit: int | None = None) -> list[AuditEntry]:
         self.sweep()

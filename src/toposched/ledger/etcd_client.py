@@ -25,6 +25,11 @@ from toposched.errors import StateError
 
 Json = dict[str, Any]
 
+ETCD_MAX_TXN_OPS = 128
+"""etcd's default ``--max-txn-ops``: at most this many compares, and this many operations, per transaction."""
+ETCD_MAX_REQUEST_BYTES = 1536 * 1024
+"""etcd's default ``--max-request-bytes``: the largest request (a transaction and all its values)."""
+
 
 class EtcdError(StateError):
     """etcd answered with an error (``code`` is etcd's gRPC code: 5 not found, 14 unavailable ...)."""
@@ -82,10 +87,14 @@ class WatchEvent:
 # ------------------------------------------------------------------------------ request builders
 
 
-def range_req(key: str, *, prefix: bool = False) -> Json:
+def range_req(key: str, *, prefix: bool = False, keys_only: bool = False, limit: int = 0) -> Json:
     req: Json = {"key": b64(key)}
     if prefix:
         req["range_end"] = prefix_end(key)
+    if keys_only:
+        req["keys_only"] = True
+    if limit:
+        req["limit"] = limit
     return req
 
 
@@ -96,12 +105,15 @@ def put_op(key: str, value: str | bytes, *, lease: int = 0) -> Json:
     return {"requestPut": req}
 
 
-def delete_op(key: str) -> Json:
-    return {"requestDeleteRange": {"key": b64(key)}}
+def delete_op(key: str, *, prefix: bool = False) -> Json:
+    req: Json = {"key": b64(key)}
+    if prefix:
+        req["range_end"] = prefix_end(key)
+    return {"requestDeleteRange": req}
 
 
-def range_op(key: str, *, prefix: bool = False) -> Json:
-    return {"requestRange": range_req(key, prefix=prefix)}
+def range_op(key: str, *, prefix: bool = False, keys_only: bool = False, limit: int = 0) -> Json:
+    return {"requestRange": range_req(key, prefix=prefix, keys_only=keys_only, limit=limit)}
 
 
 def absent(key: str) -> Json:
@@ -120,6 +132,16 @@ def unchanged_since(key: str, revision: int, *, prefix: bool = False) -> Json:
     if prefix:
         cmp["range_end"] = prefix_end(key)
     return cmp
+
+
+def op_bytes(ops: Sequence[Json]) -> int:
+    """About how many bytes ``ops`` (puts, deletes, compares) take in etcd's request, whose size
+    etcd bounds (``--max-request-bytes``, 1.5 MiB by default): their keys and values, unencoded."""
+    total = 0
+    for op in ops:
+        body = op.get("requestPut") or op.get("requestDeleteRange") or op.get("requestRange") or op
+        total += 16 + sum(len(body.get(k, "")) * 3 // 4 for k in ("key", "value", "range_end"))
+    return total
 
 
 def kvs_of(response: Json) -> list[KeyValue]:
