@@ -4,8 +4,10 @@ from __future__ import annotations
 
 from dataclasses import replace
 
+from prometheus_client import generate_latest
+
 from toposched.service.config import ServiceConfig
-from toposched.service.metrics import breaches, in_one_domain, signals
+from toposched.service.metrics import breaches, build_registry, in_one_domain, signals
 from toposched.service.schemas import PlaceBody
 from toposched.service.state import ServiceState, Stats
 from toposched.topology.sources import SourceRef
@@ -68,3 +70,18 @@ def test_sidecar_ratios_appear_once_a_sidecar_reported() -> None:
     assert values["toposched_migration_ratio"] == 0.01
     fired = {b["alert"] for b in breaches(reported)}
     assert {"SidecarTopologyDrift", "SidecarDriftRatioHigh", "MigrationRatioHigh"} <= fired
+
+
+def test_failed_syncs_are_a_counter_in_the_exposition() -> None:
+    stats = replace(placed_stats(), sync_failures=3)
+
+    class Snapshot:
+        ready = True
+
+        def stats(self) -> Stats:
+            return stats
+
+    registry, _latency = build_registry(Snapshot())  # type: ignore[arg-type]
+    lines = generate_latest(registry).decode().splitlines()
+    assert "# TYPE toposched_state_sync_failures_total counter" in lines
+    assert "toposched_state_sync_failures_total 3.0" in lines

@@ -15,7 +15,7 @@ from toposched.ledger.memory import MemoryLedger
 from toposched.service import state as state_module
 from toposched.service.config import ServiceConfig
 from toposched.service.schemas import PlaceBody
-from toposched.service.state import ServiceState
+from toposched.service.state import Decision, ServiceState
 from toposched.topology.sources import SourceRef
 
 HGX = SourceRef(kind="preset", ref="hgx-h100")
@@ -212,5 +212,22 @@ def test_exact_is_refused_on_a_cluster_above_its_limit() -> None:
         with pytest.raises(InputError, match="at most 128"):
             state.place(body("x", policy="exact"))
         assert state.scheduler.placements == {}
+    finally:
+        state.close()
+
+
+def test_a_queued_request_that_became_invalid_is_rejected_and_the_queue_goes_on() -> None:
+    state = make_state("memory")
+    try:
+        assert state.place(body("a", allowed_tp=[8])).status == "placed"
+        answers: list[Decision] = []
+        near_a = body("b", allowed_tp=[2], near="a", near_required=True)
+        assert state.enqueue(near_a, answers.append) == "b"
+        assert state.enqueue(body("c", allowed_tp=[2]), answers.append) == "c"
+        assert answers == []  # both wait: the cluster is full
+        assert state.release("a") == ["a"]  # "b" can no longer be near "a"
+        assert [(d.request_id, d.status) for d in answers] == [("b", "rejected"), ("c", "placed")]
+        assert "near" in answers[0].reasons[0] and len(state.queue) == 0
+        assert state.sync() and state.last_error is None
     finally:
         state.close()

@@ -174,6 +174,10 @@ class StatsCollector(Collector):
             "toposched_ledger_refusals", "Bookings the ledger refused (another replica was first).",
             value=stats.ledger_refusals,
         )  # fmt: skip
+        yield CounterMetricFamily(
+            "toposched_state_sync_failures", "Background syncs with the ledger that failed (this replica).",
+            value=stats.sync_failures,
+        )  # fmt: skip
 
 
 def build_registry(state: ServiceState) -> tuple[CollectorRegistry, Histogram]:

@@ -12,11 +12,22 @@ the ledger and decides again (``ServiceConfig.commit_retries`` times).
 Replicas follow each other by reading the audit log before each decision (entries they did not cause
 trigger a resync) and by a full resync every ``follow_interval_s``; any replica can read, renew and
 release any placement because the ledger's reservation ``meta`` carries the whole placement record.
+
+Failures. A request is all or none whatever fails: when anything raises while it books (a store error,
+a bug, a damaged answer), what it booked is released before the error goes on; when that release fails
+too, the request is recorded in ``stranded`` and released by the next successful sync. A request whose
+instances are not all booked is never shown (``group``): GET answers 404 and the list leaves it out.
+Any replica releases an incomplete request once all of its bookings are ``STALE_PARTIAL_S`` old (the
+replica that made it died before it could clean up). The background sync (``sync``) survives any
+exception: it logs it with its traceback once per distinct error, counts it, keeps the reason in
+``last_error`` (what /readyz answers) and backs off (``sync_delay``) until a sync works again.
 """
 
 from __future__ import annotations
 
+import functools
 import json
+import logging
 import os
 import socket
 import threading
@@ -28,7 +39,7 @@ from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from typing import Any, Literal, ParamSpec, Protocol, TypeVar
 
-from toposched.errors import InputError, LedgerConflict, StateError
+from toposched.errors import InputError, LedgerConflict, StateError, ToposchedError
 from toposched.ledger.base import Ledger, Reservation, capacities_from_cluster, open_ledger
 from toposched.ledger.etcd import split_url
 from toposched.service.config import ServiceConfig
@@ -42,6 +53,13 @@ from toposched.topology.sources import SourceRef, load_source
 from toposched.topology.store import StoredTopology, TopologyStore
 
 OWNER_PREFIX = "toposched-service"
+STALE_PARTIAL_S = 600.0
+"""An incomplete request (some instances booked, not all) older than this is released by any replica."""
+SYNC_BACKOFF_MAX_S = 30.0
+"""Longest wait between background syncs while they fail (doubling from ``follow_interval_s``)."""
+REASON_CHARS = 500
+"""Longest failure reason kept for /readyz (a damaged row may be large)."""
+log = logging.getLogger("toposched.service")
 P = ParamSpec("P")
 R = TypeVar("R")
 
@@ -114,6 +132,7 @@ class Stats:
     topology_version: int
     resyncs: int
     ledger_refusals: int
+    sync_failures: int = 0
 
 
 @dataclass
@@ -125,6 +144,7 @@ class Counters:
     migrations_proposed: int = 0
     resyncs: int = 0
     ledger_refusals: int = 0
+    sync_failures: int = 0
 
 
 def replica_name(config: ServiceConfig) -> str:
@@ -179,6 +199,12 @@ class ServiceState:
         self.clock = clock
         self.ready = False
         self.last_error: str | None = None
+        """Why the last background sync failed (None once one works): /readyz answers 503 with it."""
+        self.stranded: dict[str, str] = {}
+        """Request id -> body key of failed requests whose release failed too (released at the next sync)."""
+        self._sweep_error: Exception | None = None
+        self._failed_syncs = 0
+        self._logged: tuple[str, str] | None = None
         self._scheduler: ServiceScheduler | None = None
         self._guard: GuardedLedger | None = None
         self._store: TopologyStoreLike | None = None
@@ -277,20 +303,30 @@ class ServiceState:
     # ------------------------------------------------------------------ following other replicas
 
     def follow(self) -> bool:
-        """Read the audit log since the last look; resync when someone else changed the ledger."""
+        """Read the audit log since the last look; resync when someone else changed the ledger.
+
+        The position in the log moves only once the resync worked: entries read while the ledger cannot
+        be read whole are read again next time, so no change is skipped.
+        """
         entries = self.ledger.audit(since=self._seq)
         if not entries:
             return False
-        self._seq = max(self._seq, max(e.seq for e in entries))
+        seq = max(self._seq, max(e.seq for e in entries))
         if self.ledger.foreign(entries):
             self.resync()
+            self._seq = seq
             return True
+        self._seq = seq
         return False
 
     def resync(self) -> None:
-        """Rebuild placements and the free index from the ledger's live reservations."""
+        """Rebuild placements and the free index from the ledger's live reservations.
+
+        Incomplete requests are released first when this replica failed to release them (``stranded``)
+        or when they are ``STALE_PARTIAL_S`` old (``_sweep``).
+        """
         scheduler, guard = self.scheduler, self.ledger
-        live = {r.id: r for r in guard.reservations()}
+        live = self._sweep({r.id: r for r in guard.reservations()})
         held = {ref for r in live.values() for ref in r.gpus}
         for pid in list(scheduler.placements):
             if pid not in live:
@@ -309,6 +345,52 @@ class ServiceState:
         scheduler.sync_index(held)
         guard.forget_own()
         self.counters.resyncs += 1
+
+    def _sweep(self, live: dict[str, Reservation]) -> dict[str, Reservation]:
+        """Release the bookings of incomplete requests that nobody will finish; returns what stays live.
+
+        A request is incomplete when some of its instance ids are booked and others not. Released: this
+        replica's bookings of a request recorded in ``stranded`` (its release failed), and every booking
+        of a request whose bookings are all older than ``STALE_PARTIAL_S``. A complete request is never
+        touched, whatever its age or record. A release that fails leaves the request recorded and its
+        error in ``_sweep_error`` (the background sync reports it); reading the ledger goes on.
+        """
+        self._sweep_error = None
+        left: dict[str, str] = {}
+        requests: dict[tuple[str, str], list[Reservation]] = {}
+        for r in live.values():
+            rid, key = r.meta.get("request_id"), r.meta.get("request")
+            if rid and key and "placement" in r.meta:
+                requests.setdefault((rid, key), []).append(r)
+        stale_before = self.ledger_clock() - STALE_PARTIAL_S
+        for (rid, key), booked in requests.items():
+            replicas = _replicas_in(key)
+            if replicas is None or len(booked) >= replicas:
+                continue  # complete (or not a request of ours to judge)
+            ids, expected = {r.id for r in booked}, set(instance_ids(rid, replicas))
+            if not ids < expected:
+                continue
+            recorded = self.stranded.get(rid) == key
+            if recorded:
+                doomed = [r for r in booked if r.meta.get("owner") == self.owner]
+            elif all(r.created_at < stale_before for r in booked):
+                doomed = booked
+                log.warning(
+                    "releasing request %s: only %d of its %d instances are booked, all over %.0f s ago (%s)",
+                    rid, len(ids), len(expected), STALE_PARTIAL_S, ", ".join(sorted(ids)),
+                )  # fmt: skip
+            else:
+                continue
+            try:
+                for r in doomed:
+                    self.ledger.release(r.id)
+                    del live[r.id]
+            except Exception as exc:
+                self._sweep_error = exc
+                if recorded:
+                    left[rid] = key  # (a stale one is found again by age)
+        self.stranded = left  # the others were released above, completed by a retry, or are gone
+        return live
 
     def refresh_topology(self, *, probe: bool) -> StoredTopology:
         """Probe the source again (``probe``) or adopt a newer stored version; same GPUs only."""
@@ -329,13 +411,51 @@ class ServiceState:
             assert self.topology is not None
             return self.topology
 
+    def sync(self) -> bool:
+        """Background work: adopt other replicas' changes and new DomainMaps, then serve the queue.
+
+        Never raises (``Exception``): a failure of any kind is counted, logged with its traceback once
+        per distinct error, and kept in ``last_error`` until a sync works again. False when it failed.
+        """
+        try:
+            with self.lock:
+                self.resync()
+                self.refresh_topology(probe=False)
+                self.queue.expire(self.clock(), self.config.max_wait_s + 1.0)
+            self.drain()
+            if self._sweep_error is not None:
+                raise self._sweep_error
+        except Exception as exc:
+            self._sync_failed(exc)
+            return False
+        if self._failed_syncs:
+            log.info("background sync works again after %d failed tries", self._failed_syncs)
+        self._failed_syncs, self._logged, self.last_error = 0, None, None
+        return True
+
     def tick(self) -> None:
-        """Background work: adopt other replicas' changes and new DomainMaps, then serve the queue."""
-        with self.lock:
-            self.resync()
-            self.refresh_topology(probe=False)
-            self.queue.expire(self.clock(), self.config.max_wait_s + 1.0)
-        self.drain()
+        """``sync`` for a loop that expects an exception: a ``StateError`` with the reason when it failed."""
+        if not self.sync():
+            raise StateError(self.last_error or "background sync failed")
+
+    def sync_delay(self) -> float:
+        """Seconds until the next background sync: the follow interval, doubling while syncs fail."""
+        interval = self.config.follow_interval_s
+        if not self._failed_syncs:
+            return interval
+        return min(interval * 2.0 ** min(self._failed_syncs, 30), max(interval, SYNC_BACKOFF_MAX_S))
+
+    def _sync_failed(self, exc: Exception) -> None:
+        self.counters.sync_failures += 1
+        self._failed_syncs += 1
+        reason = exc.message if isinstance(exc, ToposchedError) else f"{type(exc).__name__}: {exc}"
+        if len(reason) > REASON_CHARS:
+            reason = reason[: REASON_CHARS - 3] + "..."
+        self.last_error = f"background sync failed: {reason}"
+        fingerprint = (type(exc).__qualname__, str(exc))
+        if fingerprint != self._logged:  # the same error every second would drown the log
+            self._logged = fingerprint
+            log.error("%s (retrying; logged again only when the error changes)", self.last_error, exc_info=exc)
 
     # ------------------------------------------------------------------ decisions
 
@@ -354,17 +474,45 @@ class ServiceState:
             return decision
 
     def _place(self, body: PlaceBody, rid: str) -> Decision:
-        """Decide with retries; all or none: when the answer is no instance, none of ours stays booked."""
+        """Decide with retries; all or none: when the answer is no instance, none of ours stays booked.
+
+        The same holds when anything raises on the way (the store fails, a bug): what this request
+        booked is released (``_abandon``) and the exception goes on.
+        """
         key = body.key()
         check_policy(body.policy or self.config.policy, self.scheduler.cluster)
-        for _attempt in range(self.config.commit_retries):
-            decided = self._attempt(body, rid, key)
-            if decided is not None:
-                return decided
-            self.counters.ledger_refusals += 1
-            self.resync()  # another replica holds a GPU we chose (or the same id): learn it, decide again
-        self._release_partial(rid, key)
+        if self.stranded.get(rid) == key:
+            del self.stranded[rid]  # this decision takes over what the failed one left: reuse, or release
+        try:
+            for _attempt in range(self.config.commit_retries):
+                decided = self._attempt(body, rid, key)
+                if decided is not None:
+                    return decided
+                self.counters.ledger_refusals += 1
+                self.resync()  # another replica holds a GPU we chose (or the same id): learn it, decide again
+            self._release_partial(rid, key)
+        except BaseException as exc:
+            if not isinstance(exc, InputError) or self._holds(rid, body.replicas):
+                self._abandon(rid, key)  # (a bad request books nothing: no ledger read for it)
+            raise
         return Decision("no-capacity", rid, (), ("other replicas kept taking the chosen GPUs; retry",))
+
+    def _holds(self, rid: str, replicas: int) -> bool:
+        """Whether this replica knows of a booking of request ``rid`` (placed, adopted or half-done)."""
+        placements = self.scheduler.placements
+        return any(pid in placements or pid in self.instances for pid in instance_ids(rid, replicas))
+
+    def _abandon(self, rid: str, key: str) -> None:
+        """Release what request ``rid`` booked after a failure; when that fails too, leave it to the next sync."""
+        try:
+            self._release_partial(rid, key)
+        except Exception:
+            self.stranded[rid] = key
+            log.warning(
+                "request %s failed and what it booked could not be released; the next successful sync releases it",
+                rid,
+                exc_info=True,
+            )
 
     def _release_partial(self, rid: str, key: str) -> None:
         """Release what this replica booked for request ``rid`` (body ``key``) in attempts that did not finish.
@@ -384,7 +532,7 @@ class ServiceState:
     def _attempt(self, body: PlaceBody, rid: str, key: str) -> Decision | None:
         """One decision; None when the ledger refused a booking (the caller resyncs and retries)."""
         scheduler, guard = self.scheduler, self.ledger
-        existing = self.group(rid)
+        existing = self._members(rid)
         if existing and len(existing) == body.replicas and all(i.key == key for i in existing):
             return Decision("existing", rid, tuple(existing))
         if any(i.key != key for i in existing):
@@ -421,10 +569,19 @@ class ServiceState:
             self.instances.pop(pid, None)
             self.ledger.booked.pop(pid, None)
 
-    def group(self, rid: str) -> list[Instance]:
-        """The instances of one placement request, in replica order."""
+    def _members(self, rid: str) -> list[Instance]:
+        """The booked instances of request ``rid``, in replica order, whether or not all are booked."""
         found = [i for i in self.instances.values() if i.request_id == rid]
         return sorted(found, key=lambda i: i.placement.id)
+
+    def group(self, rid: str) -> list[Instance]:
+        """The instances of one placement request, in replica order; empty unless every one is booked.
+
+        An incomplete request (a decision still booking on another replica, or one that failed and whose
+        release failed too) is not a placement: it is never shown as placed.
+        """
+        found = self._members(rid)
+        return found if _complete(found) else []
 
     def lookup(self, rid: str) -> list[Instance]:
         """``group`` after a resync when this replica does not know the id (another replica placed it)."""
@@ -436,9 +593,12 @@ class ServiceState:
             return found
 
     def release(self, rid: str) -> list[str] | None:
-        """Release every instance of a request; None when there is no such placement."""
+        """Release every booked instance of a request, complete or not; None when nothing is booked."""
         with self.lock:
-            found = self.lookup(rid)
+            found = self._members(rid)
+            if not found:
+                self.resync()
+                found = self._members(rid)
             if not found:
                 return None
             pids = [i.placement.id for i in found]
@@ -460,12 +620,18 @@ class ServiceState:
             return found
 
     def all_groups(self) -> list[list[Instance]]:
+        """Every placement (all of its instances booked), by request id, after following the ledger."""
         with self.lock:
             self.follow()
-            by_request: dict[str, list[Instance]] = {}
-            for instance in self.instances.values():
-                by_request.setdefault(instance.request_id, []).append(instance)
-            return [sorted(v, key=lambda i: i.placement.id) for _k, v in sorted(by_request.items())]
+            return self.placed_groups()
+
+    def placed_groups(self) -> list[list[Instance]]:
+        """``all_groups`` as this replica knows it now (no I/O; the caller holds ``lock``)."""
+        by_request: dict[str, list[Instance]] = {}
+        for instance in self.instances.values():
+            by_request.setdefault(instance.request_id, []).append(instance)
+        groups = [sorted(v, key=lambda i: i.placement.id) for _k, v in sorted(by_request.items())]
+        return [g for g in groups if _complete(g)]
 
     # ------------------------------------------------------------------ the admission queue
 
@@ -514,7 +680,10 @@ class ServiceState:
                     self.queue.remove(head.item_id)
                     continue
                 self.follow()
-                decision = self._place(waiting.body, waiting.request_id)
+                try:
+                    decision = self._place(waiting.body, waiting.request_id)
+                except InputError as exc:  # the request itself (its "near" was released): answer, go on
+                    decision = Decision("rejected", waiting.request_id, (), (exc.message,))
                 if decision.status == "no-capacity":
                     return
                 self.queue.pop()
@@ -590,6 +759,7 @@ class ServiceState:
                 topology_version=self.topology.version if self.topology else 0,
                 resyncs=self.counters.resyncs,
                 ledger_refusals=self.counters.ledger_refusals,
+                sync_failures=self.counters.sync_failures,
             )
 
     def topology_view(self) -> dict[str, Any]:
@@ -642,6 +812,27 @@ class ServiceState:
             }
 
 
+@functools.lru_cache(maxsize=4096)
+def _replicas_in(key: str) -> int | None:
+    """``replicas`` of a request body key (cached: every resync and list asks again for each request)."""
+    try:
+        replicas = json.loads(key).get("replicas", 1)
+    except (ValueError, AttributeError):
+        return None
+    return replicas if isinstance(replicas, int) and 1 <= replicas <= 10_000 else None
+
+
+def _complete(members: list[Instance]) -> bool:
+    """Whether ``members`` (one request's booked instances) are all of the request's instances."""
+    if not members:
+        return False
+    first = members[0]
+    replicas = _replicas_in(first.key)
+    if replicas is None or len(members) != replicas or any(i.key != first.key for i in members):
+        return False
+    return [i.placement.id for i in members] == sorted(instance_ids(first.request_id, replicas))
+
+
 def _instance_of(reservation: Reservation) -> Instance | None:
     meta = reservation.meta
     if "placement" not in meta or "request" not in meta:
@@ -650,6 +841,8 @@ def _instance_of(reservation: Reservation) -> Instance | None:
         placement = Placement.model_validate_json(meta["placement"])
         body = json.loads(meta["request"])
     except ValueError:
+        return None
+    if not isinstance(body, dict):
         return None
     body["id"] = meta.get("request_id", placement.request_id)
     return Instance(
