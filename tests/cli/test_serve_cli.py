@@ -7,6 +7,8 @@ from pathlib import Path
 import pytest
 
 from tests.conftest import RunCli
+from toposched.cli.serve import FD_RESERVE, connection_limits
+from toposched.service.config import ServiceConfig
 
 
 @pytest.fixture(autouse=True)
@@ -17,7 +19,8 @@ def _no_token(monkeypatch: pytest.MonkeyPatch) -> None:
 def test_help_lists_the_options(run_cli: RunCli) -> None:
     result = run_cli("serve", "--help")
     assert result.exit_code == 0
-    for flag in ("--host", "--port", "--state", "--preset", "--cluster", "--smi", "--live", "--token-file"):
+    flags = ("--host", "--port", "--state", "--preset", "--cluster", "--smi", "--live", "--token-file")
+    for flag in (*flags, "--max-connections", "--header-timeout", "--body-timeout"):
         assert flag in result.stdout, flag
 
 
@@ -43,6 +46,19 @@ def test_bad_port_and_two_sources_name_the_flag(run_cli: RunCli, monkeypatch: py
     assert result.exit_code == 2 and "--port" in result.stderr
     result = run_cli("serve", "--preset", "hgx-h100", "--live")
     assert result.exit_code == 2 and "one topology source" in result.stderr
+    result = run_cli("serve", "--preset", "hgx-h100", "--header-timeout", "0")
+    assert result.exit_code == 2 and "--header-timeout" in result.stderr
+    result = run_cli("serve", "--preset", "hgx-h100", "--max-connections", "2")
+    assert result.exit_code == 2 and "--max-connections" in result.stderr
+
+
+def test_connections_are_capped_below_the_open_file_limit(capsys: pytest.CaptureFixture[str]) -> None:
+    config = ServiceConfig(token="t" * 16, max_connections=4096, header_timeout_s=3, body_timeout_s=7)
+    limits = connection_limits(config, open_files=1024)
+    assert limits.max_connections == 1024 - FD_RESERVE
+    assert (limits.header_timeout_s, limits.body_timeout_s) == (3, 7)
+    assert "open-file limit (1024)" in capsys.readouterr().err
+    assert connection_limits(config, open_files=100_000).max_connections == 4096
 
 
 def test_unknown_preset_fails_before_listening(

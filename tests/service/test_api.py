@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 import threading
 import time
+from collections.abc import Iterator
 from typing import Any
 
 import httpx
@@ -109,6 +110,33 @@ def test_body_over_the_limit_is_413(sqlite_server: Server) -> None:
     big = {"model": "llama-3.1-8b", "node_selector": {f"k{i}": "v" * 100 for i in range(1000)}}
     response = sqlite_server.client.post("/v1/placements", json=big)
     assert response.status_code == 413
+    assert response.json() == {"error": "body too large", "detail": "at most 65536 bytes"}
+
+
+def test_a_streamed_body_over_the_limit_is_413_too(sqlite_server: Server) -> None:
+    def chunks(kib: int) -> Iterator[bytes]:  # no Content-Length: Transfer-Encoding: chunked
+        yield b'{"model": "llama-3.1-8b", "id": "'
+        for _ in range(kib):
+            yield b"x" * 1024
+
+    for path in ("/v1/placements", "/v1/reports", "/v1/placements/a/renew", "/v1/extender/prioritize"):
+        kib = 1100 if "/extender/" in path else 80  # the extender takes up to 1 MiB (node lists)
+        response = sqlite_server.client.post(path, content=chunks(kib))
+        assert response.status_code == 413, (path, response.text)
+        assert response.json()["error"] == "body too large"
+        assert response.headers["connection"] == "close"
+
+
+def test_bodies_that_are_not_json_and_unknown_routes_answer_in_the_error_format(sqlite_server: Server) -> None:
+    for body in (b"\xff\xfe\xfd", b"{", b"[1, 2"):
+        response = sqlite_server.client.post("/v1/placements", content=body)
+        assert response.status_code == 422, response.text
+        assert response.json()["fields"][0]["field"] == "body"
+    missing = sqlite_server.client.get("/v1/nothing-here")
+    assert missing.status_code == 404 and missing.json()["error"] == "not found"
+    wrong = sqlite_server.client.put("/v1/queue")
+    assert wrong.status_code == 405 and wrong.json()["error"] == "method not allowed"
+    assert wrong.headers["allow"] == "GET"
 
 
 def test_renew_extends_the_lease(sqlite_server: Server) -> None:
@@ -226,6 +254,25 @@ def test_openapi_lists_the_api(sqlite_server: Server) -> None:
                  "/v1/topology/refresh", "/v1/queue", "/v1/extender/filter", "/v1/extender/prioritize",
                  "/healthz", "/readyz", "/metrics"):  # fmt: skip
         assert path in spec["paths"], path
+
+
+def test_openapi_documents_the_errors_each_route_can_answer(sqlite_server: Server) -> None:
+    spec = sqlite_server.client.get("/openapi.json").json()
+    for path, operations in spec["paths"].items():
+        for method, operation in operations.items():
+            answers = operation["responses"]
+            if path.startswith("/v1/"):
+                assert {"401", "503"} <= set(answers), (method, path)
+            if path == "/v1/extender/filter":  # a malformed body is a 200 with Error set (kube-scheduler's contract)
+                assert "413" in answers and "422" not in answers
+            elif "requestBody" in operation:
+                assert {"413", "422"} <= set(answers), (method, path)
+            for code, answer in answers.items():
+                if code >= "400" and path not in ("/readyz", "/v1/placements") and "/extender/" not in path:
+                    ref = answer["content"]["application/json"]["schema"]["$ref"]
+                    assert ref.endswith("/ErrorOut"), (method, path, code)
+    assert "WWW-Authenticate" in spec["paths"]["/v1/queue"]["get"]["responses"]["401"]["headers"]
+    assert "Retry-After" in spec["paths"]["/v1/placements"]["post"]["responses"]["429"]["headers"]
 
 
 @pytest.mark.parametrize("replicas", [2])

@@ -6,6 +6,7 @@ from pathlib import Path
 from typing import Any
 
 import httpx
+import pytest
 import yaml
 
 from tests.conftest import REPO
@@ -90,3 +91,71 @@ def test_open_extender_serves_kube_scheduler_without_a_token(serve: StartServer,
     assert httpx.post(f"{server.url}/v1/extender/prioritize", json=args).status_code == 200
     assert httpx.get(f"{server.url}/v1/placements").status_code == 401
     assert httpx.post(f"{server.url}/v1/placements", json={"model": "llama-3.1-8b"}).status_code == 401
+
+
+GOOD_POD = gpu_pod(1)
+MALFORMED: dict[str, Any] = {
+    "Pod.spec as a list": {"Pod": {"spec": []}, "NodeNames": [NODE]},
+    "containers: [1]": {"Pod": {"spec": {"containers": [1]}}, "NodeNames": [NODE]},
+    "Nodes.items: 5": {"Pod": GOOD_POD, "Nodes": {"items": 5}},
+    "Nodes.items: [5]": {"Pod": GOOD_POD, "Nodes": {"items": [5]}},
+    "node without a name": {"Pod": GOOD_POD, "Nodes": {"items": [{"metadata": {}}]}},
+    "NodeNames a string": {"Pod": GOOD_POD, "NodeNames": NODE},
+    "NodeNames: [1]": {"Pod": GOOD_POD, "NodeNames": [1]},
+    "node name with a newline": {"Pod": GOOD_POD, "NodeNames": ["a\nb"]},
+    "node name of 10 kB": {"Pod": GOOD_POD, "NodeNames": ["n" * 10_000]},
+    "no Pod": {"NodeNames": [NODE]},
+    "Pod a string": {"Pod": "p", "NodeNames": [NODE]},
+    "Pod null": {"Pod": None, "NodeNames": [NODE]},
+    "metadata a list": {"Pod": {"metadata": [], "spec": {}}, "NodeNames": [NODE]},
+    "labels a list": {"Pod": {"metadata": {"labels": ["x"]}}, "NodeNames": [NODE]},
+    "label value a number": {"Pod": {"metadata": {"labels": {"toposched.io/placement": 5}}}, "NodeNames": [NODE]},
+    "resources a string": {"Pod": {"spec": {"containers": [{"resources": "4"}]}}, "NodeNames": [NODE]},
+    "limits a list": {"Pod": {"spec": {"containers": [{"resources": {"limits": [4]}}]}}, "NodeNames": [NODE]},
+    "gpus 1.5": {"Pod": {"spec": {"containers": [{"resources": {"limits": {"nvidia.com/gpu": "1.5"}}}]}}},
+    "gpus -1": {"Pod": {"spec": {"containers": [{"resources": {"limits": {"nvidia.com/gpu": -1}}}]}}},
+    "gpus a word": {"Pod": {"spec": {"containers": [{"resources": {"requests": {"nvidia.com/gpu": "many"}}}]}}},
+    "gpus 5000 digits": {"Pod": {"spec": {"containers": [{"resources": {"limits": {"nvidia.com/gpu": "9" * 5000}}}]}}},
+    "gpus true": {"Pod": {"spec": {"containers": [{"resources": {"limits": {"nvidia.com/gpu": True}}}]}}},
+    "a JSON list": [1, 2],
+    "a JSON string": "ExtenderArgs",
+    "JSON null": None,
+}
+
+
+@pytest.mark.parametrize("args", MALFORMED.values(), ids=MALFORMED.keys())
+def test_a_malformed_extender_call_gets_error_from_filter_and_422_from_prioritize(
+    sqlite_server: Server, args: Any
+) -> None:
+    filtered = sqlite_server.client.post("/v1/extender/filter", json=args)
+    assert filtered.status_code == 200, filtered.text  # kube-scheduler reads Error from a 200
+    result = filtered.json()
+    assert result["Error"].startswith("malformed ExtenderArgs: "), result
+    assert (result["Nodes"], result["NodeNames"], result["FailedNodes"]) == (None, None, {})
+    assert len(result["Error"]) < 2000  # no echo of a huge input
+    ranked = sqlite_server.client.post("/v1/extender/prioritize", json=args)
+    assert ranked.status_code == 422, ranked.text  # non-200: kube-scheduler gives no score from this extender
+    assert ranked.json()["error"] == "invalid request"
+
+
+@pytest.mark.parametrize("body", [b"", b"{", b"\xff\xfe\x00", b'{"Pod": {}, "NodeNames": ["a"]'])
+def test_a_body_that_is_not_json_gets_error_too(sqlite_server: Server, body: bytes) -> None:
+    filtered = sqlite_server.client.post("/v1/extender/filter", content=body)
+    assert filtered.status_code == 200 and filtered.json()["Error"].startswith("malformed ExtenderArgs")
+    ranked = sqlite_server.client.post("/v1/extender/prioritize", content=body)
+    assert ranked.status_code == 422
+
+
+def test_the_nodes_form_answers_the_node_objects_it_was_sent(sqlite_server: Server) -> None:
+    node = {"metadata": {"name": NODE, "labels": {"zone": "a"}}, "status": {"capacity": {"nvidia.com/gpu": "8"}}}
+    args = {"Pod": gpu_pod(2), "Nodes": {"kind": "NodeList", "items": [node, {"metadata": {"name": "x"}}]}}
+    result = sqlite_server.client.post("/v1/extender/filter", json=args).json()
+    assert result["Error"] == ""
+    assert result["Nodes"] == {"kind": "NodeList", "items": [node]}
+    assert result["FailedAndUnresolvableNodes"] == {"x": "node is not in toposched's topology"}
+
+
+def test_gpu_quantities_as_numbers_and_lower_case_keys_are_read(sqlite_server: Server) -> None:
+    pod = {"spec": {"containers": [{"resources": {"requests": {"nvidia.com/gpu": 8}}}]}}
+    ranked = sqlite_server.client.post("/v1/extender/prioritize", json={"pod": pod, "nodenames": [NODE]})
+    assert ranked.json() == [{"Host": NODE, "Score": 10}]  # 8 of 8 free: tightest fit

@@ -3,7 +3,9 @@
 from __future__ import annotations
 
 import os
+import resource
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import typer
 from pydantic import ValidationError
@@ -13,7 +15,12 @@ from toposched.cli.ledger import STATE, ledger_url
 from toposched.errors import InputError
 from toposched.service.config import ServiceConfig
 
+if TYPE_CHECKING:
+    from toposched.service.guards import ConnectionLimits
+
 TOKEN_ENV = "TOPOSCHED_API_TOKEN"
+FD_RESERVE = 128
+"""Open files kept for other than client connections: the state (SQLite, etcd sockets), logs, the listener."""
 
 
 def register(app: typer.Typer) -> None:
@@ -55,6 +62,15 @@ def serve(
     open_extender: bool = typer.Option(
         False, "--open-extender", help="Serve /v1/extender/* without the token (kube-scheduler sends none)."
     ),
+    max_connections: int = typer.Option(
+        1024, "--max-connections", help="Most open client connections (beyond: close the longest waiting)."
+    ),
+    header_timeout: float = typer.Option(
+        10.0, "--header-timeout", help="Seconds a client has to send a request's headers (then 408, closed)."
+    ),
+    body_timeout: float = typer.Option(
+        30.0, "--body-timeout", help="Seconds a client has to send a request body after its headers."
+    ),
     log_level: str = typer.Option("warning", "--log-level", help="uvicorn log level."),
 ) -> None:
     """Serve the placement API, the Kubernetes extender, /metrics and the web page (/ui/)."""
@@ -79,14 +95,48 @@ def serve(
                 "budget_gbps": budget_gbps,
                 "replica": replica,
                 "open_extender": open_extender,
+                "max_connections": max_connections,
+                "header_timeout_s": header_timeout,
+                "body_timeout_s": body_timeout,
             }
         )
     except ValidationError as exc:
         err = exc.errors()[0]
         name = str(err["loc"][0]) if err["loc"] else "token"
-        flag = f"${TOKEN_ENV}" if name == "token" else "--" + name.replace("_", "-")
+        flag = f"${TOKEN_ENV}" if name == "token" else "--" + name.removesuffix("_s").replace("_", "-")
         raise InputError(f"{flag}: {err['msg']}") from exc
     run(config, log_level=log_level)
+
+
+def open_file_limit(wanted: int) -> int:
+    """Raise this process's soft open-file limit toward ``wanted`` (at most the hard limit); the soft limit now."""
+    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    if soft == resource.RLIM_INFINITY:
+        return wanted
+    target = wanted if hard == resource.RLIM_INFINITY else min(wanted, hard)
+    if soft < target:
+        resource.setrlimit(resource.RLIMIT_NOFILE, (target, hard))
+        soft = target
+    return soft
+
+
+def connection_limits(config: ServiceConfig, open_files: int) -> ConnectionLimits:
+    """The guard's limits; ``max_connections`` shrunk to fit ``open_files`` less the files the state needs."""
+    from toposched.service.guards import ConnectionLimits
+
+    cap = max(8, min(config.max_connections, open_files - FD_RESERVE))
+    if cap < config.max_connections:
+        err_console.print(
+            f"warning: the open-file limit ({open_files}) allows {cap} connections, not {config.max_connections}: "
+            "raise it (ulimit -n, LimitNOFILE=) or lower --max-connections",
+            markup=False,
+        )
+    return ConnectionLimits(
+        max_connections=cap,
+        header_timeout_s=config.header_timeout_s,
+        body_timeout_s=config.body_timeout_s,
+        max_header_bytes=config.max_header_bytes,
+    )
 
 
 def run(config: ServiceConfig, *, log_level: str = "warning") -> None:
@@ -94,6 +144,7 @@ def run(config: ServiceConfig, *, log_level: str = "warning") -> None:
     import uvicorn
 
     from toposched.service.app import create_app
+    from toposched.service.guards import guarded_protocol
     from toposched.service.state import ServiceState
 
     if config.host not in ("127.0.0.1", "::1", "localhost"):
@@ -106,4 +157,14 @@ def run(config: ServiceConfig, *, log_level: str = "warning") -> None:
         raise
     app = create_app(config, state)  # its lifespan closes the state
     err_console.print(f"toposched serving on http://{config.host}:{config.port} ({config.state})", markup=False)
-    uvicorn.run(app, host=config.host, port=config.port, log_level=log_level, access_log=False)
+    limits = connection_limits(config, open_file_limit(config.max_connections + FD_RESERVE))
+    uvicorn.run(
+        app,
+        host=config.host,
+        port=config.port,
+        log_level=log_level,
+        access_log=False,
+        http=guarded_protocol(limits),
+        ws="none",
+        timeout_keep_alive=config.keepalive_timeout_s,
+    )

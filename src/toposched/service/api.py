@@ -24,24 +24,54 @@ from fastapi import APIRouter, Path
 from fastapi.responses import JSONResponse
 from prometheus_client import Histogram
 
+from toposched.names import ID_PATTERN
 from toposched.service.metrics import breaches, signals
 from toposched.service.schemas import (
-    ID_PATTERN,
+    AlertsOut,
+    ErrorOut,
     NotPlacedOut,
     PlaceBody,
+    PlacementListOut,
     PlacementOut,
+    QueueOut,
+    ReactionOut,
+    RefreshOut,
+    ReleasedOut,
     RenewBody,
     ReportBody,
+    TopologyOut,
 )
 from toposched.service.state import Decision, Instance, P, R, ServiceState
 
 PlacementId = Annotated[str, Path(pattern=ID_PATTERN, description="placement (request) id")]
+Responses = dict[int | str, dict[str, Any]]
 
 DECISION_STATUS = {"placed": 201, "existing": 200, "conflict": 409, "no-capacity": 409, "rejected": 422}
-NOT_PLACED: dict[int | str, dict[str, Any]] = {
-    409: {"model": NotPlacedOut},
-    422: {"description": "invalid body, or a request that can never fit"},
+RETRY_AFTER = {"Retry-After": {"description": "seconds to wait before trying again", "schema": {"type": "integer"}}}
+ERRORS: Responses = {
+    401: {
+        "description": "no or wrong bearer token",
+        "headers": {"WWW-Authenticate": {"required": True, "schema": {"type": "string"}}},
+    },
+    404: {"description": "no such placement"},
+    413: {"description": "body over the limit (by Content-Length or while streaming)"},
+    422: {"description": "invalid request: the fields named"},
+    429: {"description": "admission queue full", "headers": {**RETRY_AFTER}},
+    503: {"description": "state unavailable (SQLite file, etcd)"},
 }
+
+
+def answers(*codes: int, ok: Any = None, created: Any = None) -> Responses:
+    """OpenAPI ``responses``: the error ``codes`` (ErrorOut bodies), and the models of 200 and 201 answers."""
+    out: Responses = {code: {"model": ErrorOut, **ERRORS[code]} for code in codes}
+    out.update({code: {"model": model} for code, model in ((200, ok), (201, created)) if model is not None})
+    return out
+
+
+# the answers every authenticated route may give, and those of routes that take a body or a placement id
+AUTH = (401, 503)
+BODY = (*AUTH, 413, 422)
+BY_ID = (*AUTH, 404, 422)
 
 
 def instance_json(instance: Instance) -> dict[str, Any]:
@@ -95,10 +125,14 @@ def build_router(state: ServiceState, latency: Histogram) -> APIRouter:
         body = {"id": decision.request_id, "status": decision.status, "reasons": list(decision.reasons)}
         return JSONResponse(body, status_code=code, headers=headers)
 
+    placed = answers(*BODY, 429, ok=PlacementOut, created=PlacementOut)
+    placed[409] = {"model": NotPlacedOut, "description": "conflict, or no capacity", "headers": {**RETRY_AFTER}}
+    placed[422] = {**placed[422], "model": ErrorOut | NotPlacedOut, "description": "invalid, or can never fit"}
+
     @router.post(
         "/placements",
         status_code=201,
-        responses={200: {"model": PlacementOut}, 201: {"model": PlacementOut}, **NOT_PLACED, 429: {}},
+        responses=placed,
         summary="Place a request's instances (all or none), waiting up to wait_s in the fair queue",
     )
     async def create_placement(body: PlaceBody) -> JSONResponse:
@@ -113,53 +147,78 @@ def build_router(state: ServiceState, latency: Histogram) -> APIRouter:
             decision = await _wait_in_queue(state, body)
             if decision is None:
                 latency.labels(outcome="queue-full").observe(time.perf_counter() - started)
-                return JSONResponse({"error": "queue full", "detail": "retry later"}, status_code=429)
+                full = {"error": "queue full", "detail": "retry later"}
+                return JSONResponse(full, status_code=429, headers={"Retry-After": "1"})
         latency.labels(outcome=decision.status).observe(time.perf_counter() - started)
         return decision_response(decision)
 
-    @router.get("/placements", summary="Every live placement")
-    async def list_placements() -> dict[str, Any]:
-        return {"placements": [group_json(g) for g in await on_worker(state, state.all_groups)]}
+    @router.get("/placements", responses=answers(*AUTH, ok=PlacementListOut), summary="Every live placement")
+    async def list_placements() -> JSONResponse:
+        return JSONResponse({"placements": [group_json(g) for g in await on_worker(state, state.all_groups)]})
 
-    @router.get("/placements/{pid}", responses={200: {"model": PlacementOut}, 404: {}}, summary="One placement")
+    @router.get("/placements/{pid}", responses=answers(*BY_ID, ok=PlacementOut), summary="One placement")
     async def get_placement(pid: PlacementId) -> JSONResponse:
         found = await on_worker(state, state.lookup, pid)
         return JSONResponse(group_json(found)) if found else not_found(pid)
 
-    @router.delete("/placements/{pid}", responses={404: {}}, summary="Release every instance of a placement")
+    @router.delete(
+        "/placements/{pid}",
+        responses=answers(*BY_ID, ok=ReleasedOut),
+        summary="Release every instance of a placement",
+    )
     async def delete_placement(pid: PlacementId) -> JSONResponse:
         released = await on_worker(state, state.release, pid)
         if released is None:
             return not_found(pid)
         return JSONResponse({"id": pid, "released": released})
 
-    @router.post(
-        "/placements/{pid}/renew", responses={200: {"model": PlacementOut}, 404: {}}, summary="Extend the lease"
-    )
+    @router.post("/placements/{pid}/renew", responses=answers(*BY_ID, 413, ok=PlacementOut), summary="Extend the lease")
     async def renew_placement(pid: PlacementId, body: RenewBody) -> JSONResponse:
         renewed = await on_worker(state, state.renew, pid, body.ttl_s)
         return JSONResponse(group_json(renewed)) if renewed else not_found(pid)
 
-    @router.get("/topology", summary="Nodes, NVLink domains, occupancy and who holds each GPU")
-    async def get_topology() -> dict[str, Any]:
-        return await on_worker(state, state.topology_view)
+    @router.get(
+        "/topology",
+        responses=answers(*AUTH, ok=TopologyOut),
+        summary="Nodes, NVLink domains, occupancy and who holds each GPU",
+    )
+    async def get_topology() -> JSONResponse:
+        return JSONResponse(await on_worker(state, state.topology_view))
 
-    @router.post("/topology/refresh", summary="Probe the topology source again and store a new DomainMap")
-    async def refresh_topology() -> dict[str, Any]:
+    @router.post(
+        "/topology/refresh",
+        responses=answers(*AUTH, 422, ok=RefreshOut),
+        summary="Probe the topology source again and store a new DomainMap",
+    )
+    async def refresh_topology() -> JSONResponse:
         stored = await on_worker(state, state.refresh_topology, probe=True)
-        return {"version": stored.version, "created_at": stored.created_at, "source": stored.source.describe()}
+        return JSONResponse(
+            {"version": stored.version, "created_at": stored.created_at, "source": stored.source.describe()}
+        )
 
-    @router.get("/queue", summary="Requests waiting in the admission queue, in the order they would be served")
-    async def get_queue() -> dict[str, Any]:
+    @router.get(
+        "/queue",
+        responses=answers(*AUTH, ok=QueueOut),
+        summary="Requests waiting in the admission queue, in the order they would be served",
+    )
+    async def get_queue() -> JSONResponse:
         items = await on_worker(state, state.queue_view)
-        return {"depth": len(items), "items": items}
+        return JSONResponse({"depth": len(items), "items": items})
 
-    @router.get("/alerts", summary="The nine signals now and the seed's thresholds they cross (no for: duration)")
-    async def get_alerts() -> dict[str, Any]:
+    @router.get(
+        "/alerts",
+        responses=answers(*AUTH, ok=AlertsOut),
+        summary="The nine signals now and the seed's thresholds they cross (no for: duration)",
+    )
+    async def get_alerts() -> JSONResponse:
         stats = await on_worker(state, state.stats)
-        return {"signals": signals(stats), "firing": breaches(stats)}
+        return JSONResponse({"signals": signals(stats), "firing": breaches(stats)})
 
-    @router.post("/reports", responses={404: {}}, summary="A sidecar report: mark degraded, propose a move")
+    @router.post(
+        "/reports",
+        responses=answers(*BODY, 404, ok=ReactionOut),
+        summary="A sidecar report: mark degraded, propose a move",
+    )
     async def post_report(body: ReportBody) -> JSONResponse:
         alerts = [a.model_dump() for a in body.active_alerts]
         reaction = await on_worker(state, state.report, body.placement, alerts)

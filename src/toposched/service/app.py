@@ -9,27 +9,26 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import logging
 from collections.abc import AsyncIterator
 from importlib import resources
 from typing import Any
 
-from fastapi import FastAPI, Request
+from fastapi import FastAPI, Request, Response
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse, PlainTextResponse, RedirectResponse
 from fastapi.staticfiles import StaticFiles
 from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
+from starlette.exceptions import HTTPException
 
 from toposched import __version__
 from toposched.errors import InputError, StateError, ToposchedError
-from toposched.service.api import build_router, on_worker
+from toposched.service.api import ERRORS, build_router, on_worker
 from toposched.service.config import ServiceConfig
-from toposched.service.extender import build_extender
-from toposched.service.guards import BearerAuth, BodyLimit, BodyTooLarge
+from toposched.service.extender import EXTENDER_PREFIX, build_extender, drop_validation_answer
+from toposched.service.guards import BearerAuth, BodyLimit
 from toposched.service.metrics import build_registry
+from toposched.service.schemas import ErrorOut, HealthOut, ReadyOut
 from toposched.service.state import ServiceState
-
-log = logging.getLogger("toposched.service")
 
 
 def web_dir() -> str:
@@ -38,6 +37,26 @@ def web_dir() -> str:
 
 def _field(loc: tuple[Any, ...] | list[Any]) -> str:
     return ".".join(str(part) for part in loc)
+
+
+def invalid(exc: RequestValidationError) -> dict[str, Any]:
+    """The 422 body for a request that failed validation: every bad field, named."""
+    fields = []
+    for e in exc.errors():
+        if e["type"] == "json_invalid":  # loc is ("body", character offset)
+            fields.append({"field": "body", "message": f"not valid JSON: {e.get('ctx', {}).get('error', e['msg'])}"})
+        else:
+            fields.append({"field": _field(e["loc"]), "message": e["msg"]})
+    return {"error": "invalid request", "fields": fields}
+
+
+def http_error(exc: HTTPException) -> JSONResponse:
+    """Starlette's and FastAPI's own errors (no route, wrong method, a body that is not JSON, too large) as ErrorOut."""
+    if exc.status_code == 400:  # FastAPI: the body could not be read as JSON (not UTF-8, ...)
+        fields = [{"field": "body", "message": "not a JSON document in UTF-8"}]
+        return JSONResponse({"error": "invalid request", "fields": fields}, status_code=422)
+    error = {404: "not found", 405: "method not allowed", 413: "body too large"}.get(exc.status_code, "failed")
+    return JSONResponse({"error": error, "detail": exc.detail}, status_code=exc.status_code, headers=exc.headers)
 
 
 def create_app(config: ServiceConfig, state: ServiceState | None = None) -> FastAPI:
@@ -70,11 +89,22 @@ def create_app(config: ServiceConfig, state: ServiceState | None = None) -> Fast
     app.state.toposched = state
     app.include_router(build_router(state, latency))
     app.include_router(build_extender(state))
+    generate_openapi = app.openapi
+
+    def openapi() -> dict[str, Any]:
+        if app.openapi_schema is None:
+            app.openapi_schema = drop_validation_answer(generate_openapi())
+        return app.openapi_schema
+
+    app.openapi = openapi  # type: ignore[method-assign]
 
     @app.exception_handler(RequestValidationError)
     async def _invalid(_request: Request, exc: RequestValidationError) -> JSONResponse:
-        fields = [{"field": _field(e["loc"]), "message": e["msg"]} for e in exc.errors()]
-        return JSONResponse({"error": "invalid request", "fields": fields}, status_code=422)
+        return JSONResponse(invalid(exc), status_code=422)
+
+    @app.exception_handler(HTTPException)
+    async def _http(_request: Request, exc: HTTPException) -> JSONResponse:
+        return http_error(exc)
 
     @app.exception_handler(InputError)
     async def _input(_request: Request, exc: InputError) -> JSONResponse:
@@ -88,21 +118,29 @@ def create_app(config: ServiceConfig, state: ServiceState | None = None) -> Fast
     async def _other(_request: Request, exc: ToposchedError) -> JSONResponse:
         return JSONResponse({"error": "failed", "detail": exc.message}, status_code=422)
 
-    @app.exception_handler(BodyTooLarge)
-    async def _too_large(_request: Request, _exc: BodyTooLarge) -> JSONResponse:
-        return JSONResponse({"error": "body too large", "detail": f"at most {config.max_body_bytes} bytes"}, 413)
+    @app.get("/healthz", responses={200: {"model": HealthOut}}, summary="The process answers")
+    def healthz() -> JSONResponse:
+        return JSONResponse({"status": "ok"})
 
-    @app.get("/healthz", include_in_schema=True, summary="The process answers")
-    def healthz() -> dict[str, str]:
-        return {"status": "ok"}
-
-    @app.get("/readyz", responses={503: {}}, summary="State loaded and the last background sync worked")
+    @app.get(
+        "/readyz",
+        responses={200: {"model": ReadyOut}, 503: {"model": ReadyOut, "description": "not ready, and why"}},
+        summary="State loaded and the last background sync worked",
+    )
     def readyz() -> JSONResponse:
         if state.ready and state.last_error is None:
             return JSONResponse({"status": "ready"})
         return JSONResponse({"status": "not ready", "detail": state.last_error or "loading"}, status_code=503)
 
-    @app.get("/metrics", response_class=PlainTextResponse, summary="Prometheus metrics")
+    @app.get(
+        "/metrics",
+        response_class=Response,  # no default media type: the 401 is JSON, the metrics are text
+        responses={
+            200: {"description": "Prometheus text format", "content": {"text/plain": {"schema": {"type": "string"}}}},
+            401: {"model": ErrorOut, **ERRORS[401], "content": {"application/json": {}}},
+        },
+        summary="Prometheus metrics",
+    )
     async def metrics() -> PlainTextResponse:
         text = await on_worker(state, generate_latest, registry)
         return PlainTextResponse(text.decode(), media_type=CONTENT_TYPE_LATEST)
@@ -112,18 +150,15 @@ def create_app(config: ServiceConfig, state: ServiceState | None = None) -> Fast
         return RedirectResponse("/ui/")
 
     app.mount("/ui", StaticFiles(directory=web_dir(), html=True), name="ui")
-    app.add_middleware(BodyLimit, limit=config.max_body_bytes)
-    extender = ("/v1/extender/",) if config.open_extender else ()
+    app.add_middleware(BodyLimit, limit=config.max_body_bytes, limits={EXTENDER_PREFIX: config.max_extender_body_bytes})
+    extender = (EXTENDER_PREFIX,) if config.open_extender else ()
     app.add_middleware(BearerAuth, token=config.token if config.auth else None, open_prefixes=extender)
     return app
 
 
 async def _tick_forever(state: ServiceState) -> None:
+    """Background sync until cancelled: ``ServiceState.sync`` never raises; it counts and logs its failures,
+    keeps the reason for /readyz and backs off (``sync_delay``) while they last."""
     while True:
-        await asyncio.sleep(state.config.follow_interval_s)
-        try:
-            await on_worker(state, state.tick)
-            state.last_error = None
-        except ToposchedError as exc:
-            state.last_error = exc.message
-            log.warning("background sync failed: %s", exc.message)
+        await asyncio.sleep(state.sync_delay())
+        await on_worker(state, state.sync)

@@ -40,6 +40,18 @@ class ServiceConfig(BaseModel):
     """Cross-domain traffic budget (GB/s) shared by all live placements."""
     max_body_bytes: int = Field(default=64 * 1024, ge=1024, le=16 * 1024 * 1024)
     """Largest request body accepted (413 above it)."""
+    max_extender_body_bytes: int = Field(default=1024 * 1024, ge=1024, le=64 * 1024 * 1024)
+    """Largest body accepted by /v1/extender/* (kube-scheduler sends the pod and every candidate node)."""
+    max_connections: int = Field(default=1024, ge=8, le=1_000_000)
+    """Most open client connections; a new one beyond it closes the one that has waited longest for a request."""
+    header_timeout_s: float = Field(default=10.0, gt=0, le=600)
+    """Seconds a client has, from connecting or from its previous response, to send a request's headers (408)."""
+    body_timeout_s: float = Field(default=30.0, gt=0, le=3600)
+    """Seconds a client has, once its headers are in, to send the whole request body (408)."""
+    keepalive_timeout_s: int = Field(default=5, ge=1, le=600)
+    """Seconds an idle keep-alive connection stays open (at most ``header_timeout_s`` in effect)."""
+    max_header_bytes: int = Field(default=32 * 1024, ge=1024, le=1024 * 1024)
+    """Largest request line plus headers (431 above it)."""
     max_replicas: int = Field(default=64, ge=1, le=10_000)
     """Most instances one placement request may ask for."""
     max_queue: int = Field(default=1000, ge=0, le=1_000_000)

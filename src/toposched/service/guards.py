@@ -1,17 +1,35 @@
-"""ASGI middleware in front of every route: bearer-token auth and a request-size limit.
+"""What stands in front of every route: the connection guard, bearer-token auth and request-size limits.
 
-Both are plain ASGI (no per-request task or body copy), so they cost next to nothing on the hot path.
-Open without a token: ``/healthz``, ``/readyz`` and the web page's static shell under ``/ui`` (``/``
-redirects there; HTML, JS and CSS only; the page reads every datum through the authenticated JSON API, with
-the token the user gives it); with ``--open-extender`` also ``/v1/extender/`` (kube-scheduler sends no token).
+``GuardedHttpProtocol`` is uvicorn's HTTP/1.1 protocol (httptools) with the limits uvicorn lacks, so that
+slow or idle clients cannot hold the service (``guarded_protocol(limits)`` makes the class for one server):
+
+* a client has ``header_timeout_s`` from connecting (or from the end of its previous response) to send a
+  request line and headers, and ``body_timeout_s`` after that to send the body; then 408 and closed
+  (closed without an answer when it sent nothing);
+* request line plus headers over ``max_header_bytes``: 431 and closed;
+* at most ``max_connections`` open: a new connection beyond it closes the one that has waited longest for
+  its next request (half-sent or idle), so a flood of stalled connections cannot lock out a client that
+  sends its request at once; when every connection is busy with a request, the new one is closed.
+
+``BearerAuth`` and ``BodyLimit`` are plain ASGI middleware (no per-request task or body copy). Open without
+a token: ``/healthz``, ``/readyz`` and the web page's static shell under ``/ui`` (``/`` redirects there;
+HTML, JS and CSS only; the page reads every datum through the authenticated JSON API, with the token the
+user gives it); with ``--open-extender`` also ``/v1/extender/`` (kube-scheduler sends no token).
 """
 
 from __future__ import annotations
 
+import asyncio
 import hmac
 import json
+import logging
+from collections import OrderedDict
 from collections.abc import Awaitable, Callable, MutableMapping
-from typing import Any
+from dataclasses import dataclass
+from typing import Any, ClassVar
+
+from starlette.exceptions import HTTPException
+from uvicorn.protocols.http.httptools_impl import STATUS_LINE, HttpToolsProtocol
 
 Scope = MutableMapping[str, Any]
 Message = MutableMapping[str, Any]
@@ -21,6 +39,8 @@ ASGIApp = Callable[[Scope, Receive, Send], Awaitable[None]]
 
 OPEN_PATHS = frozenset({"/healthz", "/readyz", "/", "/ui"})
 OPEN_PREFIXES = ("/ui/", "/favicon.ico")
+
+log = logging.getLogger("toposched.service")
 
 
 async def _reply(send: Send, status: int, body: dict[str, Any], headers: tuple[tuple[bytes, bytes], ...] = ()) -> None:
@@ -63,27 +83,39 @@ class BearerAuth:
         await self.app(scope, receive, send)
 
 
-class BodyLimit:
-    """413 for bodies over ``limit`` bytes, whether announced by Content-Length or streamed.
+def body_too_large(limit: int) -> HTTPException:
+    """The 413 for a body over ``limit`` bytes (the app's HTTPException handler renders it and closes)."""
+    return HTTPException(413, f"at most {limit} bytes", headers={"Connection": "close"})
 
-    Also reads every request body as JSON (``curl -d`` sends a form content type by default).
+
+class BodyLimit:
+    """413 for bodies over the limit, whether announced by Content-Length or streamed (chunked).
+
+    ``limits`` gives a larger limit to some path prefixes (the extender's node lists). Also reads every
+    request body as JSON (``curl -d`` sends a form content type by default).
     """
 
-    def __init__(self, app: ASGIApp, limit: int) -> None:
+    def __init__(self, app: ASGIApp, limit: int, limits: dict[str, int] | None = None) -> None:
         self.app = app
         self.limit = limit
+        self.limits = limits or {}
+
+    def limit_for(self, path: str) -> int:
+        return next((n for prefix, n in self.limits.items() if path.startswith(prefix)), self.limit)
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         if scope["type"] != "http":
             await self.app(scope, receive, send)
             return
+        limit = self.limit_for(scope["path"])
         headers: list[tuple[bytes, bytes]] = list(scope["headers"])
         if scope["method"] in ("POST", "PUT", "PATCH"):  # every body this API takes is JSON, whatever it says
             headers = [(k, v) for k, v in headers if k != b"content-type"] + [(b"content-type", b"application/json")]
             scope = {**scope, "headers": headers}
         length = next((v for k, v in headers if k == b"content-length"), None)
-        if length is not None and (not length.isdigit() or int(length) > self.limit):
-            await _reply(send, 413, {"error": "body too large", "detail": f"at most {self.limit} bytes"})
+        if length is not None and (not length.isdigit() or int(length) > limit):
+            body = {"error": "body too large", "detail": f"at most {limit} bytes"}
+            await _reply(send, 413, body, ((b"connection", b"close"),))
             return
         seen = 0
 
@@ -92,13 +124,169 @@ class BodyLimit:
             message = await receive()
             if message["type"] == "http.request":
                 seen += len(message.get("body", b""))
-                if seen > self.limit:
-                    raise BodyTooLarge(self.limit)
+                if seen > limit:
+                    raise body_too_large(limit)  # FastAPI re-raises HTTPExceptions from body reading
             return message
 
-        await self.app(scope, limited, send)  # BodyTooLarge becomes a 413 in the app's exception handler
+        await self.app(scope, limited, send)
 
 
-class BodyTooLarge(Exception):
-    def __init__(self, limit: int) -> None:
-        super().__init__(f"body over {limit} bytes")
+@dataclass(frozen=True)
+class ConnectionLimits:
+    """What one client connection may take (from ``ServiceConfig``; see the module docstring)."""
+
+    max_connections: int = 1024
+    header_timeout_s: float = 10.0
+    body_timeout_s: float = 30.0
+    max_header_bytes: int = 32 * 1024
+
+
+@dataclass
+class ConnectionStats:
+    """Connections the guard closed, by reason (one per server; for logs and tests)."""
+
+    evicted: int = 0
+    refused: int = 0
+    header_timeouts: int = 0
+    body_timeouts: int = 0
+    headers_too_large: int = 0
+
+
+class GuardedHttpProtocol(HttpToolsProtocol):
+    """uvicorn's httptools protocol plus header/body deadlines, a header size cap and a connection cap.
+
+    A connection is *waiting* from ``connection_made``, and again once its response and its request body
+    are both complete, until the next request's headers are in. Waiting connections sit in ``waiting`` in
+    the order they began to wait: the oldest is the one a new connection over the cap closes.
+    """
+
+    limits: ClassVar[ConnectionLimits] = ConnectionLimits()
+    waiting: ClassVar[OrderedDict[GuardedHttpProtocol, None]] = OrderedDict()
+    stats: ClassVar[ConnectionStats] = ConnectionStats()
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        self._header_timer: asyncio.TimerHandle | None = None
+        self._body_timer: asyncio.TimerHandle | None = None
+        self._head_bytes = 0  # bytes received since the connection began waiting
+        self._in_body = False  # headers in, body not yet complete
+
+    # -- the states --------------------------------------------------------------------------------------
+    def _start_waiting(self) -> None:
+        if self in self.waiting or self.transport.is_closing():
+            return
+        self.waiting[self] = None
+        self._head_bytes = 0
+        self._header_timer = self.loop.call_later(self.limits.header_timeout_s, self._headers_too_slow)
+
+    def _stop_waiting(self) -> None:
+        self.waiting.pop(self, None)
+        if self._header_timer is not None:
+            self._header_timer.cancel()
+            self._header_timer = None
+
+    def _stop_body_timer(self) -> None:
+        if self._body_timer is not None:
+            self._body_timer.cancel()
+            self._body_timer = None
+
+    def _idle(self) -> bool:
+        """No request in progress: the last response and the last request body are both complete."""
+        done = self.cycle is None or self.cycle.response_complete
+        return done and not self._in_body and not self.pipeline
+
+    # -- uvicorn's callbacks -----------------------------------------------------------------------------
+    def connection_made(self, transport: asyncio.BaseTransport) -> None:
+        super().connection_made(transport)  # type: ignore[arg-type]
+        self._start_waiting()
+        if len(self.connections) > self.limits.max_connections:
+            self._make_room()
+
+    def connection_lost(self, exc: Exception | None) -> None:
+        self._stop_waiting()
+        self._stop_body_timer()
+        super().connection_lost(exc)
+
+    def data_received(self, data: bytes) -> None:
+        if not self._in_body:
+            self._head_bytes += len(data)
+        super().data_received(data)
+        if not self._in_body and self._head_bytes > self.limits.max_header_bytes:
+            self.stats.headers_too_large += 1
+            self._refuse(
+                431, "headers too large", f"request line and headers over {self.limits.max_header_bytes} bytes"
+            )
+
+    def on_headers_complete(self) -> None:
+        self._stop_waiting()
+        self._in_body = True
+        self._head_bytes = 0
+        self._body_timer = self.loop.call_later(self.limits.body_timeout_s, self._body_too_slow)
+        super().on_headers_complete()
+
+    def on_message_complete(self) -> None:
+        super().on_message_complete()
+        self._in_body = False
+        self._stop_body_timer()
+        if self._idle():
+            self._start_waiting()
+
+    def on_response_complete(self) -> None:
+        super().on_response_complete()
+        if self._idle():
+            self._start_waiting()
+
+    # -- the limits --------------------------------------------------------------------------------------
+    def _make_room(self) -> None:
+        if not self.stats.evicted and not self.stats.refused:
+            log.warning("%d connections open: closing those waiting longest for a request", len(self.connections))
+        oldest = next(iter(self.waiting), None)
+        if oldest is None or oldest is self:  # every other connection is busy with a request
+            self.stats.refused += 1
+            self._close()
+            return
+        self.stats.evicted += 1
+        oldest._close()
+
+    def _headers_too_slow(self) -> None:
+        self._header_timer = None
+        if self not in self.waiting:
+            return
+        self.stats.header_timeouts += 1
+        if self._head_bytes:
+            self._refuse(408, "request timeout", f"headers not complete within {self.limits.header_timeout_s:g} s")
+        else:
+            self._close()  # sent nothing (or idle after a response): nobody to answer
+
+    def _body_too_slow(self) -> None:
+        self._body_timer = None
+        if not self._in_body:
+            return
+        self.stats.body_timeouts += 1
+        if self.cycle is not None and self.cycle.response_started:
+            self._close()
+        else:
+            self._refuse(408, "request timeout", f"body not complete within {self.limits.body_timeout_s:g} s")
+
+    def _refuse(self, status: int, error: str, detail: str) -> None:
+        """Answer ``status`` outside the app and close (the app sees a disconnect if it was reading)."""
+        data = json.dumps({"error": error, "detail": detail}).encode()
+        head = b"content-type: application/json\r\ncontent-length: %d\r\nconnection: close\r\n\r\n" % len(data)
+        answering = self.cycle is not None and self.cycle.response_started and not self.cycle.response_complete
+        if not self.transport.is_closing() and not answering:  # never inside another response
+            self.transport.write(STATUS_LINE[status] + head + data)
+        self._close()
+
+    def _close(self) -> None:
+        self._stop_waiting()
+        self._stop_body_timer()
+        self.transport.close()
+
+
+def guarded_protocol(limits: ConnectionLimits) -> type[GuardedHttpProtocol]:
+    """A protocol class for ``uvicorn.run(..., http=...)`` with ``limits`` and its own waiting list."""
+    return type(
+        "GuardedHttpProtocol",
+        (GuardedHttpProtocol,),
+        {"limits": limits, "waiting": OrderedDict(), "stats": ConnectionStats()},
+    )

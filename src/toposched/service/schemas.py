@@ -8,11 +8,10 @@ from typing import Any, Literal
 from pydantic import BaseModel, ConfigDict, Field, field_validator
 
 from toposched.errors import UnknownNameError
+from toposched.names import ID_PATTERN
 from toposched.service.config import PolicyName
 from toposched.solver.request import PlacementRequest
 from toposched.workload.catalog import ENTRIES, catalog_entry
-
-ID_PATTERN = r"^[A-Za-z0-9][A-Za-z0-9._-]{0,119}$"
 
 
 class PlaceBody(PlacementRequest):
@@ -110,3 +109,95 @@ class ReportBody(BaseModel):
     new_alerts: list[ReportAlert] = Field(default_factory=list, max_length=1000)
     active_alerts: list[ReportAlert] = Field(default_factory=list, max_length=1000)
     cpu_seconds: float = 0.0
+
+
+# ---------------------------------------------------------------------------------------------- answers
+# Documented in the OpenAPI spec; the routes build their JSON directly (no validation on the way out), and
+# schemathesis checks every answer against these (tests/service/test_schemathesis.py).
+
+
+class FieldProblem(BaseModel):
+    field: str = Field(description="where, e.g. body.replicas")
+    message: str
+
+
+class ErrorOut(BaseModel):
+    """Every error answer: what went wrong, and where there is one, the detail, the fix or the bad fields."""
+
+    error: str = Field(description="short kind: invalid request, unauthorized, not found, body too large, ...")
+    detail: str | None = None
+    fix: str | None = None
+    fields: list[FieldProblem] | None = None
+
+
+class PlacementListOut(BaseModel):
+    placements: list[PlacementOut]
+
+
+class ReleasedOut(BaseModel):
+    id: str
+    released: list[str] = Field(description="instance ids released")
+
+
+class QueueItemOut(BaseModel):
+    id: str
+    slo_class: str
+    gpus: int
+    occupancy: float
+    waited_s: float
+    finish_tag: float
+
+
+class QueueOut(BaseModel):
+    depth: int
+    items: list[QueueItemOut]
+
+
+class FiringOut(BaseModel):
+    alert: str
+    severity: str
+    signal: str
+    value: float
+    summary: str
+
+
+class AlertsOut(BaseModel):
+    signals: dict[str, float | dict[str, float] | None] = Field(description="the nine signals; null: no source")
+    firing: list[FiringOut]
+
+
+class TopologyOut(BaseModel):
+    cluster: str
+    version: int
+    created_at: float
+    source: str
+    gpus: int
+    free: int
+    nodes: list[dict[str, Any]]
+    domains: list[dict[str, Any]]
+
+
+class RefreshOut(BaseModel):
+    version: int
+    created_at: float
+    source: str
+
+
+class ReactionOut(BaseModel):
+    """What a sidecar report changed (``sidecar.react.Reaction.to_json()``)."""
+
+    placement: str
+    status: str
+    drifted_gpus: list[str]
+    alerts: list[dict[str, Any]]
+    proposal: dict[str, Any] | None
+    reasons: list[str]
+
+
+class HealthOut(BaseModel):
+    status: Literal["ok"]
+
+
+class ReadyOut(BaseModel):
+    status: Literal["ready", "not ready"]
+    detail: str | None = None
