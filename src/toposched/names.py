@@ -78,6 +78,15 @@ def id_problem(value: object, what: str = "id") -> str | None:
     return None
 
 
+def placement_id_problem(value: object) -> str | None:
+    """Why ``value`` is not a placement id (an id, or an id with a replica suffix ``-N``), or None."""
+    if isinstance(value, str):
+        base, dash, replica = value.rpartition("-")
+        if dash and replica.isascii() and replica.isdigit() and len(replica) <= 5 and id_problem(base) is None:
+            return None
+    return id_problem(value, "placement id")
+
+
 def label_problem(value: object, what: str = "label") -> str | None:
     """Why ``value`` is not a valid label (rack, zone, label key/value), or None when it is."""
     if not isinstance(value, str):
@@ -87,6 +96,11 @@ def label_problem(value: object, what: str = "label") -> str | None:
     if not _LABEL_RE.fullmatch(value):
         return f"{what} {_shown(value)} is not valid: use letters, digits, '.', '_', '-' and '/' only"
     return None
+
+
+def label_value_problem(value: object, what: str = "label value") -> str | None:
+    """Like :func:`label_problem`, but the empty string is allowed (Kubernetes label values may be empty)."""
+    return None if value == "" else label_problem(value, what)
 
 
 def word_problem(value: object, what: str = "name") -> str | None:
@@ -131,6 +145,12 @@ NodeName = Annotated[str, AfterValidator(_pydantic(node_name_problem))]
 
 ObjectId = Annotated[str, AfterValidator(_pydantic(id_problem))]
 """A pydantic field type for request, placement and clique ids."""
+
+PlacementId = Annotated[str, AfterValidator(_pydantic(placement_id_problem))]
+"""A pydantic field type for placement ids: a request id, or a request id and ``-N``."""
+
+LabelValue = Annotated[str, AfterValidator(_pydantic(label_value_problem))]
+"""A pydantic field type for label values (may be empty)."""
 
 Label = Annotated[str, AfterValidator(_pydantic(label_problem))]
 """A pydantic field type for racks, zones and label keys/values."""

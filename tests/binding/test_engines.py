@@ -10,10 +10,18 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from pydantic import ValidationError
 
 from tests.binding.builders import make_doc, make_placement, nvl72_doc
 from tests.conftest import RunCli, shared_dir
-from toposched.binding.engines import ENV_VARS, SGLANG_FLAGS, VLLM_FLAGS, build_launches, shell_script
+from toposched.binding.engines import (
+    ENV_VARS,
+    SGLANG_FLAGS,
+    VLLM_FLAGS,
+    NodeLaunch,
+    build_launches,
+    shell_script,
+)
 from toposched.binding.plan_doc import load_plan, parse_plan
 from toposched.errors import InputError
 from toposched.solver.request import Placement, PlacementRequest
@@ -43,7 +51,7 @@ def test_every_emitted_flag_and_variable_is_in_the_reference() -> None:
     for var in ENV_VARS:
         assert var in ENGINES_MD or var == "CUDA_DEVICE_ORDER", var
     # ... and every launch, across engines and shapes, uses only them.
-    cases = [
+    cases: list[tuple[str, str, dict[str, Any]]] = [
         ("hgx-h100", "llama-3.1-70b", {"slo_tpot_ms": 40, "replicas": 2}),
         ("l40s-8x-pcie", "llama-3.1-70b", {"weight_dtype": "fp8", "allowed_tp": (8,), "max_pp": 1}),
         ("two-nodes", "llama-3.1-405b", {"slo_tpot_ms": 60}),
@@ -228,6 +236,41 @@ def test_launch_cli_contract(run_cli: RunCli, tmp_path: Path) -> None:
     result = run_cli("launch", "vllm", "--preset", "hgx-h100", "--model", "llama-3.1-8b", "--json")
     assert json.loads(result.stdout)["launches"][0]["env"]["CUDA_VISIBLE_DEVICES"] == "0"
     bad = run_cli("launch", "vllm", "--plan", str(tmp_path / "missing.json"))
-    assert bad.exit_code == 2 and "cannot read plan" in bad.stderr
+    assert bad.exit_code == 2 and "plan" in bad.stderr and "does not exist" in bad.stderr
     both = run_cli("launch", "vllm", "--plan", str(path), "--model", "x", "--preset", "dgx2")
     assert both.exit_code == 2 and "not both" in both.stderr
+
+
+def test_shell_script_writes_only_checked_names() -> None:
+    s, request, (p,) = _plan("hgx-h100", "llama-3.1-8b")
+    (launch,) = build_launches([p], request, s.cluster, "vllm")
+    with pytest.raises(ValidationError, match="not a hostname"):
+        NodeLaunch.model_validate({**launch.model_dump(), "node": "x\ntouch pwned"})
+    # a launch built without validation still cannot put a line into the script
+    forged = NodeLaunch.model_construct(**{**launch.model_dump(), "placement": "p\ntouch pwned #"})
+    with pytest.raises(InputError, match="placement id"):
+        shell_script(forged)
+    forged = NodeLaunch.model_construct(**{**launch.model_dump(), "env": {"X=1; touch pwned; Y": "1"}})
+    with pytest.raises(InputError, match="environment variable"):
+        shell_script(forged)
+    comment = shell_script(launch).splitlines()[1]
+    assert comment == f"# toposched launch: placement {p.id}, node hgx-h100 (rank 0 of 1), engine vllm"
+
+
+def test_placement_ids_of_a_long_request_id_are_accepted(run_cli: RunCli, tmp_path: Path) -> None:
+    """A 120-character request id is valid; its instance ids ``ID-0``, ``ID-1`` are longer and valid too."""
+    plan = run_cli("plan", "--preset", "hgx-h100", "--model", "llama-3.1-8b", "--tp", "4", "--replicas", "2", "--json")
+    data = json.loads(plan.stdout)
+    rid = "r" * 120
+    data["request"]["id"] = rid
+    for n, p in enumerate(data["placements"]):
+        p["id"], p["request_id"] = f"{rid}-{n}", rid
+    doc = parse_plan(data, "p.json")
+    assert [p.id for p in doc.placements] == [f"{rid}-0", f"{rid}-1"]
+    data["placements"][1]["id"] = f"{rid}-2"  # not an instance of a 2-replica request
+    with pytest.raises(InputError, match=r"p.json: placements.1.id: .* is not an instance of request"):
+        parse_plan(data, "p.json")
+    data["placements"][1]["id"] = f"{rid}-0"
+    data["request"]["replicas"] = 3
+    with pytest.raises(InputError, match=r"placements.1.id: placement .* appears twice"):
+        parse_plan(data, "p.json")

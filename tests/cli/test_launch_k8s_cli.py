@@ -48,8 +48,15 @@ def test_k8s_kubelet_and_roles(run_cli: RunCli, tmp_path: Path) -> None:
     pcie = _plan(run_cli, tmp_path, "--preset", "l40s-8x-pcie", "--model", "llama-3.1-8b", "--tp", "4", name="p.json")
     result = run_cli("launch", "k8s", "--plan", str(pcie), "--kubelet", "--topology-policy", "restricted")
     assert result.exit_code == 0, result.stderr
-    (cfg,) = yaml.safe_load_all(result.stdout)
+    (item,) = yaml.safe_load_all(result.stdout)
+    cfg = item["config"]
+    assert item["nodes"] == ["l40s"]
     assert cfg["kind"] == "KubeletConfiguration" and cfg["topologyManagerPolicy"] == "restricted"
+    as_json = run_cli(
+        "launch", "k8s", "--plan", str(pcie), "--kubelet", "--topology-policy", "restricted", "--format", "json"
+    )
+    assert json.loads(as_json.stdout)["kubelet_configs"] == [item]  # YAML and JSON carry the same objects
+    assert not [line for line in result.stdout.splitlines() if line.lstrip().startswith("#")]
     result = run_cli("launch", "k8s", "--roles", f"prefill={pcie},decode={pcie}", "--group", "pd")
     assert result.exit_code == 0, result.stderr
     rbg, policy = yaml.safe_load_all(result.stdout)

@@ -21,7 +21,7 @@ def test_sidecar_webhook_marks_the_placement_degraded(
         # the same request planned offline gives the plan file the sidecar reads
         plan = run_cli("plan", "--preset", "hgx-h100", "--model", "llama-3.1-70b", "--slo-tpot-ms", "40", "--json")
         data = json.loads(plan.stdout)
-        data["placements"][0]["id"] = "hook"
+        data["request"]["id"] = data["placements"][0]["id"] = data["placements"][0]["request_id"] = "hook"
         assert [(r["node"], r["gpu"]) for r in data["placements"][0]["ranks"]] == [
             (r["node"], r["gpu"]) for r in made.json()["ranks"]
         ]

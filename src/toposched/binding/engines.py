@@ -17,10 +17,16 @@ and a test fails on anything else.
 * Multi-node: vLLM ``--nnodes/--node-rank/--master-addr/--master-port`` with ``--headless`` on the
   others; SGLang ``--nnodes/--node-rank/--dist-init-addr``. The head is the node of rank 0; its
   name is used as the address unless one is given.
+
+Scripts are safe to run whatever the plan said: ids and node names are checked by the rules of
+``toposched.names`` (the plan reader and the topology model check them first; ``NodeLaunch`` checks
+again), every value in a script is ``shlex``-quoted, and the one comment line carries only checked
+names and numbers, never a raw newline.
 """
 
 from __future__ import annotations
 
+import shlex
 from collections.abc import Sequence
 from pathlib import Path
 from typing import Literal
@@ -28,6 +34,7 @@ from typing import Literal
 from pydantic import BaseModel, ConfigDict, Field
 
 from toposched.errors import InputError
+from toposched.names import NodeName, PlacementId, check_node_name, node_name_problem, placement_id_problem
 from toposched.solver.layout import layout_problem, node_blocks
 from toposched.solver.request import Placement, PlacementRequest
 from toposched.topology.domains import DomainMap, build_domain_map, gpu_ref
@@ -67,12 +74,12 @@ SGLANG_DIST_PORT = 20000  # the port of the LWS SGLang example (engines.md secti
 
 
 class NodeLaunch(BaseModel):
-    """What runs on one node for one placement."""
+    """What runs on one node for one placement; the placement id and node name are checked names."""
 
     model_config = ConfigDict(frozen=True)
 
-    placement: str
-    node: str
+    placement: PlacementId
+    node: NodeName
     engine: Engine
     node_rank: int
     nnodes: int
@@ -84,16 +91,45 @@ class NodeLaunch(BaseModel):
     port: int
 
 
+MAX_MODEL_ARG = 4096
+"""Longest model name or path written into a launch (PATH_MAX on Linux)."""
+
+
+def check_model_arg(value: str, what: str = "model") -> str:
+    """``value`` if it can be the engine's model argument: printable text (no newline, no NUL), not too long."""
+    if len(value) > MAX_MODEL_ARG or not value.isprintable():
+        shown = repr(value[:40]) + ("..." if len(value) > 40 else "")
+        raise InputError(
+            f"{what} {shown} is not a catalog name or a path: "
+            + (
+                f"longer than {MAX_MODEL_ARG} characters" if len(value) > MAX_MODEL_ARG else "it has control characters"
+            ),
+            fix="use a catalog model name or the path of a config.json",
+        )
+    return value
+
+
 def engine_model_id(ref: str) -> str:
     """What the engine loads: the Hugging Face id of a catalog model, or the folder of a config.json."""
+    check_model_arg(ref)
     path = Path(ref).expanduser()
-    if path.exists():
-        return str(path.parent if path.is_file() else path)
+    try:
+        if path.exists():
+            return str(path.parent if path.is_file() else path)
+    except OSError as exc:
+        raise InputError(f"model path {ref[:60]!r} cannot be read: {exc.strerror}") from None
     return resolve_model(ref).hf_id or ref
 
 
 def _node_groups(p: Placement) -> list[tuple[str, list[int]]]:
     """Nodes in rank order with their GPUs in rank order; the layout must be one engines can launch."""
+    problem = placement_id_problem(p.id)
+    if problem:
+        raise InputError(problem, fix="placement ids come from the request id: letters, digits, '.', '_', '-'")
+    for r in p.ranks:
+        check_node_name(r.node, source=f"placement {p.id}")
+    if p.tp < 1 or p.pp < 1 or len(p.ranks) != p.tp * p.pp:
+        raise InputError(f"placement {p.id}: {len(p.ranks)} ranks for tp={p.tp} x pp={p.pp}")
     problem = layout_problem(p.ranks, p.tp)
     if problem:
         raise InputError(f"placement {p.id}: {problem}")
@@ -139,7 +175,7 @@ def build_launches(
     """One ``NodeLaunch`` per placement and node."""
     dmap = build_domain_map(cluster)
     nodes = {n.name: n for n in cluster.nodes}
-    model = model_path or engine_model_id(request.model)
+    model = check_model_arg(model_path, "--model-path") if model_path else engine_model_id(request.model)
     if use_uuids is None:
         use_uuids = all(n.source == "nvml" for n in cluster.nodes)
     launches: list[NodeLaunch] = []
@@ -215,7 +251,7 @@ def vllm_ray_argv(
 ) -> list[str]:
     """The one driver command of vLLM's Ray executor: the placement group chooses the GPUs, so there is
     no numactl, no per-rank NUMA binding and none of the mp backend's multi-node flags."""
-    model = model_path or engine_model_id(request.model)
+    model = check_model_arg(model_path, "--model-path") if model_path else engine_model_id(request.model)
     return [
         *_vllm_core(p, request, model),
         "--distributed-executor-backend",
@@ -255,13 +291,21 @@ def _sglang(
 
 
 def shell_script(launch: NodeLaunch) -> str:
-    """A script for one node; every value is shell-quoted, so nothing in a model path can execute."""
-    import shlex
+    """A script for one node; every value is shell-quoted, so nothing in a plan or a model path can execute.
 
+    The comment line names the placement and node, which ``NodeLaunch`` has checked (no newline, no
+    shell syntax); they are checked again here so a hand-built launch cannot slip a line in.
+    """
+    problem = placement_id_problem(launch.placement) or node_name_problem(launch.node)
+    if problem:
+        raise InputError(f"launch script: {problem}")
+    bad = sorted(k for k in launch.env if k not in ENV_VARS)
+    if bad:
+        raise InputError(f"launch script: environment variable {bad[0]!r} is not one toposched writes")
     lines = [
         "#!/usr/bin/env bash",
-        f"# toposched launch: placement {launch.placement}, node {launch.node} "
-        f"(rank {launch.node_rank} of {launch.nnodes}), engine {launch.engine}",
+        f"# toposched launch: placement {shlex.quote(launch.placement)}, node {shlex.quote(launch.node)} "
+        f"(rank {int(launch.node_rank)} of {int(launch.nnodes)}), engine {shlex.quote(launch.engine)}",
         "set -euo pipefail",
     ]
     lines += [f"export {k}={shlex.quote(v)}" for k, v in launch.env.items()]

@@ -514,12 +514,17 @@ def lint_nodes(doc: PlanDoc, nodes_json: Any, opts: K8sOptions | None = None) ->
     if not isinstance(nodes_json, dict):
         raise InputError("the nodes file is not `kubectl get nodes -o json` output (not an object)")
     items = nodes_json.get("items", [nodes_json])
+    if not isinstance(items, list):
+        raise InputError("the nodes file's 'items' is not a list", fix="use kubectl get nodes -o json")
     labels_of: dict[str, dict[str, str]] = {}
-    for item in items:
+    for k, item in enumerate(items):
         meta = item.get("metadata", {}) if isinstance(item, dict) else {}
-        if "name" not in meta:
-            raise InputError("the nodes file has an item without metadata.name")
-        labels_of[meta["name"]] = dict(meta.get("labels") or {})
+        if not isinstance(meta, dict) or not isinstance(meta.get("name"), str):
+            raise InputError(f"the nodes file's items.{k} has no metadata.name")
+        labels = meta.get("labels") or {}
+        if not isinstance(labels, dict):
+            raise InputError(f"the nodes file's items.{k}.metadata.labels is not an object")
+        labels_of[meta["name"]] = {str(key): str(value) for key, value in labels.items()}
     findings: list[LintFinding] = []
     by_placement = _launches(doc, opts)
     for p in doc.placements:

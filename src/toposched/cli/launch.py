@@ -6,6 +6,9 @@ topology source plan first (slo policy) and launch the result.
 
 from __future__ import annotations
 
+import hashlib
+import os
+from collections import Counter
 from pathlib import Path
 
 import typer
@@ -15,9 +18,13 @@ from toposched.binding.plan_doc import PlanDoc, load_plan
 from toposched.cli import launch_k8s
 from toposched.cli._common import CLUSTER, LIVE, PRESET, SMI, console, err_console, print_json, source_ref
 from toposched.errors import InputError
+from toposched.names import node_name_problem, placement_id_problem
 from toposched.solver.request import PlacementRequest
 from toposched.solver.scheduler import Scheduler
 from toposched.topology.sources import load_source
+
+MAX_FILE_NAME = 255
+"""Longest file name (bytes) most file systems take (NAME_MAX)."""
 
 launch_app = typer.Typer(help="Launch plans for vLLM, SGLang, Kubernetes and Ray.", no_args_is_help=True)
 
@@ -73,6 +80,61 @@ def resolve_plan(
     return PlanDoc(tuple(outcome.placements), request, loaded.cluster)
 
 
+def script_name(launch: NodeLaunch) -> str:
+    """``PLACEMENT-NODE.sh`` from the checked placement id and node name (hashed short past 255 bytes).
+
+    Both parts are checked names (no ``/``, no leading ``.``), so the result is one plain file name;
+    this is checked again, and ``_inside`` checks the resolved path.
+    """
+    problem = placement_id_problem(launch.placement) or node_name_problem(launch.node)
+    if problem:
+        raise InputError(f"cannot name a script after this launch: {problem}")
+    name = f"{launch.placement}-{launch.node}.sh"
+    if len(name.encode()) > MAX_FILE_NAME:
+        digest = hashlib.sha256(f"{launch.placement}/{launch.node}".encode()).hexdigest()[:12]
+        name = f"{launch.placement[:100]}-{launch.node[:100]}-{digest}.sh"
+    if name != Path(name).name or name.startswith("."):
+        raise InputError(f"script name {name[:80]!r} is not a plain file name")
+    return name
+
+
+def _inside(out: Path, name: str) -> Path:
+    """``out / name``, refusing a path that resolves outside ``out`` (a planted link, a ``..``)."""
+    root = out.resolve()
+    path = root / name
+    if path.resolve().parent != root:
+        raise InputError(f"script {name[:80]!r} would be written outside --out {out}", fix="remove the link there")
+    return path
+
+
+def _write_script(path: Path, text: str) -> None:
+    """Write an executable script; a link planted at ``path`` is refused, not followed."""
+    flags = os.O_WRONLY | os.O_CREAT | os.O_TRUNC | getattr(os, "O_NOFOLLOW", 0)
+    try:
+        fd = os.open(path, flags, 0o755)
+    except OSError as exc:
+        raise InputError(f"cannot write {path}: {exc.strerror}", fix="check --out") from None
+    with os.fdopen(fd, "w", encoding="utf-8") as f:
+        f.write(text)
+        os.fchmod(f.fileno(), 0o755)
+
+
+def write_scripts(launches: list[NodeLaunch], out: Path) -> list[Path]:
+    """One executable script per launch in ``out`` (made if missing); nothing is written elsewhere."""
+    scripts = [(script_name(launch), shell_script(launch)) for launch in launches]
+    twice = [name for name, count in Counter(name for name, _ in scripts).items() if count > 1]
+    if twice:
+        raise InputError(f"two launches would both be written to {twice[0]}", fix="give each placement its own id")
+    try:
+        out.mkdir(parents=True, exist_ok=True)
+    except OSError as exc:
+        raise InputError(f"--out {out}: cannot make the folder: {exc.strerror}") from None
+    paths = [_inside(out, name) for name, _ in scripts]
+    for path, (_, text) in zip(paths, scripts, strict=True):
+        _write_script(path, text)
+    return [out / name for name, _ in scripts]
+
+
 def _emit(launches: list[NodeLaunch], fmt: str, json_out: bool, out: Path | None) -> None:
     if json_out or fmt == "json":
         print_json({"launches": [launch.model_dump(mode="json") for launch in launches]})
@@ -80,12 +142,8 @@ def _emit(launches: list[NodeLaunch], fmt: str, json_out: bool, out: Path | None
     if fmt != "sh":
         raise InputError(f"--format {fmt!r} is not one of sh, json for engine launches")
     if out is not None:
-        out.mkdir(parents=True, exist_ok=True)
-        for launch in launches:
-            path = out / f"{launch.placement}-{launch.node}.sh"
-            path.write_text(shell_script(launch))
-            path.chmod(0o755)
-            console.print(f"wrote {path}", markup=False)
+        for path in write_scripts(launches, out):
+            console.print(f"wrote {path}", markup=False, soft_wrap=True)
         return
     for launch in launches:
         print(shell_script(launch))

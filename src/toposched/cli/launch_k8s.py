@@ -2,13 +2,13 @@
 
 from __future__ import annotations
 
-import json
 from pathlib import Path
 from typing import Any
 
 import typer
 import yaml
 from rich.table import Table
+from rich.text import Text
 
 from toposched.binding.k8s import (
     DEFAULT_RACK_LABEL,
@@ -22,12 +22,15 @@ from toposched.binding.plan_doc import PlanDoc, load_plan
 from toposched.binding.ray import ray_document
 from toposched.cli._common import CLUSTER, LIVE, PRESET, SMI, console, print_json
 from toposched.errors import InputError
+from toposched.inputs import load_json, read_text
 
 RACK_LABEL = typer.Option(DEFAULT_RACK_LABEL, "--rack-label", help="Node label that holds the rack.")
 ENGINE = typer.Option("vllm", "--engine", help="vllm or sglang.")
 
 
 def _dump_yaml(docs: list[Any]) -> str:
+    """YAML documents written only by the safe serialiser (no anchors, no comments, no raw input text)."""
+
     class _NoAliases(yaml.SafeDumper):
         def ignore_aliases(self, data: Any) -> bool:
             return True
@@ -106,13 +109,12 @@ def register_launch(launch_app: typer.Typer) -> None:
         else:
             doc = L.resolve_plan(plan, model, smi, preset, cluster, live, gpu, replicas, tp, slo_tpot_ms, max_model_len)
             if kubelet:
-                configs = kubelet_configs(doc, policy=topology_policy)
+                # The node names travel in a field, never in a YAML comment: only the serialiser writes input.
+                configs = [{"nodes": n, "config": c} for n, c in kubelet_configs(doc, policy=topology_policy)]
                 if fmt == "json":
-                    print_json({"kubelet_configs": [{"nodes": n, "config": c} for n, c in configs]})
-                    return
-                for nodes, config in configs:
-                    print(f"# KubeletConfiguration for nodes {', '.join(nodes)} (kubelet --config file)")
-                    print(_dump_yaml([config]), end="")
+                    print_json({"kubelet_configs": configs})
+                else:
+                    print(_dump_yaml(configs), end="")
                 return
             objects = k8s_objects(doc, opts)
         if fmt == "json":
@@ -139,14 +141,7 @@ def register_launch(launch_app: typer.Typer) -> None:
     ) -> None:
         """Check real nodes against the plan: every planned node present, with every label its affinity uses."""
         doc = L.resolve_plan(plan, model, smi, preset, cluster, live, gpu, replicas, tp, slo_tpot_ms, max_model_len)
-        try:
-            data = json.loads(nodes.read_text())
-        except OSError as exc:
-            raise InputError(f"cannot read {nodes}: {exc.strerror}") from exc
-        except json.JSONDecodeError as exc:
-            raise InputError(
-                f"{nodes}: not JSON (line {exc.lineno}: {exc.msg})", fix="use kubectl get nodes -o json"
-            ) from exc
+        data = load_json(read_text(nodes, what="nodes file"), source=str(nodes))
         findings = lint_nodes(doc, data, K8sOptions(rack_label=rack_label))
         if json_out:
             print_json(
@@ -160,7 +155,7 @@ def register_launch(launch_app: typer.Typer) -> None:
             for column in ("placement", "node", "problem"):
                 table.add_column(column)
             for f in findings:
-                table.add_row(f.placement, f.node, f.problem)
+                table.add_row(Text(f.placement), Text(f.node), Text(f.problem))  # no markup from the inputs
             console.print(table)
         else:
             console.print("ok: every planned node exists and carries the labels its affinity uses", markup=False)

@@ -12,6 +12,8 @@ from typing import Literal
 
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
+from toposched.names import NodeName, ObjectId, PlacementId
+
 Affinity = Literal["auto", "nvlink", "numa", "pcie-switch", "node", "none"]
 SloClass = Literal["realtime", "interactive", "standard", "batch"]
 
@@ -43,7 +45,7 @@ class PlacementRequest(BaseModel):
 
     model_config = ConfigDict(frozen=True, extra="forbid")
 
-    id: str = Field(default="req", min_length=1, description="idempotency key; instance ids derive from it")
+    id: ObjectId = Field(default="req", description="idempotency key; instance ids derive from it")
     model: str = Field(min_length=1, description="catalog name, Hugging Face id or config.json path")
     weight_dtype: str | None = None
     kv_dtype: str | None = None
@@ -56,7 +58,7 @@ class PlacementRequest(BaseModel):
     slo_class: SloClass = "interactive"
     priority: int = Field(default=0, ge=0, le=100)
     replicas: int = Field(default=1, ge=1, le=10_000)
-    allowed_tp: tuple[int, ...] | None = None
+    allowed_tp: tuple[int, ...] | None = Field(default=None, min_length=1)
     max_pp: int = Field(default=8, ge=1, le=64)
     ep: int = Field(default=1, ge=1, le=1024, description="expert-parallel degree for MoE models")
     expert_hit_rates: tuple[float, ...] | None = Field(
@@ -95,7 +97,7 @@ class Rank(BaseModel):
     model_config = ConfigDict(frozen=True)
 
     rank: int
-    node: str
+    node: NodeName
     gpu: int
     stage: int
     tp_rank: int
@@ -141,13 +143,13 @@ class Placement(BaseModel):
 
     model_config = ConfigDict(frozen=True)
 
-    id: str
-    request_id: str
+    id: PlacementId
+    request_id: ObjectId
     model: str
     policy: str
-    tp: int
-    pp: int
-    ep: int
+    tp: int = Field(ge=1)
+    pp: int = Field(ge=1)
+    ep: int = Field(ge=1)
     ranks: tuple[Rank, ...]
     level: str = Field(description="affinity level the TP groups satisfy")
     link: str = Field(description="perf link key between TP ranks")

@@ -7,14 +7,25 @@ A GPU is addressed inside its node by ``index`` (the ``nvidia-smi`` index as the
 and across the cluster by ``GpuRef`` ("node/index"). Links between GPUs of one node are stored once
 per unordered pair (``a < b``); links between nodes come from the cluster's fabric and from
 multi-node NVLink cliques (GB200 NVL72), not from per-pair entries.
+
+Every name that can reach a launch script, a file name, a Kubernetes object or a ledger key is
+checked here, by the rules of ``toposched.names``, so that one rule covers every entry (cluster
+spec, probe, plan JSON, presets, stored snapshots): node names are RFC 1123 hostnames
+(``NodeName``); racks, zones, label keys and values and clique ids are ``Label`` (clique ids keep
+their ``/``: ``gb200-nvl72/clique0``, NVML's ``clusterUuid/cliqueId``); NIC names and
+``socket_ifname`` are one ``Word`` (``mlx5_0``, ``mlx5_bond_0``, ``eth0``); GPU UUIDs (which
+``CUDA_VISIBLE_DEVICES`` lists) use the ``Label`` alphabet and PCI bus ids are one ``Word``.
 """
 
 from __future__ import annotations
 
+from collections import Counter
 from enum import StrEnum
 from typing import Literal
 
 from pydantic import BaseModel, ConfigDict, Field, model_validator
+
+from toposched.names import Label, LabelValue, NodeName, Word
 
 SCHEMA_VERSION = 1
 
@@ -101,8 +112,8 @@ class GPU(_Value):
     """One GPU as a node sees it."""
 
     index: int = Field(ge=0, description="nvidia-smi index as the source gave it")
-    uuid: str | None = None
-    pci_bus_id: str | None = None
+    uuid: Label | None = Field(default=None, description="'GPU-<hex>', or MIG's 'MIG-GPU-<hex>/1/0'")
+    pci_bus_id: Word | None = Field(default=None, description="e.g. '00000000:18:00.0'")
     model: str | None = None
     hbm_gib: float | None = Field(default=None, gt=0)
     numa_node: int | None = Field(default=None, description="single NUMA node, or None when unknown/many")
@@ -114,8 +125,8 @@ class GPU(_Value):
 class NIC(_Value):
     """A network interface the topology source lists (``NICn`` / ``mlx5_N``)."""
 
-    name: str = Field(description="column name in the source: 'NIC0' or 'mlx5_0'")
-    device: str | None = Field(default=None, description="RDMA device, e.g. 'mlx5_0'")
+    name: Word = Field(description="column name in the source: 'NIC0' or 'mlx5_0'")
+    device: Word | None = Field(default=None, description="RDMA device, e.g. 'mlx5_0'")
     numa_node: int | None = None
 
 
@@ -142,17 +153,17 @@ class NicLink(_Value):
     """The PCIe path between a GPU and a NIC of the same node."""
 
     gpu: int
-    nic: str
+    nic: Word
     kind: LinkKind
 
 
 class Node(_Value):
     """One machine: its GPUs, NICs and the links between them."""
 
-    name: str = Field(min_length=1, description="hostname")
-    rack: str | None = None
-    zone: str | None = None
-    labels: dict[str, str] = Field(default_factory=dict)
+    name: NodeName = Field(description="hostname (RFC 1123, as Kubernetes node names)")
+    rack: Label | None = None
+    zone: Label | None = None
+    labels: dict[Label, LabelValue] = Field(default_factory=dict)
     gpus: tuple[GPU, ...] = ()
     nics: tuple[NIC, ...] = ()
     links: tuple[Link, ...] = ()
@@ -197,7 +208,7 @@ class Fabric(_Value):
     nics_per_node: int = Field(default=8, ge=0)
     rail_optimized: bool = True
     latency_us: float = Field(default=5.0, ge=0)
-    socket_ifname: str | None = Field(default=None, description="NCCL_SOCKET_IFNAME for bootstrap traffic")
+    socket_ifname: Word | None = Field(default=None, description="NCCL_SOCKET_IFNAME for bootstrap traffic")
 
     @property
     def link_kind(self) -> LinkKind:
@@ -207,8 +218,8 @@ class Fabric(_Value):
 class NVLinkClique(_Value):
     """A multi-node NVLink domain (e.g. one GB200 NVL72 rack: 72 GPUs over 18 trays)."""
 
-    id: str = Field(min_length=1)
-    nodes: tuple[str, ...] = Field(min_length=1)
+    id: Label = Field(description="e.g. 'gb200-nvl72/clique0' or NVML's 'clusterUuid/cliqueId'")
+    nodes: tuple[NodeName, ...] = Field(min_length=1)
     bandwidth_gbps: float = Field(default=900.0, gt=0)
 
 
@@ -228,7 +239,7 @@ class Cluster(_Value):
                 f"schema_version {self.schema_version} is not supported (this toposched reads {SCHEMA_VERSION})"
             )
         names = [n.name for n in self.nodes]
-        dupes = sorted({n for n in names if names.count(n) > 1})
+        dupes = sorted(n for n, count in Counter(names).items() if count > 1)
         if dupes:
             raise ValueError(f"duplicate node names: {', '.join(dupes)}")
         known = set(names)
