@@ -20,7 +20,7 @@ def test_not_a_database_is_a_clear_error(tmp_path: Path) -> None:
     with pytest.raises(StateError) as caught:
         ledger.accounts()
     assert str(path) in caught.value.message and "not usable" in caught.value.message
-    assert caught.value.fix and "move it aside" in caught.value.fix
+    assert caught.value.fix and "restore a backup" in caught.value.fix
     assert path.read_bytes().startswith(b"this is not sqlite")  # left as it was
 
 
