@@ -21,7 +21,8 @@ import pytest
 from tests.ledger.common import FakeClock
 from toposched.errors import StateError
 from toposched.ledger.base import GIB
-from toposched.ledger.sqlite import SqliteLedger, access_problem, row_checksum, wal_damage
+from toposched.ledger.sqlite import SqliteLedger, row_checksum
+from toposched.ledger.sqlite_checks import access_problem, wal_damage
 
 FLIPS = int(os.environ.get("TOPOSCHED_FLIPS", "0"))
 SUFFIXES = ("", "-wal", "-commits")  # what a crash leaves (the -shm is rebuilt from the WAL)
@@ -400,7 +401,7 @@ def test_a_folder_the_user_may_not_write_is_refused_before_sqlite_opens_it(
     folder = tmp_path / "state"
     path = folder / "state.sqlite3"
     SqliteLedger(path).set_capacity({"n/0": GIB})
-    monkeypatch.setattr("toposched.ledger.sqlite._can", lambda p, mode: p != folder)  # as a non-root user sees it
+    monkeypatch.setattr("toposched.ledger.sqlite_checks._can", lambda p, mode: p != folder)  # as a non-root user sees it
     with pytest.raises(StateError) as caught:
         SqliteLedger(path).accounts()
     assert caught.value.message.startswith(f"the folder {folder} is not writable by user ")

@@ -40,13 +40,11 @@ from __future__ import annotations
 import json
 import logging
 import os
-import pwd
 import sqlite3
-import struct
 import threading
 import uuid
 import zlib
-from collections.abc import Callable, Iterator, Mapping, Sequence
+from collections.abc import Iterator, Mapping, Sequence
 from contextlib import contextmanager
 from pathlib import Path
 from typing import Any, ClassVar
@@ -66,6 +64,7 @@ from toposched.ledger.base import (
     validate_request,
     wall_clock,
 )
+from toposched.ledger.sqlite_checks import access_problem, wal_damage
 
 LEDGER_SCHEMA = 2
 log = logging.getLogger(__name__)
@@ -153,147 +152,6 @@ def _row_to_reservation(values: Sequence[Any]) -> Reservation:
 
 
 # ---------------------------------------------------------------------------------- the -wal file
-
-_M32 = 0xFFFFFFFF
-_WAL_MAGIC = 0x377F0682  # | 1 when the checksum words are big-endian
-_WAL_VERSION = 3007000
-
-
-def _wal_sum(words: Sequence[int]) -> tuple[int, int]:
-    """SQLite's WAL checksum of 32-bit ``words`` from a zero seed."""
-    s0 = s1 = 0
-    pairs = iter(words)
-    for x0, x1 in zip(pairs, pairs, strict=True):
-        s0 += x0 + s1
-        s1 += x1 + s0
-        if s1 >> 60:  # reduce mod 2**32 only now and then: a quarter faster than on every step
-            s0, s1 = s0 & _M32, s1 & _M32
-    return s0 & _M32, s1 & _M32
-
-
-def _wal_seeded(pairs: int) -> Callable[[tuple[int, int], tuple[int, int]], tuple[int, int]]:
-    """The checksum is affine in its seed: sum(seed) = M**pairs @ seed + sum(0), M = [[1, 1], [1, 2]]."""
-    a, b, c, d = 1, 0, 0, 1
-    for _ in range(pairs):
-        a, b, c, d = (a + c) & _M32, (b + d) & _M32, (a + 2 * c) & _M32, (b + 2 * d) & _M32
-
-    def seeded(seed: tuple[int, int], zero: tuple[int, int]) -> tuple[int, int]:
-        return (a * seed[0] + b * seed[1] + zero[0]) & _M32, (c * seed[0] + d * seed[1] + zero[1]) & _M32
-
-    return seeded
-
-
-def wal_damage(wal: Path, page_size: int | None) -> str | None:
-    """Why SQLite would silently drop committed transactions of this ``-wal`` file, or None.
-
-    SQLite replays a WAL from its header up to the first frame whose salts or checksum do not match
-    and ignores the rest. A frame's checksum chains from the one stored in the frame before, so each
-    frame can also be checked on its own (from its predecessor's stored or recomputed checksum): a
-    genuine commit frame that SQLite would not replay is a committed transaction it would lose.
-    Undetectable here: damage to the last commit frame itself (``FILE-commits`` catches that).
-    """
-    try:
-        file = wal.open("rb")
-    except OSError:  # none (the usual case) or unreadable (SQLite then fails with its own error)
-        return None
-    with file:
-        head = file.read(32)
-        if len(head) < 32:
-            return None
-        magic, version, size, _, salt1, salt2, h0, h1 = struct.unpack(">8I", head)
-        order = ">" if magic & 1 else "<"
-        size_ok = 512 <= size <= 65536 and size & (size - 1) == 0
-        page = size if size_ok else page_size
-        if not page:
-            return None
-        header_sum = _wal_sum(struct.unpack(order + "6I", head[:24]))
-        header_ok = magic | 1 == _WAL_MAGIC | 1 and version == _WAL_VERSION and size_ok and header_sum == (h0, h1)
-        seeded = _wal_seeded((8 + page) // 8)
-        salts = (salt1, salt2) if header_ok else None  # a damaged header: frame 1's salts are the log's
-        chain: tuple[int, int] | None = (h0, h1) if header_ok else None  # SQLite's running checksum
-        replayed = 0  # frames SQLite replays: up to its last commit frame before the first bad one
-        first_bad: int | None = None
-        prev_stored, prev_computed = (h0, h1), header_sum
-        lost = index = 0
-        while len(frame_head := file.read(24)) == 24 and len(data := file.read(page)) == page:
-            pgno, commit, fsalt1, fsalt2, k0, k1 = struct.unpack(">6I", frame_head)
-            zero = _wal_sum(struct.unpack(f"{order}{2 + page // 4}I", frame_head[:8] + data))
-            salts = salts or (fsalt1, fsalt2)
-            stored = (k0, k1)
-            fits = pgno != 0 and (fsalt1, fsalt2) == salts
-            if chain is not None:
-                if fits and seeded(chain, zero) == stored:
-                    chain = stored
-                    replayed = index + 1 if commit else replayed
-                else:
-                    chain, first_bad = None, index
-            genuine = fits and stored in (seeded(prev_stored, zero), seeded(prev_computed, zero))
-            if genuine and commit and chain is None:
-                lost += 1
-            prev_computed, prev_stored = seeded(prev_stored, zero), stored
-            index += 1
-    if not lost:
-        return None
-    if first_bad is None:
-        return f"the header of {wal.name} is damaged, so SQLite would ignore the file: {lost} committed transaction(s)"
-    return (
-        f"frame {first_bad + 1} of {wal.name} (byte {32 + first_bad * (24 + page)}) fails its checksum, so SQLite "
-        f"would silently drop the {lost} committed transaction(s) after it"
-    )
-
-
-# ---------------------------------------------------------------------------------- permissions
-
-
-def _can(path: Path, mode: int) -> bool:
-    return os.access(path, mode, effective_ids=os.access in os.supports_effective_ids)
-
-
-def _user_name(uid: int) -> str:
-    try:
-        return pwd.getpwuid(uid).pw_name
-    except KeyError:
-        return f"uid {uid}"
-
-
-def access_problem(path: Path, *, can: Callable[[Path, int], bool] | None = None) -> tuple[str, str] | None:
-    """(message, fix) when this user may not use the ledger file ``path`` as SQLite needs, else None.
-
-    SQLite writes the file and creates ``FILE-wal`` and ``FILE-shm`` next to it (and the ledger
-    ``FILE-commits``), so the folder must be writable too, not only the file.
-    """
-    can = can or _can
-    user = _user_name(os.geteuid())
-    folder = path.parent
-    redirect = "or point --state (TOPOSCHED_STATE) at a writable place"
-    if not can(folder, os.W_OK | os.X_OK):
-        try:
-            read_only = bool(os.statvfs(folder).f_flag & os.ST_RDONLY)
-            owner = _user_name(folder.stat().st_uid)
-        except OSError:
-            read_only, owner = False, "?"
-        if read_only:
-            return (
-                f"the folder {folder} is on a read-only file system; SQLite needs to write the ledger file "
-                f"{path.name} and create {path.name}-wal and {path.name}-shm next to it",
-                f"remount it read-write, {redirect}",
-            )
-        return (
-            f"the folder {folder} is not writable by user {user}; SQLite needs to create {path.name}-wal and "
-            f"{path.name}-shm next to the ledger file {path.name}",
-            f"run toposched as {owner} (the folder's owner), let {user} write to the folder, {redirect}",
-        )
-    for each in (path, *(path.with_name(path.name + suffix) for suffix in ("-wal", "-shm", "-commits"))):
-        if each.exists() and not can(each, os.R_OK | os.W_OK):
-            owner = _user_name(each.stat().st_uid)
-            return (
-                f"the ledger file {each} is not readable and writable by user {user} (it belongs to {owner})",
-                f"run toposched as {owner}, give {user} read and write access to {path.name}*, {redirect}",
-            )
-    return None
-
-
-# ---------------------------------------------------------------------------------- the ledger
 
 
 class SqliteLedger:
