@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -19,7 +20,7 @@ def plan_file(run_cli: RunCli, tmp_path: Path) -> str:
     return str(path)
 
 
-def _events(stdout: str) -> list[dict[str, object]]:
+def _events(stdout: str) -> list[dict[str, Any]]:
     return [json.loads(line) for line in stdout.splitlines() if line.strip()]
 
 
@@ -66,3 +67,11 @@ def test_real_nvml_without_a_driver_fails_clearly(run_cli: RunCli, plan_file: st
         pytest.skip("NVML works here")
     result = run_cli("sidecar", "--placement", plan_file, "--iterations", "1")
     assert result.exit_code == 1 and "NVML" in result.stderr
+
+
+@pytest.mark.parametrize("args", [("--placement", "p", "--plan", "/dev/zero"), ("--placement", "/dev/zero")])
+def test_special_file_plan_is_one_error_line(run_cli: RunCli, args: tuple[str, ...]) -> None:
+    result = run_cli("sidecar", *args, "--fake", "steady", "--iterations", "1")
+    assert result.exit_code == 2 and result.stdout == ""
+    lines = result.stderr.strip().splitlines()
+    assert lines[0].startswith("error: ") and "/dev/zero" in lines[0] and len(lines) <= 2

@@ -130,3 +130,55 @@ def test_presets_json(run_cli: RunCli) -> None:
 
 def test_version_flag(run_cli: RunCli) -> None:
     assert run_cli("--version").stdout.startswith("toposched ")
+
+
+def test_special_file_fails_fast_through_the_real_entry_point() -> None:
+    proc = subprocess.run(
+        [sys.executable, "-m", "toposched.cli.main", "topo", "show", "--smi", "/dev/zero"],
+        capture_output=True,
+        text=True,
+        env={**os.environ, "TOPOSCHED_DEBUG": "0"},
+        check=False,
+        timeout=60,  # the old reader never returned
+    )
+    assert proc.returncode == 2 and proc.stdout == "" and "Traceback" not in proc.stderr
+    assert proc.stderr.startswith("error: topology file '/dev/zero' is not a regular file")
+
+
+@pytest.mark.parametrize(
+    ("content", "phrase"),
+    [
+        ((TOPO / "05_4x-rtx6000ada-4nic-2numa.txt").read_bytes().replace(b"GPU1", b"GPU\x001", 1), "NUL byte"),
+        (b"\tGPU0\tGPU1\n\xff\xfe\n", "not UTF-8"),
+        (None, "is a directory"),
+    ],
+    ids=["nul-header", "not-utf8", "directory"],
+)
+@pytest.mark.parametrize("command", [("topo", "show"), ("topo", "refresh"), ("verify", "topo", "--gpus", "0")])
+def test_hostile_capture_is_one_error_line(
+    run_cli: RunCli, tmp_path: Path, content: bytes | None, phrase: str, command: tuple[str, ...]
+) -> None:
+    path = tmp_path / "dir"
+    if content is not None:
+        path = tmp_path / "topo.txt"
+        path.write_bytes(content)
+    else:
+        path.mkdir()
+    result = run_cli(*command, "--smi", str(path))
+    assert result.exit_code == 2 and result.stdout == ""
+    lines = result.stderr.strip().splitlines()
+    assert lines[0].startswith("error: ") and phrase in lines[0]
+    assert len(lines) <= 2 and all(line.startswith("  fix: ") for line in lines[1:])
+
+
+def test_cut_nic_legend_is_a_warning_naming_the_nics(run_cli: RunCli, tmp_path: Path) -> None:
+    text = (TOPO / "16_8x-a100sxm4-80g-nv12-8nic-roce.txt").read_text()
+    path = tmp_path / "cut.txt"
+    path.write_text(text[: text.index("NIC4: mlx5_4")])
+    result = run_cli("topo", "show", "--smi", str(path), "--json")
+    assert result.exit_code == 0
+    assert "no entry for NIC4, NIC5, NIC6, NIC7" in result.stderr
+    data = json.loads(result.stdout)
+    assert any("NIC4, NIC5, NIC6, NIC7" in w for w in data["warnings"])
+    devices = {nic["name"]: nic["device"] for nic in data["cluster"]["nodes"][0]["nics"]}
+    assert devices["NIC3"] == "mlx5_3" and devices["NIC4"] is None

@@ -89,3 +89,30 @@ def test_topo_bad_input(run_cli: RunCli) -> None:
     assert run_cli("verify", "topo", "--smi", _one("05_", TOPO), "--gpus", "a,b").exit_code == 2
     both = run_cli("verify", "topo", "--gpus", "0,1")
     assert both.exit_code == 2 and "--smi" in both.stderr
+
+
+def test_nccl_special_file_is_one_error_line(run_cli: RunCli) -> None:
+    result = run_cli("verify", "nccl", "/dev/zero", "--json")
+    assert result.exit_code == 2 and result.stdout == ""
+    assert result.stderr.startswith("error: NCCL log '/dev/zero' is not a regular file")
+    assert len(result.stderr.strip().splitlines()) <= 2
+
+
+def test_nccl_log_over_the_bound_says_to_keep_the_nccl_lines(
+    run_cli: RunCli, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from toposched.sidecar import nccl
+
+    monkeypatch.setattr(nccl, "MAX_LOG_BYTES", 1000)
+    result = run_cli("verify", "nccl", _one("03_"))
+    assert result.exit_code == 2 and "at most 1,000 are read" in result.stderr and "grep NCCL" in result.stderr
+
+
+def test_nccl_long_spliced_line(run_cli: RunCli, tmp_path: Path) -> None:
+    # A real log whose connection line carries a 200 kB remark: read in linear time, not minutes.
+    text = Path(_one("03_")).read_text()
+    at = text.index(" via NET/IBext_v8/0/GDRDMA") + len(" via NET/IBext_v8/0/GDRDMA")
+    path = tmp_path / "long.log"
+    path.write_text(text[:at] + " " + "x" * 200_000 + text[at:])
+    result = run_cli("verify", "nccl", str(path), "--json")
+    assert result.exit_code == 0 and json.loads(result.stdout)["nranks"] == 8

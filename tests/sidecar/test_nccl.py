@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import random
+import time
 from pathlib import Path
 from typing import Any
 
@@ -11,7 +13,8 @@ from hypothesis import strategies as st
 
 from tests.conftest import FIXTURES
 from toposched.errors import InputError
-from toposched.sidecar.nccl import family_of, read_nccl_file, read_nccl_log
+from toposched.sidecar import nccl
+from toposched.sidecar.nccl import NcclReport, family_of, read_nccl_file, read_nccl_log
 
 NCCL = FIXTURES / "nccl"
 
@@ -238,3 +241,118 @@ def test_interleaving_keeps_complete_records() -> None:
     spliced = one[:40] + two + one[40:]  # the cut record's tail lands on a line of its own
     report = read_nccl_log(spliced)
     assert report.transports == ("SHM",) and report.skipped_records == 1 and not report.gdrdma
+
+
+# ---------------------------------------------------------------------------------- hostile input
+
+FIXTURE_03 = TEXTS["03_4node-2gpu-a100-ib-gdrdma-collnet-fallback.log"]
+RECORDS_03 = [line for line in FIXTURE_03.splitlines() if " NCCL INFO " in line]
+
+
+def _cpu(text: str) -> tuple[float, NcclReport]:
+    start = time.process_time()
+    report = read_nccl_log(text)
+    return time.process_time() - start, report
+
+
+def test_long_remark_line_is_linear() -> None:
+    # A real connection line with an 80 kB remark: the old header search took 22 s (quadratic).
+    line = next(x for x in RECORDS_03 if " via NET/" in x)
+    seconds, report = _cpu(line + " " + "x" * 80_000 + "\n")
+    assert len(report.connections) == 1 and report.connections[0].family == "NET/IB"
+    assert seconds < 2.0  # ~0.002 s expected: a bound against hangs, not a benchmark
+
+
+def test_spliced_records_on_one_long_line() -> None:
+    # Real records glued into one 80 kB line: every record but the last was cut, so only it is read.
+    glued = " ".join(RECORDS_03 * (80_000 // len(FIXTURE_03) + 1))
+    seconds, report = _cpu(glued + "\n")
+    assert report.records == 1 and report.skipped_records >= len(RECORDS_03)
+    assert seconds < 2.0
+
+
+def _big_log(size: int) -> tuple[str, int]:
+    """Fixture 03 repeated to ``size`` bytes, each copy from other hosts, all on one node (nNodes 1)."""
+    copies: list[str] = []
+    total = 0
+    while total < size:
+        copy = FIXTURE_03.replace("nNodes 4", "nNodes 1").replace("gpu", f"c{len(copies)}-gpu")
+        copies.append(copy)
+        total += len(copy)
+    return "".join(copies), len(copies)
+
+
+def test_ten_megabyte_log_is_linear() -> None:
+    # The old reader was quadratic in hosts (pairwise suffix checks) and in intra-node network
+    # connections (list membership): a 10 MB log never finished.
+    (small, _), (big, copies) = _big_log(2_500_000), _big_log(10_000_000)
+    t_small, _ = _cpu(small)
+    t_big, report = _cpu(big)
+    one = read_nccl_log(FIXTURE_03)
+    assert len(report.connections) == copies * len(one.connections)
+    assert len(report.hosts) == copies * len(one.hosts)
+    assert "intra_node_network" in report.finding_codes()
+    assert t_big < 20.0  # ~1.5 s expected: a bound against hangs
+    assert t_big / max(t_small, 0.05) < 8  # 4x the input: ~4x the time; quadratic would be ~16x
+
+
+def test_host_repair_takes_the_longest_more_frequent_suffix() -> None:
+    text = (
+        _log("Channel 00/0 : 0[0] -> 1[1] via P2P/IPC/read", host="node1") * 3
+        + _log("Channel 01/0 : 0[0] -> 1[1] via P2P/IPC/read", host="de1") * 5
+        + _log("Channel 02/0 : 0[0] -> 1[1] via P2P/IPC/read", host="0.000node1")
+        + _log("Channel 03/0 : 0[0] -> 1[1] via P2P/IPC/read", host="x" * 300 + "node1")
+    )
+    report = read_nccl_log(text)
+    assert report.hosts == ("de1", "node1")  # "0.000node1" -> node1 (longer than de1), as is the 305-char one
+
+
+def test_log_over_the_bound_is_refused_with_a_hint(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(nccl, "MAX_LOG_BYTES", 1000)
+    path = tmp_path / "job.log"
+    path.write_text(FIXTURE_03)
+    with pytest.raises(InputError) as info:
+        read_nccl_file(path)
+    assert "at most 1,000" in str(info.value) and "grep NCCL" in (info.value.fix or "")
+
+
+def test_special_file_is_refused() -> None:
+    with pytest.raises(InputError, match="not a regular file"):
+        read_nccl_file("/dev/zero")
+
+
+def test_bad_utf8_is_replaced_not_fatal(tmp_path: Path) -> None:
+    path = tmp_path / "x.log"
+    path.write_bytes(FIXTURE_03.encode()[:5000] + b"\xe2\x82" + FIXTURE_03.encode()[5000:])  # a cut character
+    assert read_nccl_file(path).nranks == 8
+
+
+def _mutate(rng: random.Random, text: str) -> str:
+    i = rng.randrange(len(text) + 1)
+    op = rng.randrange(6)
+    if op == 0:
+        return text[:i]
+    if op == 1:
+        return text[:i] + rng.choice(["\x00", "\x1b[31m", "\ufffd", "\r", ":1:2 [0] NCCL INFO "]) + text[i:]
+    if op == 2:
+        return text[:i] + text[i : i + 200] * rng.randrange(2, 50) + text[i:]
+    if op == 3:
+        j = rng.randrange(len(text) + 1)
+        return text[:i] + text[j:]
+    if op == 4:
+        return text[:i] + "a" * rng.choice([1_000, 50_000]) + text[i:]
+    return text[:i] + chr(rng.randrange(32, 0x2FF)) + text[i + 1 :]
+
+
+def test_seeded_mutations_only_raise_input_errors() -> None:
+    rng = random.Random(13)  # a quick seeded pass; tests/fuzz runs the long hypothesis search
+    names = sorted(TEXTS)
+    for _ in range(100):
+        text = TEXTS[rng.choice(names)]
+        for _ in range(rng.randrange(1, 4)):
+            text = _mutate(rng, text)
+        try:
+            report = read_nccl_log(text)
+        except InputError:
+            continue
+        _check_invariants(report.to_json())

@@ -2,10 +2,12 @@
 
 from __future__ import annotations
 
+import os
+
 import pytest
 
 from tests.conftest import FIXTURES
-from toposched.errors import DiscoveryError, NoDriverError
+from toposched.errors import DiscoveryError, InputError, NoDriverError
 from toposched.topology.domains import build_domain_map
 from toposched.topology.model import Cluster, Health, LinkKind, Node
 from toposched.topology.nvml import probe_live, probe_node
@@ -89,7 +91,15 @@ def test_no_driver_is_a_clear_error() -> None:
 
 
 def test_real_pynvml_without_a_driver_is_a_clear_error() -> None:
-    # This machine has no NVIDIA driver: the real library path must say so, not crash.
+    # Without an NVIDIA driver the real library path must say so, not crash.
+    pynvml = pytest.importorskip("pynvml")
+    try:
+        pynvml.nvmlInit()
+    except pynvml.NVMLError:
+        pass
+    else:  # a GPU machine: the real path works here
+        pynvml.nvmlShutdown()
+        pytest.skip("NVML works here")
     with pytest.raises(NoDriverError) as info:
         probe_live()
     assert info.value.fix is not None and "--smi" in info.value.fix
@@ -105,3 +115,37 @@ def test_other_nvml_failures_name_the_call_and_gpu() -> None:
     with pytest.raises(DiscoveryError, match="NVML name for GPU 0 failed: GPU is lost"):
         probe_node(fake)
     assert fake.initialised is False  # shut down even on failure
+
+
+def test_nvlink_captures_that_disagree_are_an_input_error() -> None:
+    status = (FIXTURES / "nvlink/02_2x-h100pcie-bridge-nvlink-s-inactive-indented6.txt").read_text()
+    remote = (FIXTURES / "nvlink/03_2x-h100pcie-bridge-nvlink-R-remote-indented6.txt").read_text()
+    cut = "\n".join(line for line in remote.splitlines() if "Link 11:" not in line)  # one remote end fewer
+    with pytest.raises(InputError, match="remote ends for GPU 0, but nvlink -s shows 12 active links"):
+        FakeNvml.from_nvlink_text(status, cut)
+    orphan = "Link 0: Remote Device 00000000:C2:00.0: Link 0\n" + remote  # before any "GPU n:" line
+    assert len(FakeNvml.from_nvlink_text(status, orphan).gpus) == 2
+
+
+@pytest.mark.parametrize("cpus", ["0-4000000000", "7-3", "0-x"])
+def test_fake_cpu_affinity_is_bounded(cpus: str) -> None:
+    node = hgx("n", "NVIDIA H100 80GB HBM3", 79.65)
+    gpus = tuple(g.model_copy(update={"cpu_affinity": cpus}) for g in node.gpus)
+    with pytest.raises(InputError, match="CPU list"):
+        FakeNvml.from_node(node.model_copy(update={"gpus": gpus}))
+
+
+def test_cpu_affinity_past_256_cpus_is_kept(monkeypatch: pytest.MonkeyPatch) -> None:
+    # NVML reports only the CPU words asked for; 4 words (256 CPUs) lost half of a 384-CPU machine.
+    node = hgx("n", "NVIDIA H100 80GB HBM3", 79.65)
+    gpus = tuple(g.model_copy(update={"cpu_affinity": "96-191,288-383"}) for g in node.gpus)
+    monkeypatch.setattr(os, "cpu_count", lambda: 384)
+    probe = probe_node(FakeNvml.from_node(node.model_copy(update={"gpus": gpus})), hostname="n")
+    assert probe.node.gpu(0).cpu_affinity == "96-191,288-383"
+
+
+def test_invalid_hostname_is_an_input_error() -> None:
+    fake = FakeNvml.from_node(dgx1_v100(), nvswitch=False)
+    with pytest.raises(InputError, match="this machine's node name 'bad_host"):
+        probe_node(fake, hostname="bad_host\n")
+    assert fake.initialised is False

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import random
+import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -11,7 +13,7 @@ from tests.conftest import FIXTURES
 from toposched.errors import TopologyParseError
 from toposched.topology.domains import build_domain_map
 from toposched.topology.model import Cluster, LinkKind, Node
-from toposched.topology.smi import parse_topo_matrix
+from toposched.topology.smi import MAX_DEVICES, parse_topo_matrix
 
 TOPO = FIXTURES / "topo"
 EIGHT = list(range(8))
@@ -26,7 +28,7 @@ class Expect:
     nics: dict[str, str | None] = field(default_factory=dict)  # NIC column -> device
     nic_paths: dict[tuple[int, str], str] = field(default_factory=dict)  # (gpu, nic) -> kind
     hostname: str = "localhost"
-    warn: str | None = None  # a substring of a warning the reader must give
+    warn: tuple[str, ...] = ()  # one substring per warning the reader must give (and no other warning)
 
 
 # Transcribed from ../shared/fixtures/README.md ("correct interpretation").
@@ -121,9 +123,15 @@ EXPECT: dict[str, Expect] = {
         [0, 0, 0, 0, 1, 1, 1, 1],
         pairs={(0, 1): "SYS", (4, 5): "SYS", (0, 7): "SYS"},
         nic_paths={(6, "NIC0"): "PHB", (6, "NIC1"): "PHB", (7, "NIC0"): "SYS"},
+        nics={"NIC0": None, "NIC1": None},
+        warn=("no NIC Legend for NIC0, NIC1",),
     ),
     "30_slurm-2of8-a100-nv12-10nic-TRUNCATED.txt": Expect(
-        [[0, 1]], [3, 3], lanes=12, nic_paths={(0, "NIC0"): "PXB", (1, "NIC1"): "PXB"}, warn="NIC3"
+        [[0, 1]],
+        [3, 3],
+        lanes=12,
+        nic_paths={(0, "NIC0"): "PXB", (1, "NIC1"): "PXB"},
+        warn=("row NIC3 is cut", "no NIC Legend for NIC0, NIC1, NIC2, NIC3, NIC4, NIC5, NIC6, NIC7, NIC8, NIC9"),
     ),
     "34_2x-h100pcie-nvlink-bridge-nv12-indented6.txt": Expect([[0, 1]], [1, 1], lanes=12, hostname="dl380ag11"),
     "36_1x-gpu-cloud-vm-no-nic-no-legend.txt": Expect([], [0]),
@@ -175,10 +183,9 @@ def test_fixture_reads_as_documented(name: str) -> None:
     for key, kind in want.nic_paths.items():
         assert paths[key] == kind, key
     assert node.name == want.hostname
-    if want.warn is None:
-        assert result.warnings == ()
-    else:
-        assert any(want.warn in w for w in result.warnings), result.warnings
+    assert len(result.warnings) == len(want.warn), result.warnings
+    for phrase in want.warn:
+        assert any(phrase in w for w in result.warnings), (phrase, result.warnings)
 
 
 def test_dgx1_cliques_are_the_quads_and_cross_pairs() -> None:
@@ -275,3 +282,108 @@ def test_not_a_matrix_or_damaged(text: str, phrase: str) -> None:
 def test_fixture_dir_is_the_shared_one() -> None:
     # Guards against silently testing nothing when ../shared moves.
     assert Path(TOPO).is_dir()
+
+
+# ---------------------------------------------------------------------------------- hostile input
+
+SMALL = "\tGPU0\tGPU1\tNIC0\tCPU Affinity\nGPU0\t X \tNV4\tPIX\t0-7\nGPU1\tNV4\t X \tSYS\t0-7\nNIC0\tPIX\tSYS\t X \n"
+
+
+def test_cut_nic_legend_names_the_nics_without_a_device() -> None:
+    # Fixture 16 with its NIC Legend cut after NIC3: a launch would list 4 of 8 HCAs as if all.
+    text = _read("16_8x-a100sxm4-80g-nv12-8nic-roce.txt")
+    cut = text[: text.index("NIC4: mlx5_4")]
+    result = parse_topo_matrix(cut, source="cut.txt")
+    devices = {nic.name: nic.device for nic in result.node.nics}
+    assert devices == {f"NIC{i}": f"mlx5_{i}" if i < 4 else None for i in range(8)}
+    (warning,) = result.warnings
+    assert "names 4 of 8 NICs and has no entry for NIC4, NIC5, NIC6, NIC7" in warning
+    assert "NCCL_IB_HCA" in warning
+
+
+@pytest.mark.parametrize(
+    ("legend", "phrase"),
+    [
+        ("NIC0: mlx5_0;reboot\n", "NIC Legend device of NIC0 'mlx5_0;reboot' is not valid"),
+        ("NIC0: $(id)\n", "is not valid"),
+        ("NIC0: mlx5_0\nNIC0: mlx5_1\n", "names NIC0 twice"),
+    ],
+)
+def test_bad_nic_legend_is_a_parse_error(legend: str, phrase: str) -> None:
+    with pytest.raises(TopologyParseError) as info:
+        parse_topo_matrix(SMALL + "\nNIC Legend:\n\n" + legend, source="x.txt")
+    assert phrase in str(info.value) and "\n" not in str(info.value)
+
+
+def test_nul_byte_in_the_header_is_a_parse_error() -> None:
+    text = _read("16_8x-a100sxm4-80g-nv12-8nic-roce.txt").replace("GPU3", "GPU\x003", 1)
+    with pytest.raises(TopologyParseError, match="NUL byte") as info:
+        parse_topo_matrix(text, source="nul.txt")
+    assert info.value.line == 1
+
+
+@pytest.mark.parametrize("column", ["NIC0é", "mlx5_0\u200b", "eth0$x"])
+def test_nic_column_that_is_not_one_word_is_a_parse_error(column: str) -> None:
+    with pytest.raises(TopologyParseError):
+        parse_topo_matrix(SMALL.replace("NIC0", column))
+
+
+def test_too_many_columns_is_a_parse_error() -> None:
+    header = "GPU0\t" + "\t".join(f"NIC{i}" for i in range(MAX_DEVICES)) + "\n"
+    with pytest.raises(TopologyParseError, match=f"names {MAX_DEVICES + 1} GPU and NIC columns"):
+        parse_topo_matrix(header)
+
+
+def test_prompt_host_that_is_not_a_node_name_is_not_used() -> None:
+    text = "me@gpu_box:~$ nvidia-smi topo -m\n" + SMALL + "NIC0: mlx5_0\n"
+    result = parse_topo_matrix(text)
+    assert result.node.name == "localhost"
+    assert any("prompt's host is not used" in w for w in result.warnings)
+    with pytest.raises(TopologyParseError, match="node name"):
+        parse_topo_matrix(SMALL, hostname="bad host")
+
+
+def test_long_lines_are_read_in_linear_time() -> None:
+    # A long word before a prompt-like "topo" made the old prompt search quadratic (80 kB: 9.5 s).
+    text = _read("16_8x-a100sxm4-80g-nv12-8nic-roce.txt")
+    start = time.process_time()
+    for junk in ("a" * 80_000 + " topo", "u@h:" * 20_000 + " nvidia-smi topo", "x GPU0" * 20_000):
+        assert len(parse_topo_matrix(junk + "\n" + text).node.gpus) == 8
+    assert time.process_time() - start < 3.0  # ~0.05 s expected: a bound against hangs
+
+
+def _mutate(rng: random.Random, text: str) -> str:
+    lines = text.split("\n")
+    i = rng.randrange(len(lines))
+    op = rng.randrange(7)
+    if op == 0:
+        return text[: rng.randrange(len(text) + 1)]
+    if op == 1:
+        del lines[i]
+    elif op == 2:
+        lines.insert(i, lines[i])
+    elif op == 3:
+        at = rng.randrange(len(text) + 1)
+        return text[:at] + rng.choice(["\x00", "\x1b[4m", "\x1b[", "\t", "X", "NV", "#", ":", "\u00e9"]) + text[at:]
+    elif op == 4:
+        lines[i] = lines[i] * rng.randrange(2, 400)
+    elif op == 5:
+        at = rng.randrange(len(text) + 1)
+        return text[:at] + chr(rng.randrange(32, 0x2FF)) + text[at + 1 :]
+    else:
+        lines[i] = lines[i].replace("mlx5_", rng.choice(["", "mlx5_;", "$(x)"]), 1)
+    return "\n".join(lines)
+
+
+def test_seeded_mutations_only_raise_parse_errors() -> None:
+    rng = random.Random(13)  # a quick seeded pass; tests/fuzz runs the long hypothesis search
+    names = sorted(EXPECT) + sorted(FAIL)
+    for _ in range(400):
+        text = _read(rng.choice(names))
+        for _ in range(rng.randrange(1, 4)):
+            text = _mutate(rng, text)
+        try:
+            result = parse_topo_matrix(text, source="m.txt")
+        except TopologyParseError:
+            continue
+        assert len(result.node.links) == len(result.node.gpus) * (len(result.node.gpus) - 1) // 2

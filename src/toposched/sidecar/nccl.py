@@ -19,6 +19,13 @@ reported by family: ``P2P/IPC``, ``P2P/CUMEM``, ``P2P/direct`` (``direct pointer
 ``SHM``, ``NET/IB`` (any ``IBext_vN`` plugin name too), ``NET/Socket``, ``NET/<plugin>`` (e.g.
 ``NET/AWS Libfabric``), ``COLLNET`` and ``NVLS`` (from the NVLS lines, which have no ``via``).
 
+Every step is linear in the log's size: a record header is only looked for where a host name can
+start (not inside a longer run of host characters), host repair looks up each host's suffixes by
+length instead of comparing every pair of hosts, and connections are split into intra- and
+inter-node ones in one pass. ``read_nccl_file`` reads at most ``MAX_LOG_BYTES``; a bigger log is
+refused with a hint to keep only the NCCL lines (``grep NCCL job.log``), since a log's size is
+mostly engine output while NCCL's records are a small part of it.
+
 ``nranks`` is what NCCL printed (``nranks N`` / ``nRanks N``); when a cut log has no such line it
 is the length of a full ring listing (``Channel 00/08 : 0 7 6 ...``), and failing that the count of
 ranks seen when they are exactly ``0..n-1``; ``nranks_source`` says which. ``nnodes`` is NCCL's
@@ -27,19 +34,30 @@ ranks seen when they are exactly ``0..n-1``; ``nranks_source`` says which. ``nno
 
 from __future__ import annotations
 
+import os
 import re
+import stat
 from collections import Counter
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass, field, fields
 from pathlib import Path
 from typing import Any, Literal
 
 from toposched.errors import InputError
+from toposched.inputs import read_bytes
+
+MAX_LOG_BYTES = 64 * 1024 * 1024
+"""Largest NCCL log file read (64 MiB: ~3 s of reading; NCCL's own lines for thousands of ranks fit)."""
+
+MAX_HOST = 253
+"""Longest host name a record may be repaired to (RFC 1123); longer "hosts" are spliced junk."""
 
 Severity = Literal["warning", "info"]
 
 _ANSI = re.compile(r"\x1b\[[0-9;]*[A-Za-z]")
+# The lookbehind lets a host start only where a run of host characters starts: without it every
+# position inside a long run is tried and each try scans to the run's end (quadratic).
 _HEADER = re.compile(
-    r"(?P<host>[A-Za-z0-9_.\-]+):(?P<pid>\d+):(?P<tid>\d+) \[(?P<dev>-?\d+)\] "
+    r"(?<![A-Za-z0-9_.\-])(?P<host>[A-Za-z0-9_.\-]+):(?P<pid>\d+):(?P<tid>\d+) \[(?P<dev>-?\d+)\] "
     r"(?:(?P<src>[\w./\-]+:\d+) )?NCCL (?P<level>INFO|WARN|TRACE|ABORT)\b ?"
 )
 _BARE_VERSION = re.compile(r"^\s*(?:\[\d+,\d+\]<std(?:out|err)>:)?\s*NCCL version (?P<v>\d+\.\d+\.\d+)")
@@ -65,6 +83,8 @@ _NNODES = re.compile(r"\bnNodes (\d+)\b")
 _RANK = re.compile(r"\brank (\d+) n[Rr]anks (\d+)\b")
 _COMM_ID = re.compile(r"\bcommId (0x[0-9a-fA-F]+)")
 _NVLS_CHANNELS = re.compile(r"\b(\d+) nvls channels\b")
+_P2P_DISABLED = re.compile(r"NCCL_P2P_DISABLE set by environment to [1-9]")
+_MNNVL_ON = re.compile(r"\bMNNVL 1\b")
 _IB_NAME = re.compile(r"^IB(?:ext(?:_v\d+)?)?$")
 # GPUs sold on NVSwitch (HGX/DGX) boards with NVLink SHARP (Hopper and later).
 _NVSWITCH_GPU = re.compile(r"\b(H100 80GB HBM3|H100-SXM|H800|H200|H20\b|B200|B100|B300|GB200|GB300)", re.I)
@@ -88,6 +108,9 @@ class Connection:
     def logger_rank(self) -> int:
         """The rank whose process printed the line."""
         return self.dst if self.direction == "receive" and self.dst is not None else self.src
+
+
+_CONNECTION_FIELDS = tuple(f.name for f in fields(Connection))  # asdict() is 10x slower on 100k connections
 
 
 @dataclass(frozen=True)
@@ -129,7 +152,7 @@ class NcclReport:
             "gdrdma": self.gdrdma,
             "nvls": self.nvls,
             "findings": [asdict(f) for f in self.findings],
-            "connections": [asdict(c) for c in self.connections],
+            "connections": [{name: getattr(c, name) for name in _CONNECTION_FIELDS} for c in self.connections],
             "communicators": list(self.communicators),
             "records": self.records,
             "skipped_records": self.skipped_records,
@@ -196,15 +219,26 @@ def _scan(text: str) -> _Scan:
 
 
 def _repair_hosts(records: list[_Record]) -> None:
-    """Give a record whose host swallowed spliced text (``0.000proxmox``) the frequent host it ends with."""
+    """Give a record whose host swallowed spliced text (``0.000proxmox``) the frequent host it ends with.
+
+    Of the hosts seen more often than a host ``h`` that are proper suffixes of ``h``, the longest
+    wins. Only the lengths of hosts seen at least twice (and at most ``MAX_HOST`` long) are tried
+    as suffix lengths, so the work is linear in the number of hosts, not quadratic.
+    """
     counts = Counter(r.host for r in records)
+    lengths = sorted({len(h) for h, c in counts.items() if c > 1 and len(h) <= MAX_HOST}, reverse=True)
     fixed: dict[str, str] = {}
     for host, n in counts.items():
-        better = [h for h, c in counts.items() if h != host and host.endswith(h) and c > n]
-        if better:
-            fixed[host] = max(better, key=len)
-    for r in records:
-        r.host = fixed.get(r.host, r.host)
+        for length in lengths:
+            if length >= len(host):
+                continue
+            suffix = host[-length:]
+            if counts.get(suffix, 0) > n:
+                fixed[host] = suffix
+                break
+    if fixed:
+        for r in records:
+            r.host = fixed.get(r.host, r.host)
 
 
 def read_nccl_log(text: str, *, source: str = "<log>", nvswitch: bool | None = None) -> NcclReport:
@@ -227,16 +261,22 @@ def read_nccl_log(text: str, *, source: str = "<log>", nvswitch: bool | None = N
 
 
 def read_nccl_file(path: str | Path, *, nvswitch: bool | None = None) -> NcclReport:
-    file = Path(path)
+    """Analyse an NCCL log file of at most ``MAX_LOG_BYTES`` (a regular file; bad UTF-8 is replaced).
+
+    Logs interleave processes, so a multi-byte character can be cut: undecodable bytes become
+    U+FFFD rather than failing the read (a log that is mostly undecodable is refused as binary).
+    """
     try:
-        data = file.read_bytes()
-    except FileNotFoundError as exc:
-        raise InputError(f"NCCL log {file} does not exist") from exc
-    except IsADirectoryError as exc:
-        raise InputError(f"NCCL log {file} is a directory", fix="pass the log file") from exc
-    except OSError as exc:
-        raise InputError(f"cannot read NCCL log {file}: {exc.strerror}") from exc
-    return read_nccl_log(data.decode("utf-8", errors="replace"), source=str(file), nvswitch=nvswitch)
+        info: os.stat_result | None = os.stat(path)
+    except (OSError, ValueError):
+        info = None  # read_bytes below reports what is wrong with the path
+    if info is not None and stat.S_ISREG(info.st_mode) and info.st_size > MAX_LOG_BYTES:
+        raise InputError(
+            f"NCCL log {str(path)!r} is {info.st_size:,} bytes; at most {MAX_LOG_BYTES:,} are read",
+            fix=f"keep only NCCL's lines, e.g. `grep NCCL {path} > nccl.log`, and pass that file",
+        )
+    data = read_bytes(path, what="NCCL log", max_bytes=MAX_LOG_BYTES)
+    return read_nccl_log(data.decode("utf-8", errors="replace"), source=str(path), nvswitch=nvswitch)
 
 
 def _analyse(scan: _Scan, source: str, nvswitch: bool | None, text: str) -> NcclReport:
@@ -296,11 +336,11 @@ def _analyse(scan: _Scan, source: str, nvswitch: bool | None, text: str) -> Nccl
         if "NVLS multicast support is not available" in body:
             nvls_unavailable = True
         nvls_channels.extend(int(x) for x in _NVLS_CHANNELS.findall(body))
-        if re.search(r"NCCL_P2P_DISABLE set by environment to [1-9]", body):
+        if _P2P_DISABLED.search(body):
             env_p2p_disabled = True
         if "Cannot initialize CollNet" in body:
             collnet_failed = True
-        if re.search(r"\bMNNVL 1\b", body):
+        if _MNNVL_ON.search(body):
             mnnvl_on = True
 
     hosts = tuple(sorted({r.host for r in scan.records}))
@@ -388,8 +428,10 @@ def _findings(
         a, b = host_of.get(c.src), host_of.get(c.dst) if c.dst is not None else None
         return a is not None and a == b
 
-    intra = [c for c in net if same_node(c)]
-    inter = [c for c in net if c not in intra]
+    intra: list[Connection] = []
+    inter: list[Connection] = []
+    for c in net:
+        (intra if same_node(c) else inter).append(c)
     if intra:
         fams = ", ".join(sorted({c.family for c in intra}))
         out.append(

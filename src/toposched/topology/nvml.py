@@ -19,12 +19,14 @@ the way -> ``DiscoveryError`` naming the call and the GPU.
 
 from __future__ import annotations
 
+import os
 import socket
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any, TypeVar
 
-from toposched.errors import DiscoveryError, NoDriverError
+from toposched.errors import DiscoveryError, InputError, NoDriverError
+from toposched.names import node_name_problem
 from toposched.topology.model import GPU, Health, Link, LinkKind, Node, nominal_link
 
 T = TypeVar("T")
@@ -118,7 +120,14 @@ def probe_node(lib: Any, *, hostname: str | None = None) -> NvmlProbe:
     s = _Session(lib)
     s.call("init", lib.nvmlInit)
     try:
-        return _probe(s, hostname or socket.gethostname())
+        name = hostname or socket.gethostname()
+        problem = node_name_problem(name)
+        if problem:
+            raise InputError(
+                f"this machine's {problem}",
+                fix="give the machine a hostname such as 'gpu-node-01', or describe it in a cluster spec",
+            )
+        return _probe(s, name)
     finally:
         s.optional(lib.nvmlShutdown)
 
@@ -132,13 +141,15 @@ def _probe(s: _Session, hostname: str) -> NvmlProbe:
     gpus: list[GPU] = []
     warnings: list[str] = []
     cliques: set[str] = set()
+    # NVML fills as many 64-bit words as asked and drops CPUs past them: ask for every CPU here.
+    cpu_words = max(4, -(-(os.cpu_count() or 1) // 64))
     peers: dict[tuple[int, int], int] = {}
     switch_lanes: dict[int, int] = {}
     for i, h in enumerate(handles):
         name = _text(s.call("name", lib.nvmlDeviceGetName, h, gpu=i))
         memory = s.call("memory info", lib.nvmlDeviceGetMemoryInfo, h, gpu=i)
         numa = s.optional(lib.nvmlDeviceGetNumaNodeId, h)
-        masks = s.optional(lib.nvmlDeviceGetCpuAffinity, h, 4)
+        masks = s.optional(lib.nvmlDeviceGetCpuAffinity, h, cpu_words)
         fabric = s.optional(lib.nvmlDeviceGetGpuFabricInfo, h)
         if fabric is not None and int(fabric.state) == 3 and int(fabric.cliqueId) != 0:
             cliques.add(f"{_text(fabric.clusterUuid)}/{int(fabric.cliqueId)}")

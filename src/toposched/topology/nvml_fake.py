@@ -15,8 +15,17 @@ from typing import Any
 
 import pynvml
 
+from toposched.errors import InputError
 from toposched.topology.model import LinkKind, Node
 from toposched.topology.nvml import FEATURE_ENABLED, NVLINK_DEVICE_TYPE_GPU, NVLINK_DEVICE_TYPE_SWITCH
+
+MAX_CPU = 65535
+"""Highest CPU number a fake GPU's affinity may name (Linux allows at most 8,192 today)."""
+
+_NVLINK_GPU = re.compile(r"GPU (\d+):")
+_NVLINK_HEAD = re.compile(r"GPU \d+: (.+?) \(UUID: (GPU-[0-9a-f-]+)\)")  # matched where the GPU is named
+_NVLINK_LINK = re.compile(r"Link \d+: (.+)$")
+_NVLINK_REMOTE = re.compile(r"Remote Device ([0-9A-Fa-f]+:[0-9A-Fa-f]+:[0-9A-Fa-f]+\.\d)")
 
 _LEVEL = {
     LinkKind.PIX: 10,
@@ -107,7 +116,8 @@ class FakeNvml:
     def nvmlDeviceGetCpuAffinity(self, handle: int, words: int) -> list[int]:
         masks = [0] * words
         for cpu in self._gpu(handle).cpus:
-            masks[cpu // 64] |= 1 << (cpu % 64)
+            if cpu < 64 * words:  # like NVML: CPUs past the words asked for are not reported
+                masks[cpu // 64] |= 1 << (cpu % 64)
         return masks
 
     def nvmlDeviceGetGpuFabricInfo(self, handle: int) -> Any:
@@ -187,28 +197,33 @@ class FakeNvml:
         """Build from ``nvidia-smi nvlink -s`` (link up/down) and ``nvidia-smi nvlink -R`` (remote ends).
 
         ``-R`` lists active links in order; their numbering is the same as the ``-s`` active links.
-        A GPU's own bus id is what its peers name as their remote end.
+        A GPU's own bus id is what its peers name as their remote end. Text the two outputs do not
+        agree on (fewer remote ends than active links) is an ``InputError``, never a guess.
         """
-        heads = re.findall(r"GPU (\d+): (.+?) \(UUID: (GPU-[0-9a-f-]+)\)", status)
+        heads: list[tuple[int, str, str]] = []
         up: dict[int, list[bool]] = {}
         current = -1
         for line in status.splitlines():
-            m = re.search(r"GPU (\d+):", line)
+            m = _NVLINK_GPU.search(line)
             if m:
                 current = int(m.group(1))
                 up[current] = []
+                head = _NVLINK_HEAD.match(line, m.start())
+                if head:
+                    heads.append((current, head.group(1), head.group(2)))
                 continue
-            m = re.search(r"Link (\d+): (.+)$", line)
+            m = _NVLINK_LINK.search(line)
             if m and current >= 0:
-                up[current].append("inactive" not in m.group(2))
+                up[current].append("inactive" not in m.group(1))
         remotes: dict[int, list[str]] = {}
+        current = -1
         for line in remote.splitlines():
-            m = re.search(r"GPU (\d+):", line)
+            m = _NVLINK_GPU.search(line)
             if m:
                 current = int(m.group(1))
                 remotes[current] = []
                 continue
-            m = re.search(r"Remote Device ([0-9A-Fa-f]+:[0-9A-Fa-f]+:[0-9A-Fa-f]+\.\d)", line)
+            m = _NVLINK_REMOTE.search(line)
             if m and current >= 0:
                 remotes[current].append(m.group(1).upper())
         own_bus = {}
@@ -217,9 +232,16 @@ class FakeNvml:
                 if other != gpu and other_buses:
                     own_bus[gpu] = other_buses[0]
         gpus = []
-        for index, name, uuid in heads:
-            i = int(index)
-            remote_iter = iter(remotes.get(i, []))
+        for i, name, uuid in heads:
+            active = sum(up.get(i, []))
+            ends = remotes.get(i, [])
+            if len(ends) < active:
+                raise InputError(
+                    f"nvidia-smi nvlink -R lists {len(ends)} remote ends for GPU {i}, but nvlink -s shows "
+                    f"{active} active links",
+                    fix="capture both outputs on the same machine at the same time",
+                )
+            remote_iter = iter(ends)
             links = [FakeLink(True, next(remote_iter)) if is_up else FakeLink(False, "") for is_up in up.get(i, [])]
             gpus.append(
                 FakeGpu(
@@ -234,10 +256,16 @@ class FakeNvml:
 
 
 def _cpus(cpulist: str | None) -> tuple[int, ...]:
+    """The CPUs of a list such as ``0-51,104-155``; InputError past ``MAX_CPU`` or on bad text."""
     if not cpulist:
         return ()
     cpus: list[int] = []
     for part in cpulist.split(","):
         lo, _, hi = part.partition("-")
-        cpus.extend(range(int(lo), int(hi or lo) + 1))
+        if not lo.isdigit() or not (hi or lo).isdigit():
+            raise InputError(f"CPU list {cpulist[:60]!r}: {part[:20]!r} is not a CPU number or range")
+        first, last = int(lo), int(hi or lo)
+        if last > MAX_CPU or first > last:
+            raise InputError(f"CPU list {cpulist[:60]!r}: range {part[:40]} is not within 0-{MAX_CPU}")
+        cpus.extend(range(first, last + 1))
     return tuple(cpus)

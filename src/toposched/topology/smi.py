@@ -16,6 +16,15 @@ they map in order. With fewer, only ``CPU Affinity`` may be missing (it is empty
 containerised GB200 nodes; the NUMA columns print ``N/A`` rather than nothing), so values are
 right-aligned and a warning says so. A GPU row that is the input's last line, with no newline after
 it, is treated as cut when rows are still expected after it or when it lacks affinity values.
+
+NIC names: a ``NICn`` column takes its RDMA device from the ``NIC Legend`` (``NIC0: mlx5_0``). A
+NIC with no legend entry (no legend, or a legend cut short) keeps ``device=None`` and a warning
+names those columns: their device names are unknown, so nothing downstream may list a subset of
+the node's HCAs as if it were all of them. Device names must be one safe word
+(``toposched.names.word_problem``); anything else, and any NUL byte, is a ``TopologyParseError``.
+
+Hostile input is bounded: every step is linear in the input, and a header naming more than
+``MAX_DEVICES`` columns is refused (real machines have a few dozen GPUs and NICs at most).
 """
 
 from __future__ import annotations
@@ -23,16 +32,22 @@ from __future__ import annotations
 import re
 from dataclasses import dataclass
 
+from pydantic import ValidationError
+
 from toposched.errors import TopologyParseError
+from toposched.names import node_name_problem, word_problem
 from toposched.topology.model import GPU, NIC, Link, LinkKind, NicLink, Node, nominal_link
+
+MAX_DEVICES = 512
+"""Most header columns (GPUs + NICs) read; a real ``nvidia-smi topo -m`` shows a few dozen."""
 
 _ANSI = re.compile(r"\x1b\[[0-9;?]*[A-Za-z]")
 _CELL = re.compile(r"[ \t]*(X|NV\d+|PIX|PXB|PHB|NODE|SYS|SOC)")
 _P2P_CELL = re.compile(r"^(OK|CNS|GNS|TNS|NS|DR|U)$")
 _AFFINITY_LABELS = ("CPU Affinity", "NUMA Affinity", "GPU NUMA ID")
-_DEVICE_TOKEN = re.compile(r"GPU\d+|NIC\d+|mlx\d+_(?:bond_)?\d+|[A-Za-z][\w.:-]*")
+_DEVICE_TOKEN = re.compile(r"GPU\d+|NIC\d+|mlx\d+_(?:bond_)?\d+|[A-Za-z][\w.:-]*", re.ASCII)
 _GLUED = re.compile(r"(?:GPU\d+|NIC\d+|mlx\d+_(?:bond_)?\d+)")
-_PROMPT = re.compile(r"[\w.-]+@([\w.-]+):[^$#]*[$#]")
+_PROMPT = re.compile(r"[\w.-]+@([\w.-]+):[^$#]*[$#]")  # matched against one word: "root@host:~#"
 _NIC_LEGEND = re.compile(r"^(NIC\d+):\s*(\S+)\s*$")
 _CPULIST = re.compile(r"^\d+(?:-\d+)?(?:,\d+(?:-\d+)?)*$")
 _NUMA_ID = re.compile(r"^\d+$")
@@ -116,6 +131,16 @@ def _find_header(lines: list[_Line], source: str) -> _Header:
             )
         if len(set(devices)) != len(devices):
             raise TopologyParseError("a column name appears twice in the header", source=source, line=line.number)
+        if len(devices) > MAX_DEVICES:
+            raise TopologyParseError(
+                f"the header names {len(devices)} GPU and NIC columns (at most {MAX_DEVICES} are read)",
+                source=source,
+                line=line.number,
+            )
+        for name in devices[len(gpus) :]:
+            problem = word_problem(name, "NIC column")
+            if problem:
+                raise TopologyParseError(problem, source=source, line=line.number, column=name[:40])
         return _Header(line.number, tuple(devices), gpus, tuple(affinity))
     raise TopologyParseError(_not_a_matrix_reason(lines), source=source, fix="pass the output of `nvidia-smi topo -m`")
 
@@ -165,6 +190,15 @@ def parse_topo_matrix(text: str, *, source: str = "<input>", hostname: str | Non
     """Read ``nvidia-smi topo -m`` output into a ``Node``; raise ``TopologyParseError`` on bad input."""
     if "ROCm System Management Interface" in text or "rocm-smi" in text:
         raise TopologyParseError("this is rocm-smi output, not `nvidia-smi topo -m`", source=source)
+    if "\x00" in text:
+        raise TopologyParseError(
+            "contains a NUL byte; not the text output of `nvidia-smi topo -m`",
+            source=source,
+            line=text.count("\n", 0, text.index("\x00")) + 1,
+            fix="capture it again with `nvidia-smi topo -m > topo.txt`",
+        )
+    if hostname is not None and node_name_problem(hostname):
+        raise TopologyParseError(f"hostname: {node_name_problem(hostname)}", source=source)
     raw_lines = text.split("\n")
     lines = [_Line(i + 1, _clean(raw)) for i, raw in enumerate(raw_lines)]
     header = _find_header(lines, source)
@@ -253,7 +287,7 @@ def parse_topo_matrix(text: str, *, source: str = "<input>", hostname: str | Non
             warnings.append(f"the input ends before the rows of {', '.join(expected)}; NIC-to-NIC paths unknown")
 
     _check_matrix(header, rows, source)
-    node = _build_node(header, rows, affinity, lines, source, hostname)
+    node = _build_node(header, rows, affinity, lines, source, hostname, warnings)
     return SmiTopology(node=node, warnings=tuple(warnings))
 
 
@@ -325,6 +359,55 @@ def _kind(cell: str) -> tuple[LinkKind, int]:
     return LinkKind(cell), 0
 
 
+def _prompt_host(text: str) -> str | None:
+    """The host in a shell prompt before ``nvidia-smi topo`` (``root@dl380ag11:~# nvidia-smi topo -m``)."""
+    at = text.find("nvidia-smi")
+    if at < 0 or "topo" not in text[at:]:
+        return None
+    for word in reversed(text[:at].split()):
+        if word.endswith(("$", "#")):
+            m = _PROMPT.fullmatch(word)
+            return m.group(1) if m else None
+    return None
+
+
+def _legend(header: _Header, lines: list[_Line], source: str) -> dict[str, str]:
+    """``NICn -> device`` from the NIC Legend lines after the header; every device one safe word."""
+    legend: dict[str, str] = {}
+    for line in lines:
+        if line.number <= header.line:
+            continue
+        m = _NIC_LEGEND.match(line.text.strip())
+        if not m:
+            continue
+        nic, device = m.group(1), m.group(2)
+        problem = word_problem(device, f"NIC Legend device of {nic}")
+        if problem:
+            raise TopologyParseError(problem, source=source, line=line.number, column=nic)
+        if legend.get(nic, device) != device:
+            raise TopologyParseError(
+                f"the NIC Legend names {nic} twice ({legend[nic]}, {device})", source=source, line=line.number
+            )
+        legend[nic] = device
+    return legend
+
+
+def _unnamed_nics_warning(unnamed: list[str], legend: dict[str, str], nic_count: int) -> str:
+    """A warning naming the NIC columns whose RDMA device the capture does not give."""
+    listed = ", ".join(unnamed)
+    if legend:
+        why = (
+            f"the NIC Legend names {nic_count - len(unnamed)} of {nic_count} NICs and has no entry for {listed} "
+            "(is the legend cut?)"
+        )
+    else:
+        why = f"there is no NIC Legend for {listed}"
+    return (
+        f"{why}: their RDMA device names are unknown, so NCCL_IB_HCA cannot list them; capture the whole "
+        "`nvidia-smi topo -m` output, including the 'NIC Legend:' lines"
+    )
+
+
 def _build_node(
     header: _Header,
     rows: dict[str, list[str]],
@@ -332,17 +415,21 @@ def _build_node(
     lines: list[_Line],
     source: str,
     hostname: str | None,
+    warnings: list[str],
 ) -> Node:
-    legend: dict[str, str] = {}
-    for line in lines:
-        if line.number <= header.line:
-            m = _PROMPT.search(line.text)
-            if m and hostname is None and "topo" in line.text:
-                hostname = m.group(1)
-            continue
-        m = _NIC_LEGEND.match(line.text.strip())
-        if m:
-            legend[m.group(1)] = m.group(2)
+    if hostname is None:
+        for line in lines:
+            if line.number > header.line:
+                break
+            prompt_host = _prompt_host(line.text)
+            if prompt_host is not None:
+                problem = node_name_problem(prompt_host)
+                if problem:
+                    warnings.append(f"line {line.number}: the shell prompt's host is not used: {problem}")
+                else:
+                    hostname = prompt_host
+                break
+    legend = _legend(header, lines, source)
 
     gpu_index = {name: int(name[3:]) for name in header.gpus}
     gpus = []
@@ -359,7 +446,11 @@ def _build_node(
             )
         )
     nic_names = header.devices[len(header.gpus) :]
-    nics = [NIC(name=n, device=legend.get(n, None if n.startswith("NIC") else n)) for n in nic_names]
+    devices = {n: legend.get(n) if n.startswith("NIC") else n for n in nic_names}
+    unnamed = [n for n in nic_names if devices[n] is None]
+    if unnamed:
+        warnings.append(_unnamed_nics_warning(unnamed, legend, len(nic_names)))
+    nics = [NIC(name=n, device=devices[n]) for n in nic_names]
     links: list[Link] = []
     nic_links: list[NicLink] = []
     for i, a in enumerate(header.gpus):
@@ -377,11 +468,16 @@ def _build_node(
                     )
             else:
                 nic_links.append(NicLink(gpu=gpu_index[a], nic=b, kind=kind))
-    return Node(
-        name=hostname or "localhost",
-        gpus=tuple(gpus),
-        nics=tuple(nics),
-        links=tuple(links),
-        nic_links=tuple(nic_links),
-        source=f"nvidia-smi topo -m: {source}",
-    )
+    try:
+        return Node(
+            name=hostname or "localhost",
+            gpus=tuple(gpus),
+            nics=tuple(nics),
+            links=tuple(links),
+            nic_links=tuple(nic_links),
+            source=f"nvidia-smi topo -m: {source}",
+        )
+    except ValidationError as exc:  # the checks above should leave nothing for the model to refuse
+        error = exc.errors()[0]
+        where = ".".join(str(part) for part in error["loc"])
+        raise TopologyParseError(f"not a valid node: {where}: {error['msg']}", source=source) from None

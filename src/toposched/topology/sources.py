@@ -15,6 +15,7 @@ from typing import Literal
 from pydantic import BaseModel, ConfigDict
 
 from toposched.errors import InputError
+from toposched.inputs import read_text
 from toposched.registry import Registry
 from toposched.topology.model import Cluster
 from toposched.topology.nvml import probe_live
@@ -23,6 +24,9 @@ from toposched.topology.smi import parse_topo_matrix
 from toposched.topology.spec import load_cluster_spec
 
 SourceKind = Literal["smi", "preset", "cluster", "live"]
+
+MAX_SMI_BYTES = 4 * 1024 * 1024
+"""Largest ``nvidia-smi topo -m`` capture read (a real one is a few kB; a 16-GPU, 10-NIC one ~5 kB)."""
 
 
 class SourceRef(BaseModel):
@@ -44,21 +48,12 @@ class Loaded:
     warnings: tuple[str, ...] = ()
 
 
-def _read_text(path: str) -> str:
-    file = Path(path)
-    try:
-        return file.read_bytes().decode("utf-8", errors="replace")
-    except FileNotFoundError as exc:
-        raise InputError(f"topology file {path} does not exist", fix="check the path given to --smi") from exc
-    except IsADirectoryError as exc:
-        raise InputError(f"topology file {path} is a directory", fix="pass the file holding the capture") from exc
-    except OSError as exc:
-        raise InputError(f"cannot read topology file {path}: {exc.strerror}") from exc
-
-
 def _smi(ref: str) -> Loaded:
+    if "\x00" in ref:  # os.open would raise ValueError
+        raise InputError(f"topology file {ref[:200]!r}: a path cannot contain a NUL byte", fix="check the path")
     path = Path(ref)
-    result = parse_topo_matrix(_read_text(ref), source=ref, hostname=None)
+    text = read_text(ref, what="topology file", max_bytes=MAX_SMI_BYTES)
+    result = parse_topo_matrix(text, source=ref, hostname=None)
     name = path.stem if result.node.name == "localhost" else result.node.name
     cluster = Cluster(name=name, nodes=(result.node,))
     return Loaded(cluster, SourceRef(kind="smi", ref=str(path.resolve())), result.warnings)
@@ -69,7 +64,9 @@ def _preset(ref: str) -> Loaded:
 
 
 def _cluster(ref: str) -> Loaded:
-    return Loaded(load_cluster_spec(ref), SourceRef(kind="cluster", ref=str(Path(ref).resolve())))
+    warnings: list[str] = []  # e.g. a node's smi capture with a cut NIC legend
+    cluster = load_cluster_spec(ref, warnings=warnings)
+    return Loaded(cluster, SourceRef(kind="cluster", ref=str(Path(ref).resolve())), tuple(warnings))
 
 
 def _live(ref: str) -> Loaded:
