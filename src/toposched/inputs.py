@@ -34,31 +34,45 @@ MAX_ALIASES = 1000
 """Most YAML alias uses accepted in one document (guards against 'billion laughs' expansion)."""
 
 
-def read_bytes(path: str | Path, *, what: str = "file", max_bytes: int = MAX_BYTES) -> bytes:
-    """The bytes of a regular file of at most ``max_bytes``; InputError naming the file otherwise."""
+def _shown(path: str | Path) -> str:
+    """A path as error messages show it: repr, at most 80 characters."""
+    text = repr(str(path))
+    return text if len(text) <= 80 else text[:77] + "..."
+
+
+def read_bytes(
+    path: str | Path, *, what: str = "file", max_bytes: int = MAX_BYTES, special_fix: str | None = None
+) -> bytes:
+    """The bytes of a regular file of at most ``max_bytes``; InputError naming the file otherwise.
+
+    ``special_fix`` is the hint given when the path is a device, FIFO or socket (by default: save the
+    input to a file first).
+    """
     p = Path(path)
+    if "\x00" in str(p):
+        raise InputError(f"{what} path {_shown(p)} contains a NUL byte", fix="check the path")
     try:
         fd = os.open(p, os.O_RDONLY | getattr(os, "O_NONBLOCK", 0))
     except FileNotFoundError:
-        raise InputError(f"{what} {str(p)!r} does not exist", fix="check the path") from None
+        raise InputError(f"{what} {_shown(p)} does not exist", fix="check the path") from None
     except IsADirectoryError:
-        raise InputError(f"{what} {str(p)!r} is a directory, not a file", fix="name a file") from None
+        raise InputError(f"{what} {_shown(p)} is a directory, not a file", fix="name a file") from None
     except PermissionError:
-        raise InputError(f"{what} {str(p)!r} cannot be read (permission denied)", fix="check its permissions") from None
+        raise InputError(f"{what} {_shown(p)} cannot be read (permission denied)", fix="check its mode") from None
     except OSError as exc:
-        raise InputError(f"{what} {str(p)!r} cannot be opened: {exc.strerror}", fix="check the path") from None
+        raise InputError(f"{what} {_shown(p)} cannot be opened: {exc.strerror}", fix="check the path") from None
     try:
         info = os.fstat(fd)
         if stat.S_ISDIR(info.st_mode):
-            raise InputError(f"{what} {str(p)!r} is a directory, not a file", fix="name a file")
+            raise InputError(f"{what} {_shown(p)} is a directory, not a file", fix="name a file")
         if not stat.S_ISREG(info.st_mode):
             raise InputError(
-                f"{what} {str(p)!r} is not a regular file (a device, FIFO or socket)",
-                fix="save the input to a file first, e.g. `nvidia-smi topo -m > topo.txt`",
+                f"{what} {_shown(p)} is not a regular file (a device, FIFO or socket)",
+                fix=special_fix or "save the input to a regular file first and pass that file",
             )
         if info.st_size > max_bytes:
             raise InputError(
-                f"{what} {str(p)!r} is {info.st_size:,} bytes; at most {max_bytes:,} are read",
+                f"{what} {_shown(p)} is {info.st_size:,} bytes; at most {max_bytes:,} are read",
                 fix="pass the relevant part of the file",
             )
         chunks: list[bytes] = []
@@ -69,11 +83,11 @@ def read_bytes(path: str | Path, *, what: str = "file", max_bytes: int = MAX_BYT
                 break
             total += len(chunk)
             if total > max_bytes:
-                raise InputError(f"{what} {str(p)!r} grew past {max_bytes:,} bytes while being read")
+                raise InputError(f"{what} {_shown(p)} grew past {max_bytes:,} bytes while being read")
             chunks.append(chunk)
         return b"".join(chunks)
     except OSError as exc:
-        raise InputError(f"{what} {str(p)!r} cannot be read: {exc.strerror}", fix="check the file") from None
+        raise InputError(f"{what} {_shown(p)} cannot be read: {exc.strerror}", fix="check the file") from None
     finally:
         os.close(fd)
 
@@ -84,14 +98,17 @@ def decode(data: bytes, *, source: str, what: str = "file") -> str:
         return data.decode("utf-8-sig")
     except UnicodeDecodeError as exc:
         raise InputError(
-            f"{what} {source!r} is not UTF-8 text (bad byte at offset {exc.start})",
+            f"{what} {_shown(source)} is not UTF-8 text (bad byte at offset {exc.start})",
             fix="save it as UTF-8, e.g. `iconv -f latin1 -t utf-8`",
         ) from None
 
 
-def read_text(path: str | Path, *, what: str = "file", max_bytes: int = MAX_BYTES) -> str:
+def read_text(
+    path: str | Path, *, what: str = "file", max_bytes: int = MAX_BYTES, special_fix: str | None = None
+) -> str:
     """The UTF-8 text of a regular file of at most ``max_bytes``."""
-    return decode(read_bytes(path, what=what, max_bytes=max_bytes), source=str(path), what=what)
+    data = read_bytes(path, what=what, max_bytes=max_bytes, special_fix=special_fix)
+    return decode(data, source=str(path), what=what)
 
 
 def _depth(value: Any) -> int:

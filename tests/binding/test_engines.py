@@ -274,3 +274,19 @@ def test_placement_ids_of_a_long_request_id_are_accepted(run_cli: RunCli, tmp_pa
     data["request"]["replicas"] = 3
     with pytest.raises(InputError, match=r"placements.1.id: placement .* appears twice"):
         parse_plan(data, "p.json")
+
+
+def test_a_nic_without_a_device_name_sets_no_short_hca_list() -> None:
+    """A cut NIC legend leaves NICs without names: NCCL_IB_HCA must not list only the named half."""
+    s, request, (p,) = _plan("two-nodes", "llama-3.1-405b", slo_tpot_ms=60)
+    nodes = tuple(
+        n.model_copy(update={"nics": tuple(nic.model_copy(update={"device": None}) if i >= 4 else nic
+                                            for i, nic in enumerate(n.nics))})
+        for n in s.cluster.nodes
+    )  # fmt: skip
+    cut = s.cluster.model_copy(update={"nodes": nodes})
+    for launch in build_launches([p], request, cut, "vllm"):
+        assert "NCCL_IB_HCA" not in launch.env  # NCCL then uses every HCA
+        assert launch.env["NCCL_CROSS_NIC"] == "0"
+    for launch in build_launches([p], request, s.cluster, "vllm"):  # the full legend still lists all 8
+        assert launch.env["NCCL_IB_HCA"] == "=" + ",".join(f"mlx5_{i}" for i in range(8))

@@ -145,13 +145,13 @@ def _nccl_env(cluster: Cluster, dmap: DomainMap, node: str, gpus: Sequence[int],
     if not multi_node:
         return env
     device_of = {nic.name: nic.device for nic in n.nics}
-    devices: list[str] = []
-    for g in gpus:
-        for nic in dmap.nearest_nics.get(gpu_ref(node, g), ()):
-            device = device_of.get(nic)
-            if device and device not in devices:
-                devices.append(device)
-    if devices and (fabric is None or fabric.kind in ("IB", "ROCE")):
+    nearest = [nic for g in gpus for nic in dmap.nearest_nics.get(gpu_ref(node, g), ())]
+    devices = list(dict.fromkeys(device_of[nic] for nic in nearest if device_of.get(nic)))
+    # A nearest NIC without a device name (a capture whose NIC legend was cut) would drop out of the
+    # list; a short NCCL_IB_HCA silently narrows NCCL to a subset of the rails, so set none and let
+    # NCCL use every HCA (the parser warned about the missing legend entries).
+    unnamed = any(not device_of.get(nic) for nic in nearest)
+    if devices and not unnamed and (fabric is None or fabric.kind in ("IB", "ROCE")):
         env["NCCL_IB_HCA"] = "=" + ",".join(devices)
         kinds = [min((nl.kind.rank for nl in n.nic_links if nl.gpu == g), default=LinkKind.SYS.rank) for g in gpus]
         if kinds and max(kinds) <= LinkKind.PXB.rank:

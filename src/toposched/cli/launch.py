@@ -66,6 +66,8 @@ def resolve_plan(
             "launch needs a plan", fix="pass --plan PLAN.json, or --model NAME with --preset/--smi/--cluster/--live"
         )
     loaded = load_source(ref)
+    for w in loaded.warnings:
+        err_console.print(f"warning: {w}", markup=False, soft_wrap=True)
     request = PlacementRequest(
         id="plan", model=model, replicas=replicas, allowed_tp=(tp,) if tp else None,
         slo_tpot_ms=slo_tpot_ms, max_model_len=max_model_len,

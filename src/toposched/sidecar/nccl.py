@@ -275,7 +275,12 @@ def read_nccl_file(path: str | Path, *, nvswitch: bool | None = None) -> NcclRep
             f"NCCL log {str(path)!r} is {info.st_size:,} bytes; at most {MAX_LOG_BYTES:,} are read",
             fix=f"keep only NCCL's lines, e.g. `grep NCCL {path} > nccl.log`, and pass that file",
         )
-    data = read_bytes(path, what="NCCL log", max_bytes=MAX_LOG_BYTES)
+    data = read_bytes(
+        path,
+        what="NCCL log",
+        max_bytes=MAX_LOG_BYTES,
+        special_fix="save the log first: `NCCL_DEBUG=INFO ... 2> nccl.log`",
+    )
     return read_nccl_log(data.decode("utf-8", errors="replace"), source=str(path), nvswitch=nvswitch)
 
 

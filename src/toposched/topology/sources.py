@@ -52,7 +52,9 @@ def _smi(ref: str) -> Loaded:
     if "\x00" in ref:  # os.open would raise ValueError
         raise InputError(f"topology file {ref[:200]!r}: a path cannot contain a NUL byte", fix="check the path")
     path = Path(ref)
-    text = read_text(ref, what="topology file", max_bytes=MAX_SMI_BYTES)
+    text = read_text(
+        ref, what="topology file", max_bytes=MAX_SMI_BYTES, special_fix="save it first: `nvidia-smi topo -m > topo.txt`"
+    )
     result = parse_topo_matrix(text, source=ref, hostname=None)
     name = path.stem if result.node.name == "localhost" else result.node.name
     cluster = Cluster(name=name, nodes=(result.node,))
