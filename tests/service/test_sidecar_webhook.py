@@ -27,7 +27,9 @@ def test_sidecar_webhook_marks_the_placement_degraded(
         ]
         path = tmp_path / "plan.json"
         path.write_text(json.dumps(data))
-        monkeypatch.setenv("TOPOSCHED_API_TOKEN", TOKEN)
+        monkeypatch.delenv("TOPOSCHED_API_TOKEN", raising=False)
+        token_file = tmp_path / "token"
+        token_file.write_text(TOKEN + "\n")  # as a mounted Secret holds it
         result = run_cli(
             "sidecar",
             "--plan",
@@ -42,6 +44,8 @@ def test_sidecar_webhook_marks_the_placement_degraded(
             "0.01",
             "--webhook",
             f"{sqlite_server.url}/v1/reports",
+            "--token-file",
+            str(token_file),
         )
         assert result.exit_code == 0, result.stderr
         assert "TOPOLOGY_DRIFT" in result.stdout + result.stderr

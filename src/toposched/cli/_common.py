@@ -3,13 +3,16 @@
 from __future__ import annotations
 
 import json
+import os
 import sys
+from pathlib import Path
 from typing import Any
 
 import typer
 from rich.console import Console
 
 from toposched.errors import InputError
+from toposched.inputs import read_text
 from toposched.topology.sources import SourceRef
 
 console = Console(highlight=False)
@@ -44,3 +47,16 @@ def source_ref(smi: str | None, preset: str | None, cluster: str | None, live: b
             fix="choose one of --smi FILE, --preset NAME, --cluster FILE, --live",
         )
     return given[0] if given else None
+
+
+TOKEN_ENV = "TOPOSCHED_API_TOKEN"
+
+
+def read_token(token_file: Path | None) -> str | None:
+    """The API token: ``--token-file`` first, then ``$TOPOSCHED_API_TOKEN``; surrounding blanks dropped."""
+    if token_file is not None:
+        text = read_text(token_file, what="--token-file", max_bytes=64 * 1024).strip()
+        if not text:
+            raise InputError(f"--token-file {token_file} is empty", fix="write the token into it")
+        return text
+    return os.environ.get(TOKEN_ENV, "").strip() or None

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import os
 import resource
 from pathlib import Path
 from typing import TYPE_CHECKING
@@ -10,7 +9,7 @@ from typing import TYPE_CHECKING
 import typer
 from pydantic import ValidationError
 
-from toposched.cli._common import CLUSTER, LIVE, PRESET, SMI, err_console, source_ref
+from toposched.cli._common import CLUSTER, LIVE, PRESET, SMI, TOKEN_ENV, err_console, read_token, source_ref
 from toposched.cli.ledger import STATE, ledger_url
 from toposched.errors import InputError
 from toposched.service.config import ServiceConfig
@@ -18,26 +17,12 @@ from toposched.service.config import ServiceConfig
 if TYPE_CHECKING:
     from toposched.service.guards import ConnectionLimits
 
-TOKEN_ENV = "TOPOSCHED_API_TOKEN"
 FD_RESERVE = 128
 """Open files kept for other than client connections: the state (SQLite, etcd sockets), logs, the listener."""
 
 
 def register(app: typer.Typer) -> None:
     app.command("serve")(serve)
-
-
-def read_token(token_file: Path | None) -> str | None:
-    """The API token: ``--token-file`` first, then ``$TOPOSCHED_API_TOKEN``; surrounding blanks dropped."""
-    if token_file is not None:
-        try:
-            text = token_file.read_text(encoding="utf-8").strip()
-        except OSError as exc:
-            raise InputError(f"--token-file {token_file}: {exc.strerror}", fix="give a readable file") from exc
-        if not text:
-            raise InputError(f"--token-file {token_file} is empty", fix="write the token into it")
-        return text
-    return os.environ.get(TOKEN_ENV, "").strip() or None
 
 
 def serve(

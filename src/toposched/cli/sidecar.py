@@ -18,6 +18,7 @@ import typer
 from pydantic import ValidationError
 
 from toposched.binding.plan_doc import PlanDoc, load_plan
+from toposched.cli._common import read_token
 from toposched.errors import InputError, NoDriverError, UnknownNameError
 from toposched.sidecar.checks import expectations_from_plan
 from toposched.sidecar.fake_scenarios import build_scenario
@@ -72,6 +73,9 @@ def sidecar_cmd(
     interval: float = typer.Option(10.0, "--interval", help="Seconds between check cycles."),
     iterations: int | None = typer.Option(None, "--iterations", help="Stop after N cycles (default: run forever)."),
     webhook: str | None = typer.Option(None, "--webhook", help="POST each report with new alerts to this URL."),
+    token_file: Path | None = typer.Option(
+        None, "--token-file", help="Bearer token for --webhook (default: $TOPOSCHED_API_TOKEN).", metavar="FILE"
+    ),
     fake: str | None = typer.Option(
         None, "--fake", help="Scripted NVML scenario: steady|link-down|traffic-ramp|hbm-leak."
     ),
@@ -88,7 +92,7 @@ def sidecar_cmd(
         raise InputError(f"placement {chosen.id} has no GPU on node {here!r} (it uses {sorted(set(nodes))})")
     exp = expectations_from_plan(chosen, doc.cluster, node=here, pcie_budget_gbps=pcie_budget_gbps)
     try:
-        config = LoopConfig(interval_s=interval, iterations=iterations, webhook=webhook)
+        config = LoopConfig(interval_s=interval, iterations=iterations, webhook=webhook, token=read_token(token_file))
     except ValidationError as exc:
         err = exc.errors()[0]
         flag = {"interval_s": "--interval", "iterations": "--iterations", "webhook": "--webhook"}.get(

@@ -27,7 +27,7 @@ from typing import Any
 
 import httpx
 from prometheus_client import CollectorRegistry, Counter, Gauge, generate_latest
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import BaseModel, ConfigDict, Field, SecretStr
 
 from toposched.errors import ToposchedError
 from toposched.sidecar.checks import ALERT_KINDS, Alert, Expectations, NvlinkSample, check_hbm, check_topology
@@ -49,6 +49,8 @@ class LoopConfig(BaseModel):
     """URL that receives a JSON POST for each cycle with new alerts."""
     webhook_timeout_s: float = Field(default=2.0, gt=0, le=60)
     """Timeout of one webhook POST."""
+    token: SecretStr | None = None
+    """Bearer token for the webhook; None: ``$TOPOSCHED_API_TOKEN`` (if set)."""
 
 
 @dataclass(frozen=True)
@@ -216,7 +218,7 @@ class Sidecar:
         if not self.config.webhook:
             return
         try:
-            token = os.environ.get("TOPOSCHED_API_TOKEN")
+            token = self.config.token.get_secret_value() if self.config.token else os.environ.get("TOPOSCHED_API_TOKEN")
             headers = {"Authorization": f"Bearer {token}"} if token else {}
             response = httpx.post(
                 self.config.webhook, json=report.to_json(), headers=headers, timeout=self.config.webhook_timeout_s
