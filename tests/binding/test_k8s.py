@@ -12,8 +12,9 @@ from typing import Any
 import kubernetes_validate
 import pytest
 
-from tests.binding.builders import nvl72_doc
+from tests.binding.builders import make_doc, make_placement, nvl72_doc
 from tests.binding.conftest import DATA
+from tests.binding.test_k8s_dra import captured
 from toposched.binding.engines import VLLM_FLAGS
 from toposched.binding.k8s import (
     GPU_CLIQUE,
@@ -23,6 +24,7 @@ from toposched.binding.k8s import (
     lint_nodes,
     node_requirements,
     normalise_bus_id,
+    render_objects,
     role_based_group,
 )
 from toposched.binding.plan_doc import PlanDoc
@@ -93,13 +95,19 @@ def script_of(template: dict[str, Any]) -> str:
 # --- schema validation -------------------------------------------------------------------------
 
 
+@pytest.mark.parametrize("probed", [False, True], ids=["preset", "captured"])
 @pytest.mark.parametrize("name", ["pcie", "two", "multi"])
-def test_objects_validate_against_the_kubernetes_schemas(plans: dict[str, PlanDoc], name: str) -> None:
-    objects = k8s_objects(plans[name])
-    assert objects
-    for obj in objects:
-        if obj["kind"] == "Deployment":
+def test_objects_validate_against_the_kubernetes_schemas(plans: dict[str, PlanDoc], name: str, probed: bool) -> None:
+    out = render_objects(captured(plans[name]) if probed else plans[name])
+    assert out.gpu_request == ("dra" if probed else "device-plugin")
+    workloads = [o for o in out.objects if o["kind"] != "ResourceClaimTemplate"]
+    claims = [o for o in out.objects if o["kind"] == "ResourceClaimTemplate"]
+    assert len(workloads) == len(plans[name].placements)
+    assert len(claims) == (sum(len(templates(o)) for o in workloads) if probed else 0)
+    for obj in out.objects:
+        if obj["kind"] in ("Deployment", "ResourceClaimTemplate"):
             validate(obj)
+    for obj in workloads:
         for template in templates(obj):
             validate_template(template)
 
@@ -153,7 +161,7 @@ def test_role_based_group_refuses_multi_node_roles(plans: dict[str, PlanDoc]) ->
 
 
 def test_pcie_plan_deployment(plans: dict[str, PlanDoc]) -> None:
-    (dep,) = k8s_objects(plans["pcie"])
+    (dep,) = k8s_objects(captured(plans["pcie"], uuids=False), K8sOptions(gpu_request="device-plugin"))
     assert dep["kind"] == "Deployment" and dep["spec"]["replicas"] == 1
     assert dep["spec"]["strategy"] == {"type": "Recreate"}
     tpl = dep["spec"]["template"]
@@ -177,7 +185,7 @@ def test_pcie_plan_deployment(plans: dict[str, PlanDoc]) -> None:
 
 
 def test_two_replicas_get_disjoint_numa_aligned_gpus(plans: dict[str, PlanDoc]) -> None:
-    deps = k8s_objects(plans["two"])
+    deps = k8s_objects(captured(plans["two"], uuids=False), K8sOptions(gpu_request="device-plugin"))
     assert [d["kind"] for d in deps] == ["Deployment", "Deployment"]
     assert len({d["metadata"]["name"] for d in deps}) == 2
     buses = []
@@ -246,8 +254,8 @@ def test_spread_replicas_get_anti_affinity_and_spread(plans: dict[str, PlanDoc])
         ] == ("kubernetes.io/hostname")
 
 
-def test_plan_without_bus_ids_or_uuids_is_refused(plans: dict[str, PlanDoc]) -> None:
-    doc = plans["pcie"]
+def test_plan_without_bus_ids_or_uuids_cannot_pin(plans: dict[str, PlanDoc]) -> None:
+    doc = captured(plans["pcie"], uuids=False)
     bare = doc.cluster.model_copy(
         update={
             "nodes": tuple(
@@ -256,16 +264,20 @@ def test_plan_without_bus_ids_or_uuids_is_refused(plans: dict[str, PlanDoc]) -> 
             )
         }
     )
-    with pytest.raises(InputError, match="nvidia-smi index"):
-        k8s_objects(PlanDoc(doc.placements, doc.request, bare))
+    with pytest.raises(InputError, match="neither the PCI bus ids nor the UUIDs"):
+        k8s_objects(PlanDoc(doc.placements, doc.request, bare), K8sOptions(gpu_request="dra"))
+    out = render_objects(PlanDoc(doc.placements, doc.request, bare))
+    assert out.gpu_request == "device-plugin" and "captured or live topology" in out.warnings[0]
+    assert "nvidia-smi -i" not in script_of(out.objects[0]["spec"]["template"])  # never an index
 
 
 def test_bus_id_forms_normalise_to_nvidia_smi_form() -> None:
     assert normalise_bus_id("0000:18:00.0") == "00000000:18:00.0"
     assert normalise_bus_id("00000000:af:00.0") == "00000000:AF:00.0"
     assert normalise_bus_id("1b:00.0") == "00000000:1B:00.0"
-    with pytest.raises(InputError):
-        normalise_bus_id("GPU-1234")
+    for bad in ("GPU-1234", "00000000:18:00.0;x", "0000:18:00"):
+        with pytest.raises(InputError):
+            normalise_bus_id(bad)
 
 
 # --- the entrypoint, run for real with fake nvidia-smi / numactl / vllm --------------------------
@@ -342,7 +354,7 @@ L40S_VISIBLE = [
 
 
 def test_entrypoint_selects_planned_gpus_by_bus_id_in_rank_order(plans: dict[str, PlanDoc], tmp_path: Path) -> None:
-    (dep,) = k8s_objects(plans["pcie"])
+    (dep,) = k8s_objects(captured(plans["pcie"], uuids=False), K8sOptions(gpu_request="device-plugin"))
     result = run_entrypoint(tmp_path, dep["spec"]["template"], "l40s", L40S_VISIBLE)
     assert result.returncode == 0, result.stderr
     assert (tmp_path / "rec/env").read_text() == "GPU-aaa,GPU-bbb,GPU-ccc,GPU-ddd|PCI_BUS_ID\n"
@@ -352,7 +364,7 @@ def test_entrypoint_selects_planned_gpus_by_bus_id_in_rank_order(plans: dict[str
 
 
 def test_entrypoint_fails_when_a_planned_gpu_is_not_visible(plans: dict[str, PlanDoc], tmp_path: Path) -> None:
-    (dep,) = k8s_objects(plans["pcie"])
+    _claim, dep = k8s_objects(captured(plans["pcie"], uuids=False))  # DRA: the same check at start
     result = run_entrypoint(tmp_path, dep["spec"]["template"], "l40s", L40S_VISIBLE[:3])
     assert result.returncode == 1
     assert "00000000:48:00.0" in result.stderr and "not visible" in result.stderr
@@ -365,9 +377,18 @@ def test_entrypoint_refuses_a_node_outside_the_plan(plans: dict[str, PlanDoc], t
     assert result.returncode == 1 and "other-node" in result.stderr
 
 
+def test_entrypoint_of_a_preset_plan_takes_the_gpus_it_was_given(plans: dict[str, PlanDoc], tmp_path: Path) -> None:
+    """Invented bus ids are never matched: the pod runs on the GPUs the device plugin gave, and says so."""
+    (dep,) = k8s_objects(plans["pcie"])
+    result = run_entrypoint(tmp_path, dep["spec"]["template"], "l40s", ["00000000:AF:00.0, GPU-real"] * 4)
+    assert result.returncode == 0, result.stderr
+    assert (tmp_path / "rec/env").read_text() == "|PCI_BUS_ID\n"  # CUDA_VISIBLE_DEVICES left as the runtime set it
+    assert "no real GPU ids" in result.stderr
+
+
 def test_entrypoint_runs_no_command_hidden_in_the_model_path(plans: dict[str, PlanDoc], tmp_path: Path) -> None:
     evil = "/models/my model $(touch PWNED1) `touch PWNED2` $(HOME) $HOME; touch PWNED3 'q\""
-    (dep,) = k8s_objects(plans["pcie"], K8sOptions(model_path=evil))
+    (dep,) = k8s_objects(captured(plans["pcie"], uuids=False), K8sOptions(model_path=evil, gpu_request="device-plugin"))
     result = run_entrypoint(tmp_path, dep["spec"]["template"], "l40s", L40S_VISIBLE)
     assert result.returncode == 0, result.stderr
     assert not list(tmp_path.glob("PWNED*"))
@@ -375,7 +396,7 @@ def test_entrypoint_runs_no_command_hidden_in_the_model_path(plans: dict[str, Pl
 
 
 def test_worker_entrypoint_reaches_the_leader(plans: dict[str, PlanDoc], tmp_path: Path) -> None:
-    (lws,) = k8s_objects(plans["multi"])
+    (lws,) = k8s_objects(captured(plans["multi"], uuids=False), K8sOptions(gpu_request="device-plugin"))
     worker = templates(lws)[1]
     node = expressions(worker)["kubernetes.io/hostname"]["values"][0]
     visible = [f"00000000:{b}:00.0, GPU-{b}" for b in ("88", "78", "68", "58", "48", "38", "28", "18")]
@@ -395,18 +416,17 @@ def _mib(q: str) -> int:
     return int(n) * (1024 if unit == "Gi" else 1)
 
 
-@pytest.mark.parametrize("name", ["pcie", "multi"])
-def test_kubelet_config_fields_and_reserved_memory_sum(plans: dict[str, PlanDoc], name: str) -> None:
+@pytest.mark.parametrize(("name", "policy"), [("pcie", "single-numa-node"), ("multi", "best-effort")])
+def test_kubelet_config_fields_and_reserved_memory_sum(plans: dict[str, PlanDoc], name: str, policy: str) -> None:
     configs = kubelet_configs(plans[name], kube_reserved="2Gi", system_reserved="1Gi", eviction_memory="500Mi")
     assert configs
-    for nodes, cfg in configs:
-        assert nodes
+    for item in configs:
+        nodes, cfg = item.nodes, item.config
+        assert nodes and item.reason
+        assert list(item.document()) == ["nodes", "reason", "config"]
         assert set(cfg) <= KUBELET_FIELDS
         assert cfg["apiVersion"] == "kubelet.config.k8s.io/v1beta1" and cfg["kind"] == "KubeletConfiguration"
-        assert cfg["topologyManagerPolicy"] == "single-numa-node" and cfg["topologyManagerScope"] in (
-            "container",
-            "pod",
-        )
+        assert cfg["topologyManagerPolicy"] == policy and cfg["topologyManagerScope"] == "pod"
         assert set(cfg["topologyManagerPolicyOptions"]) <= TOPOLOGY_OPTIONS
         assert (cfg["cpuManagerPolicy"], cfg["memoryManagerPolicy"]) == ("static", "Static")
         assert cfg["reservedSystemCPUs"]  # the static CPU manager needs a non-zero CPU reservation
@@ -424,6 +444,49 @@ def test_kubelet_config_fields_and_reserved_memory_sum(plans: dict[str, PlanDoc]
 def test_kubelet_rejects_an_unknown_policy(plans: dict[str, PlanDoc]) -> None:
     with pytest.raises(InputError, match="not one of"):
         kubelet_configs(plans["pcie"], policy="numa-aware")
+
+
+def _policies(doc: PlanDoc, policy: str = "auto") -> dict[str, tuple[str, str]]:
+    return {
+        n: (k.config["topologyManagerPolicy"], k.reason) for k in kubelet_configs(doc, policy=policy) for n in k.nodes
+    }
+
+
+def test_kubelet_policy_admits_every_planned_pod(plans: dict[str, PlanDoc]) -> None:
+    """single-numa-node (pod scope) only where no pod's GPUs span NUMA nodes: it would refuse those pods."""
+    assert _policies(plans["two"])["hgx-h100"][0] == "single-numa-node"  # TP4 halves, one per socket
+    multi = _policies(plans["multi"])  # TP8 x PP2: each pod has 8 GPUs over both sockets of its node
+    assert {p for p, _ in multi.values()} == {"best-effort"}
+    assert all("NUMA nodes 0,1" in reason and "TopologyAffinityError" in reason for _, reason in multi.values())
+    cluster = load_preset("dgx-a100")  # NPS4: GPUs 0,1 on NUMA 3, 2,3 on 1, 4,5 on 7, 6,7 on 5
+    pair = make_doc(cluster, make_placement([("dgx-a100", (0, 1))], tp=2), model="llama-3.1-8b")
+    assert _policies(pair)["dgx-a100"][0] == "single-numa-node"
+    both = make_doc(
+        cluster,
+        make_placement([("dgx-a100", (0, 1))], tp=2, id="plan-0"),
+        make_placement([("dgx-a100", range(2, 8))], tp=2, pp=3, id="plan-1"),
+        model="llama-3.1-8b",
+    )
+    policy, reason = _policies(both)["dgx-a100"]  # one pod spans NUMA 1, 5 and 7: the node's kubelet must admit it
+    assert policy == "best-effort" and "1,5,7" in reason
+    unknown = captured(pair).cluster.model_copy(
+        update={
+            "nodes": tuple(
+                n.model_copy(update={"gpus": tuple(g.model_copy(update={"numa_node": None}) for g in n.gpus)})
+                for n in cluster.nodes
+            )
+        }
+    )
+    assert _policies(PlanDoc(pair.placements, pair.request, unknown))["dgx-a100"][0] == "best-effort"
+
+
+def test_kubelet_policy_asked_for(plans: dict[str, PlanDoc]) -> None:
+    with pytest.raises(InputError, match="would refuse the pod of placement plan") as err:
+        kubelet_configs(plans["multi"], policy="single-numa-node")
+    assert "NUMA nodes 0,1" in err.value.message and "auto" in (err.value.fix or "")
+    policy, reason = _policies(plans["multi"], "restricted")["h100-00"]
+    assert policy == "restricted" and reason == "--topology-policy restricted as asked (auto would choose best-effort)"
+    assert _policies(plans["pcie"], "single-numa-node")["l40s"][0] == "single-numa-node"
 
 
 # --- lint (seed 003 section 3.1) -----------------------------------------------------------------
@@ -487,8 +550,8 @@ NVL72_VISIBLE = [  # what a tray's container sees: its four GPUs, listed out of 
 
 
 def test_tp_over_nvl72_trays_is_a_leader_worker_set_of_one_pod_per_tray(tmp_path: Path) -> None:
-    doc = nvl72_doc((5, 2, 9, 7), tp=16)
-    (lws,) = k8s_objects(doc)
+    doc = captured(nvl72_doc((5, 2, 9, 7), tp=16), uuids=False)
+    (lws,) = k8s_objects(doc, K8sOptions(gpu_request="device-plugin"))
     assert lws["kind"] == "LeaderWorkerSet"
     lwt = lws["spec"]["leaderWorkerTemplate"]
     assert lwt["size"] == 4 and lwt["restartPolicy"] == "RecreateGroupOnPodRestart"
@@ -508,6 +571,28 @@ def test_tp_over_nvl72_trays_is_a_leader_worker_set_of_one_pod_per_tray(tmp_path
     assert argv[argv.index("--tensor-parallel-size") + 1] == "16"
     assert argv[argv.index("--nnodes") + 1] == "4" and argv[argv.index("--node-rank") + 1] == "2"
     assert argv[argv.index("--master-addr") + 1] == "grp-0.grp.default" and "--headless" in argv
-    sglang = k8s_objects(doc, K8sOptions(engine="sglang", image="registry.invalid/sglang:pinned"))[0]
+    sglang = k8s_objects(
+        doc, K8sOptions(engine="sglang", image="registry.invalid/sglang:pinned", gpu_request="device-plugin")
+    )[0]
     script = script_of(sglang["spec"]["leaderWorkerTemplate"]["workerTemplate"])
     assert '--nnodes 4 --node-rank 2 --dist-init-addr "$LWS_LEADER_ADDRESS:20000"' in script
+
+
+def test_tp_over_nvl72_trays_with_dra_one_claim_per_template() -> None:
+    """The trays are identical, so the workers' one claim names the same four bus ids on each tray (exact)."""
+    out = render_objects(captured(nvl72_doc((5, 2, 9, 7), tp=16), uuids=False))
+    assert out.gpu_request == "dra"
+    assert not any("differ between" in w or "RDMA" in w for w in out.warnings)  # one NVLink clique: no RDMA needed
+    leader, worker, lws = out.objects
+    for claim in (leader, worker):
+        validate(claim)
+        exprs = [
+            r["exactly"]["selectors"][0]["cel"]["expression"] for r in claim["spec"]["spec"]["devices"]["requests"]
+        ]
+        assert exprs == [
+            f'device.attributes["resource.kubernetes.io"].pciBusID == "0000:{b}:00.0"' for b in (18, 28, 38, 48)
+        ]
+    assert (
+        lws["spec"]["leaderWorkerTemplate"]["workerTemplate"]["spec"]["resourceClaims"][0]["resourceClaimTemplateName"]
+        == worker["metadata"]["name"]
+    )

@@ -9,6 +9,7 @@ import kubernetes_validate
 import yaml
 
 from tests.binding.conftest import DATA
+from tests.binding.test_k8s_dra import real_node
 from tests.conftest import RunCli
 
 MULTI = ["--preset", "cluster-32x-hgx-h100", "--model", "llama-3.1-405b", "--slo-tpot-ms", "60"]
@@ -31,6 +32,8 @@ def test_k8s_plan_prints_yaml_documents(run_cli: RunCli, tmp_path: Path) -> None
     for doc in docs:
         kubernetes_validate.validate(doc, "1.37", strict=True)
     assert "&id" not in result.stdout  # no YAML anchors
+    # a preset's bus ids are invented: the device plugin is used, and stderr says why
+    assert "warning: GPU pinning needs a captured or live topology: node hgx-h100: made from a preset" in result.stderr
 
 
 def test_k8s_from_plan_options_multi_node_json(run_cli: RunCli) -> None:
@@ -51,6 +54,7 @@ def test_k8s_kubelet_and_roles(run_cli: RunCli, tmp_path: Path) -> None:
     (item,) = yaml.safe_load_all(result.stdout)
     cfg = item["config"]
     assert item["nodes"] == ["l40s"]
+    assert item["reason"] == "--topology-policy restricted as asked (auto would choose single-numa-node)"
     assert cfg["kind"] == "KubeletConfiguration" and cfg["topologyManagerPolicy"] == "restricted"
     as_json = run_cli(
         "launch", "k8s", "--plan", str(pcie), "--kubelet", "--topology-policy", "restricted", "--format", "json"
@@ -64,9 +68,46 @@ def test_k8s_kubelet_and_roles(run_cli: RunCli, tmp_path: Path) -> None:
     assert policy["spec"]["policies"][0]["roles"] == ["prefill", "decode"]
 
 
+def test_k8s_kubelet_policy_from_the_plan(run_cli: RunCli) -> None:
+    result = run_cli("launch", "k8s", *MULTI, "--kubelet", "--format", "json")
+    assert result.exit_code == 0, result.stderr
+    (item,) = json.loads(result.stdout)["kubelet_configs"]  # TP8 pods span both sockets of each node
+    assert item["config"]["topologyManagerPolicy"] == "best-effort" and "NUMA nodes 0,1" in item["reason"]
+    refused = run_cli("launch", "k8s", *MULTI, "--kubelet", "--topology-policy", "single-numa-node")
+    assert refused.exit_code == 2 and refused.stdout == ""
+    assert refused.stderr.startswith("error: --topology-policy single-numa-node: the kubelet of node h100-0")
+
+
+def test_k8s_dra_from_a_saved_probe(run_cli: RunCli, tmp_path: Path) -> None:
+    """A cluster spec node from a saved NVML probe has real ids: the plan is pinned through DRA claims."""
+    (tmp_path / "probe.json").write_text(real_node().model_dump_json())
+    (tmp_path / "cluster.yaml").write_text(yaml.safe_dump({"nodes": [{"name": "gpu-0", "probe": "probe.json"}]}))
+    plan = _plan(run_cli, tmp_path, "--cluster", str(tmp_path / "cluster.yaml"), "--model", "llama-3.1-8b", "--tp", "2")
+    result = run_cli("launch", "k8s", "--plan", str(plan))
+    assert result.exit_code == 0, result.stderr
+    assert result.stderr == ""
+    claim, dep = yaml.safe_load_all(result.stdout)
+    for version in ("1.34", "1.37"):
+        kubernetes_validate.validate(claim, version, strict=True)
+    kubernetes_validate.validate(dep, "1.37", strict=True)
+    assert claim["kind"] == "ResourceClaimTemplate" and dep["kind"] == "Deployment"
+    ref = dep["spec"]["template"]["spec"]["resourceClaims"][0]["resourceClaimTemplateName"]
+    assert ref == claim["metadata"]["name"]
+    plugin = run_cli("launch", "k8s", "--plan", str(plan), "--gpu-request", "device-plugin", "--format", "json")
+    (only,) = json.loads(plugin.stdout)["items"]
+    assert only["spec"]["template"]["spec"]["containers"][0]["resources"]["limits"] == {"nvidia.com/gpu": "2"}
+    assert plugin.stderr == ""  # both GPUs of the node: the device plugin has no choice to make
+
+
 def test_k8s_bad_input_is_one_line(run_cli: RunCli, tmp_path: Path) -> None:
     result = run_cli("launch", "k8s", *MULTI, "--format", "sh")
     assert result.exit_code == 2 and "--format 'sh'" in result.stderr
+    result = run_cli("launch", "k8s", *MULTI, "--gpu-request", "exact")
+    assert result.exit_code == 2 and "--gpu-request 'exact' is not one of auto, dra, device-plugin" in result.stderr
+    result = run_cli("launch", "k8s", *MULTI, "--gpu-request", "dra")
+    assert result.exit_code == 2 and result.stdout == ""
+    assert result.stderr.splitlines()[0].startswith("error: --gpu-request dra cannot pin the GPUs of nodes h100-0")
+    assert "captured or live topology" in result.stderr.splitlines()[0]
     result = run_cli("launch", "k8s", "--roles", "prefill")
     assert result.exit_code == 2 and "ROLE=PLAN.json" in result.stderr
     result = run_cli("launch", "k8s", *MULTI, "--engine", "sglang")

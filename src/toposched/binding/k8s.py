@@ -14,6 +14,12 @@ reference/engines.md sections 3-5.
   Discovery labels ``nvidia.com/gpu.product`` (and ``nvidia.com/gpu.clique`` for multi-node
   NVLink), the request's node selector, racks and zones. ``node_requirements`` is the one place that
   decides these, so ``lint_nodes`` checks exactly what the scheduler will.
+* GPUs are pinned through Dynamic Resource Allocation whenever the plan knows real bus ids or UUIDs
+  (``k8s_dra.py``: a ``ResourceClaimTemplate`` per pod template, one request per rank); otherwise,
+  or with ``gpu_request="device-plugin"``, pods ask for ``nvidia.com/gpu: N`` and a warning says the
+  plan is only preferred there (presets and ``nvidia-smi topo -m`` captures have no real ids).
+* Multi-node pods get what NCCL over RDMA needs: ``IPC_LOCK``, the cluster's RDMA resource
+  (``fabric.rdma_resource``) and, if asked, the host network (``fabric.host_network``).
 * The container runs ``/bin/sh -c ENTRYPOINT``: the script finds the planned GPUs among those the
   container sees by PCI bus id or UUID (``nvidia-smi --query-gpu=pci.bus_id,uuid``), never by
   ``nvidia-smi`` index (seed 003 section 3.2), exports ``CUDA_VISIBLE_DEVICES`` as their UUIDs in rank
@@ -31,10 +37,24 @@ from dataclasses import dataclass
 from typing import Any, Literal
 
 from toposched.binding.engines import Engine, NodeLaunch, build_launches
+from toposched.binding.k8s_dra import (
+    GPU_REQUESTS,
+    GpuIds,
+    GpuRequest,
+    choose_gpu_request,
+    claim_template,
+    claim_warning,
+    gpu_ids,
+    nodes_text,
+    pod_claim,
+    repeated_uuids,
+    under_one_pcie_root,
+)
+from toposched.binding.k8s_dra import normalise_bus_id as normalise_bus_id  # re-exported
 from toposched.binding.plan_doc import PlanDoc
 from toposched.errors import InputError
 from toposched.solver.request import Placement
-from toposched.topology.model import Cluster, Node
+from toposched.topology.model import Cluster
 
 Obj = dict[str, Any]
 
@@ -73,6 +93,12 @@ class K8sOptions:
     """CPU request = limit (Guaranteed QoS, needed for exclusive CPUs under the static CPU manager)."""
     memory: str | None = None
     """Memory request = limit."""
+    gpu_request: GpuRequest = "auto"
+    """How pods get their GPUs: DRA claims, ``nvidia.com/gpu`` from the device plugin, or auto (DRA when pinnable)."""
+
+    def __post_init__(self) -> None:
+        if self.gpu_request not in GPU_REQUESTS:
+            raise InputError(f"--gpu-request {self.gpu_request!r} is not one of {', '.join(GPU_REQUESTS)}")
 
     def resolved_image(self) -> str:
         image = self.image or DEFAULT_IMAGES[self.engine]
@@ -121,34 +147,6 @@ def label_value(text: str) -> str:
 def gfd_product(model: str) -> str:
     """The ``nvidia.com/gpu.product`` value GFD writes for a GPU name (spaces become '-', engines.md 6.1)."""
     return "-".join(model.split())
-
-
-def normalise_bus_id(bus_id: str) -> str:
-    """PCI bus id as ``nvidia-smi --query-gpu=pci.bus_id`` prints it: ``00000000:18:00.0``."""
-    parts = bus_id.strip().split(":")
-    if len(parts) == 2:
-        parts = ["0", *parts]
-    if len(parts) != 3 or "." not in parts[2]:
-        raise InputError(f"PCI bus id {bus_id!r} is not DOMAIN:BUS:DEVICE.FUNCTION")
-    try:
-        domain = int(parts[0], 16)
-    except ValueError as exc:
-        raise InputError(f"PCI bus id {bus_id!r} has a bad domain") from exc
-    return f"{domain:08X}:{parts[1].upper()}:{parts[2].upper()}"
-
-
-def gpu_identity(node: Node, gpus: Sequence[int]) -> tuple[Literal["uuid", "bus"], list[str]]:
-    """How the entrypoint finds the planned GPUs: real UUIDs (NVML topologies), else PCI bus ids."""
-    chosen = [node.gpu(g) for g in gpus]
-    if node.source == "nvml" and all(g.uuid for g in chosen):
-        return "uuid", [g.uuid or "" for g in chosen]
-    if all(g.pci_bus_id for g in chosen):
-        return "bus", [normalise_bus_id(g.pci_bus_id or "") for g in chosen]
-    raise InputError(
-        f"node {node.name}: the plan does not give the PCI bus id or UUID of GPUs {list(gpus)}; "
-        "Kubernetes pods must not select GPUs by nvidia-smi index",
-        fix="plan from --live (NVML) or a cluster spec that lists pci_bus_id/uuid per GPU",
-    )
 
 
 def _node_clique(cluster: Cluster, node: str) -> tuple[str, str | None] | None:
@@ -219,17 +217,34 @@ _SELECT = r"""select_gpus() {
 }"""
 
 
-def entrypoint(doc: PlanDoc, launches: Sequence[NodeLaunch], *, lws: bool) -> str:
-    """The ``/bin/sh -c`` script (before kubelet escaping) for pods that may run on these nodes."""
+_UNPINNED = (
+    "echo 'toposched: the plan has no real GPU ids for this node (a preset or an nvidia-smi topo -m capture): "
+    "running on the GPUs the device plugin gave' >&2"
+)
+
+
+def _select_line(ids: GpuIds) -> str:
+    """How the entrypoint picks the planned GPUs: by UUID, by bus id, or (no real ids) not at all."""
+    if ids.uuids is not None:
+        return "select_gpus uuid " + " ".join(_sh(i) for i in ids.uuids)
+    if ids.bus_ids is not None:
+        return "select_gpus bus " + " ".join(_sh(i) for i in ids.bus_ids)
+    return _UNPINNED
+
+
+def entrypoint(doc: PlanDoc, launches: Sequence[NodeLaunch], *, lws: bool, ids: Sequence[GpuIds] | None = None) -> str:
+    """The ``/bin/sh -c`` script (before kubelet escaping) for pods that may run on these nodes.
+
+    ``ids`` are the launches' GPU ids (:func:`gpu_ids`), computed here when not given.
+    """
     lines = ["set -eu", "export CUDA_DEVICE_ORDER=PCI_BUS_ID", _SELECT, 'case "$NODE_NAME" in']
-    for launch in launches:
-        kind, ids = gpu_identity(doc.cluster.node(launch.node), launch.gpus)
+    for launch, pod_ids in zip(launches, ids or _ids(doc, launches), strict=True):
         leader_flag = None
         if lws:
             leader_flag = "--master-addr" if launch.engine == "vllm" else "--dist-init-addr"
         lines += [
             f"  {_sh(launch.node)})",
-            f"    select_gpus {kind} " + " ".join(_sh(i) for i in ids),
+            f"    {_select_line(pod_ids)}",
             f"    {_command(launch.argv, leader_flag)}",
             "    ;;",
         ]
@@ -251,16 +266,36 @@ def _pod_labels(doc: PlanDoc, name: str) -> dict[str, str]:
     return {**MANAGED_BY, LABEL_REQUEST: label_value(doc.request.id), LABEL_PLACEMENT: name}
 
 
+def _multi_node(placement: Placement) -> bool:
+    return len({r.node for r in placement.ranks}) > 1
+
+
 def pod_template(
-    doc: PlanDoc, placement: Placement, launches: Sequence[NodeLaunch], name: str, opts: K8sOptions, *, lws: bool
+    doc: PlanDoc,
+    placement: Placement,
+    launches: Sequence[NodeLaunch],
+    name: str,
+    opts: K8sOptions,
+    *,
+    lws: bool,
+    claim: str | None = None,
+    ids: Sequence[GpuIds] | None = None,
 ) -> Obj:
-    """A PodTemplateSpec that runs ``launches`` (all with the same GPU count) on their nodes."""
+    """A PodTemplateSpec that runs ``launches`` (all with the same GPU count) on their nodes.
+
+    With ``claim`` (the name of a ``ResourceClaimTemplate``) the pod gets its GPUs through DRA,
+    else it asks the device plugin for ``nvidia.com/gpu``.
+    """
     nodes = [launch.node for launch in launches]
     gpus = len(launches[0].gpus)
     env: list[Obj] = [{"name": "NODE_NAME", "valueFrom": {"fieldRef": {"fieldPath": "spec.nodeName"}}}]
     shared = {k: v for k, v in launches[0].env.items() if all(x.env.get(k) == v for x in launches)}
     env += [{"name": k, "value": v} for k, v in sorted(shared.items()) if k != "CUDA_VISIBLE_DEVICES"]
-    resources: dict[str, str] = {GPU_RESOURCE: str(gpus)}
+    resources: dict[str, str] = {} if claim else {GPU_RESOURCE: str(gpus)}
+    fabric = doc.cluster.fabric
+    multi = _multi_node(placement)
+    if multi and fabric is not None and fabric.rdma_resource:
+        resources[fabric.rdma_resource] = str(fabric.rdma_per_pod)
     if opts.cpu:
         resources["cpu"] = opts.cpu
     if opts.memory:
@@ -268,12 +303,14 @@ def pod_template(
     container: Obj = {
         "name": CONTAINER,
         "image": opts.resolved_image(),
-        "command": ["/bin/sh", "-c", kubelet_escape(entrypoint(doc, launches, lws=lws))],
+        "command": ["/bin/sh", "-c", kubelet_escape(entrypoint(doc, launches, lws=lws, ids=ids))],
         "env": env,
         "ports": [{"name": "http", "containerPort": launches[0].port, "protocol": "TCP"}],
-        "resources": {"limits": dict(resources), "requests": dict(resources)},
+        "resources": {"limits": dict(resources), "requests": dict(resources)} if resources else {},
         "volumeMounts": [{"name": "dshm", "mountPath": "/dev/shm"}],
     }
+    if multi:  # RDMA registers (pins) memory: NCCL over InfiniBand/RoCE needs CAP_IPC_LOCK
+        container["securityContext"] = {"capabilities": {"add": ["IPC_LOCK"]}}
     empty_dir: Obj = {"medium": "Memory"}
     if opts.shm_size:
         empty_dir["sizeLimit"] = opts.shm_size
@@ -288,6 +325,11 @@ def pod_template(
         }
     }
     spec: Obj = {"affinity": affinity, "containers": [container], "volumes": [{"name": "dshm", "emptyDir": empty_dir}]}
+    if claim:
+        pod_claim(spec, container, claim)
+    if multi and fabric is not None and fabric.host_network:
+        spec["hostNetwork"] = True
+        spec["dnsPolicy"] = "ClusterFirstWithHostNet"  # keep cluster DNS: the leader is found by name
     # Pods of one group (LWS) or replicas the request wants spread never share a node.
     spread_key = LABEL_PLACEMENT if lws else (LABEL_REQUEST if doc.request.spread_replicas else None)
     if spread_key is not None:
@@ -321,8 +363,19 @@ def _launches(doc: PlanDoc, opts: K8sOptions) -> dict[str, list[NodeLaunch]]:
     return by_placement
 
 
-def deployment(doc: PlanDoc, placement: Placement, launch: NodeLaunch, opts: K8sOptions) -> Obj:
+def deployment(
+    doc: PlanDoc,
+    placement: Placement,
+    launch: NodeLaunch,
+    opts: K8sOptions,
+    *,
+    claim: str | None = None,
+    ids: GpuIds | None = None,
+) -> Obj:
     name = dns_name(opts.name_prefix, placement.id)
+    template = pod_template(
+        doc, placement, [launch], name, opts, lws=False, claim=claim, ids=None if ids is None else [ids]
+    )
     return {
         "apiVersion": "apps/v1",
         "kind": "Deployment",
@@ -331,14 +384,28 @@ def deployment(doc: PlanDoc, placement: Placement, launch: NodeLaunch, opts: K8s
             "replicas": 1,
             "strategy": {"type": "Recreate"},
             "selector": {"matchLabels": {LABEL_PLACEMENT: name}},
-            "template": pod_template(doc, placement, [launch], name, opts, lws=False),
+            "template": template,
         },
     }
 
 
-def leader_worker_set(doc: PlanDoc, placement: Placement, launches: Sequence[NodeLaunch], opts: K8sOptions) -> Obj:
+def leader_worker_set(
+    doc: PlanDoc,
+    placement: Placement,
+    launches: Sequence[NodeLaunch],
+    opts: K8sOptions,
+    *,
+    claims: tuple[str | None, str | None] = (None, None),
+    ids: Sequence[GpuIds] | None = None,
+) -> Obj:
+    """A LeaderWorkerSet; ``claims`` names the leader's and the workers' claim templates (DRA).
+
+    ``launches`` (and ``ids``, one per launch) must be in node-rank order.
+    """
     name = dns_name(opts.name_prefix, placement.id)
-    ordered = sorted(launches, key=lambda x: x.node_rank)
+    ids = ids or _ids(doc, launches)
+    leader = pod_template(doc, placement, launches[:1], name, opts, lws=True, claim=claims[0], ids=ids[:1])
+    worker = pod_template(doc, placement, launches[1:], name, opts, lws=True, claim=claims[1], ids=ids[1:])
     return {
         "apiVersion": "leaderworkerset.x-k8s.io/v1",
         "kind": "LeaderWorkerSet",
@@ -346,46 +413,131 @@ def leader_worker_set(doc: PlanDoc, placement: Placement, launches: Sequence[Nod
         "spec": {
             "replicas": 1,
             "leaderWorkerTemplate": {
-                "size": len(ordered),
+                "size": len(launches),
                 "restartPolicy": "RecreateGroupOnPodRestart",
-                "leaderTemplate": pod_template(doc, placement, ordered[:1], name, opts, lws=True),
-                "workerTemplate": pod_template(doc, placement, ordered[1:], name, opts, lws=True),
+                "leaderTemplate": leader,
+                "workerTemplate": worker,
             },
         },
     }
 
 
-def k8s_objects(doc: PlanDoc, opts: K8sOptions | None = None) -> list[Obj]:
-    """One Deployment per single-node placement, one LeaderWorkerSet per multi-node placement."""
+@dataclass(frozen=True)
+class K8sOutput:
+    """The objects for a plan, in apply order, and what the user must be told about them."""
+
+    objects: list[Obj]
+    warnings: list[str]
+    gpu_request: Literal["dra", "device-plugin"]
+    """How the pods get their GPUs."""
+
+
+def _ids(doc: PlanDoc, launches: Sequence[NodeLaunch], repeated: frozenset[str] | None = None) -> list[GpuIds]:
+    """The GPU ids of each launch (``repeated``: the cluster's repeated UUIDs, found here when not given)."""
+    seen = repeated_uuids(doc.cluster) if repeated is None else repeated
+    return [gpu_ids(doc.cluster.node(launch.node), launch.gpus, seen) for launch in launches]
+
+
+def _ordered(doc: PlanDoc, opts: K8sOptions) -> dict[str, tuple[list[NodeLaunch], list[GpuIds]]]:
+    """Per placement: its launches in node-rank order and their GPU ids."""
+    repeated = repeated_uuids(doc.cluster)
+    out: dict[str, tuple[list[NodeLaunch], list[GpuIds]]] = {}
+    for placement, launches in _launches(doc, opts).items():
+        ordered = sorted(launches, key=lambda x: x.node_rank)
+        out[placement] = (ordered, _ids(doc, ordered, repeated))
+    return out
+
+
+def _claim(doc: PlanDoc, opts: K8sOptions, name: str, pods: Sequence[GpuIds]) -> Obj:
+    """The ResourceClaimTemplate ``name`` for pods with these GPUs (one pod per node)."""
+    root = all(under_one_pcie_root(doc.cluster.node(x.node), x.gpus) for x in pods)
+    return claim_template(name, _metadata(name, opts, doc), pods, pcie_root=root)
+
+
+def _placement_warnings(doc: PlanDoc, placement: Placement, pods: Sequence[GpuIds], mode: str) -> list[str]:
+    """Device-plugin pods that do not take a whole node; multi-node pods without RDMA."""
+    warnings: list[str] = []
+    partial = [x for x in pods if x.pinned and len(x.gpus) < len(doc.cluster.node(x.node).gpus)]
+    if mode == "device-plugin" and partial:
+        x, where = partial[0], nodes_text([y.node for y in partial])
+        warnings.append(
+            f"device-plugin mode: placement {placement.id} uses {len(x.gpus)} of the "
+            f"{len(doc.cluster.node(x.node).gpus)} GPUs of {where}; the device plugin picks which without knowing "
+            "the plan, so the planned GPUs are only preferred and a pod that gets others stops at start "
+            "(--gpu-request dra pins them through the NVIDIA DRA driver)"
+        )
+    fabric = doc.cluster.fabric
+    nodes = {r.node for r in placement.ranks}
+    one_clique = any(nodes <= set(c.nodes) for c in doc.cluster.cliques)
+    rdma = fabric is not None and (fabric.kind == "ETHERNET" or fabric.rdma_resource or fabric.host_network)
+    if len(nodes) > 1 and not one_clique and not rdma:
+        warnings.append(
+            f"placement {placement.id} spans {len(nodes)} nodes but its pods request no RDMA device: set "
+            "fabric.rdma_resource (e.g. rdma/ib, nvidia.com/hostdev) or fabric.host_network: true in the cluster "
+            "spec; without either NCCL finds no InfiniBand/RoCE device in the pods and falls back to TCP sockets"
+        )
+    return warnings
+
+
+def render_objects(doc: PlanDoc, opts: K8sOptions | None = None) -> K8sOutput:
+    """Claim templates (DRA), then one Deployment per single-node placement and one LeaderWorkerSet per
+    multi-node placement; with the warnings to print."""
     opts = opts or K8sOptions()
-    by_placement = _launches(doc, opts)
+    ordered = _ordered(doc, opts)
+    mode, warnings = choose_gpu_request(opts.gpu_request, [i for _, ids in ordered.values() for i in ids])
+    claims: list[Obj] = []
     objects: list[Obj] = []
     for p in doc.placements:
-        launches = by_placement[p.id]
+        launches, ids = ordered[p.id]
+        name = dns_name(opts.name_prefix, p.id)
         if len(launches) == 1:
-            objects.append(deployment(doc, p, launches[0], opts))
+            claim = f"{name}-gpus" if mode == "dra" else None
+            if claim:
+                claims.append(_claim(doc, opts, claim, ids))
+            objects.append(deployment(doc, p, launches[0], opts, claim=claim, ids=ids[0]))
         else:
-            objects.append(leader_worker_set(doc, p, launches, opts))
-    return objects
+            pair: tuple[str | None, str | None] = (None, None)
+            if mode == "dra":
+                pair = (f"{name}-leader-gpus", f"{name}-worker-gpus")
+                claims += [_claim(doc, opts, pair[0], ids[:1]), _claim(doc, opts, pair[1], ids[1:])]
+                warning = claim_warning(p.id, ids[1:])
+                warnings += [warning] if warning else []
+            objects.append(leader_worker_set(doc, p, launches, opts, claims=pair, ids=ids))
+        warnings += _placement_warnings(doc, p, ids, mode)
+    return K8sOutput(claims + objects, warnings, mode)
+
+
+def k8s_objects(doc: PlanDoc, opts: K8sOptions | None = None) -> list[Obj]:
+    """The objects of :func:`render_objects`, without the warnings."""
+    return render_objects(doc, opts).objects
 
 
 # --- RoleBasedGroup and CoordinatedPolicy (engines.md section 3) ---------------------------------
 
 
 def role_based_group(roles: Mapping[str, PlanDoc], name: str, opts: K8sOptions | None = None) -> list[Obj]:
+    """The objects of :func:`render_roles`, without the warnings."""
+    return render_roles(roles, name, opts).objects
+
+
+def render_roles(roles: Mapping[str, PlanDoc], name: str, opts: K8sOptions | None = None) -> K8sOutput:
     """A ``RoleBasedGroup`` with one role per placement, and a ``CoordinatedPolicy`` rolling them together.
 
     A role's pods are pinned to their placement's GPUs, so a plan with several placements gives one
     role per placement (``decode-0``, ``decode-1``); each role has one replica and rolls out with
-    ``maxSurge: 0``. Multi-node placements are not supported here (use ``k8s_objects``: LWS).
+    ``maxSurge: 0``. Multi-node placements are not supported here (use ``k8s_objects``: LWS). With
+    DRA, each role's claim template comes first.
     """
     opts = opts or K8sOptions()
     group = dns_name(opts.name_prefix, name)
+    launched = {role: _ordered(doc, opts) for role, doc in roles.items()}
+    everyone = [i for ordered in launched.values() for _, ids in ordered.values() for i in ids]
+    mode, warnings = choose_gpu_request(opts.gpu_request, everyone)
     role_specs: list[Obj] = []
+    claims: list[Obj] = []
     for role, doc in roles.items():
-        by_placement = _launches(doc, opts)
         for i, p in enumerate(doc.placements):
-            launches = by_placement[p.id]
+            launches, ids = launched[role][p.id]
             if len(launches) > 1:
                 raise InputError(
                     f"role {role}: placement {p.id} spans {len(launches)} nodes; RoleBasedGroup output covers "
@@ -393,7 +545,12 @@ def role_based_group(roles: Mapping[str, PlanDoc], name: str, opts: K8sOptions |
                     fix="launch it with `toposched launch k8s --plan` (a LeaderWorkerSet)",
                 )
             role_name = dns_name(role if len(doc.placements) == 1 else f"{role}-{i}", limit=40)
-            template = pod_template(doc, p, launches, dns_name(group, role_name, limit=63), opts, lws=False)
+            pod_name = dns_name(group, role_name, limit=63)
+            claim = f"{pod_name}-gpus" if mode == "dra" else None
+            if claim:
+                claims.append(_claim(doc, opts, claim, ids))
+            template = pod_template(doc, p, launches, pod_name, opts, lws=False, claim=claim, ids=ids)
+            warnings += _placement_warnings(doc, p, ids, mode)
             template["metadata"]["labels"]["role"] = role_name
             role_specs.append(
                 {
@@ -428,12 +585,12 @@ def role_based_group(roles: Mapping[str, PlanDoc], name: str, opts: K8sOptions |
             ]
         },
     }
-    return [rbg, policy]
+    return K8sOutput([*claims, rbg, policy], warnings, mode)
 
 
 # --- KubeletConfiguration (engines.md section 5) -------------------------------------------------
 
-KUBELET_POLICIES = ("single-numa-node", "restricted", "best-effort", "none")
+KUBELET_POLICIES = ("auto", "single-numa-node", "restricted", "best-effort", "none")
 # The kubelet's Linux hard-eviction defaults; setting evictionHard replaces the whole map, so all are kept.
 EVICTION_HARD_DEFAULTS = {
     "memory.available": "100Mi",
@@ -450,31 +607,97 @@ def _mib(quantity: str) -> int:
     return int(match.group(1)) * (1024 if match.group(2) == "Gi" else 1)
 
 
+@dataclass(frozen=True)
+class KubeletConfig:
+    """A KubeletConfiguration for ``nodes``, and why its Topology Manager policy was chosen."""
+
+    nodes: list[str]
+    config: Obj
+    reason: str
+
+    def document(self) -> Obj:
+        """What ``launch k8s --kubelet`` prints: the nodes, the reason, the config (in that order)."""
+        return {"nodes": list(self.nodes), "reason": self.reason, "config": self.config}
+
+
+def _pod_numas(doc: PlanDoc) -> dict[str, list[tuple[str, tuple[int, ...] | None]]]:
+    """Per node: (placement id, the NUMA nodes of that pod's GPUs, or None when one is unknown)."""
+    out: dict[str, list[tuple[str, tuple[int, ...] | None]]] = {}
+    for p in doc.placements:
+        gpus: dict[str, list[int]] = {}
+        for r in p.ranks:
+            gpus.setdefault(r.node, []).append(r.gpu)
+        for node, indices in gpus.items():
+            numas = [doc.cluster.node(node).gpu(g).numa_node for g in indices]
+            known = None if any(n is None for n in numas) else tuple(sorted({n for n in numas if n is not None}))
+            out.setdefault(node, []).append((p.id, known))
+    return out
+
+
+def topology_policy(pods: Sequence[tuple[str, tuple[int, ...] | None]]) -> tuple[str, str]:
+    """The Topology Manager policy (pod scope) that admits every pod planned on a node, and why.
+
+    ``single-numa-node`` refuses a pod whose GPUs span NUMA nodes (TopologyAffinityError), and so
+    does ``restricted`` whenever the pod's CPUs or memory fit in fewer NUMA nodes than its GPUs (the
+    kubelet prefers a merged hint only when every resource prefers the same NUMA set).
+    """
+    spans = sorted({numas for _, numas in pods if numas is not None and len(numas) > 1})
+    if spans:
+        shown = " and ".join(",".join(str(n) for n in numas) for numas in spans)
+        return "best-effort", (
+            f"a pod planned here has its GPUs on NUMA nodes {shown}: single-numa-node would refuse it "
+            "(TopologyAffinityError) and restricted refuses it whenever its CPUs or memory fit in fewer NUMA "
+            "nodes; best-effort admits it and still aligns what it can"
+        )
+    if any(numas is None for _, numas in pods):
+        return "best-effort", (
+            "the plan does not know the NUMA node of every GPU planned here, so it cannot promise that "
+            "single-numa-node would admit the pods; best-effort admits them and aligns what it can"
+        )
+    return "single-numa-node", (
+        "every pod planned here has its GPUs in one NUMA node, so single-numa-node admits it and keeps its "
+        "CPUs and memory beside its GPUs"
+    )
+
+
 def kubelet_configs(
     doc: PlanDoc,
     *,
-    policy: str = "single-numa-node",
+    policy: str = "auto",
     scope: Literal["container", "pod"] = "pod",
     kube_reserved: str = "1Gi",
     system_reserved: str = "1Gi",
     eviction_memory: str = "100Mi",
     reserved_system_cpus: str = "0-1",
-) -> list[tuple[list[str], Obj]]:
-    """KubeletConfiguration snippets for the plan's nodes, one per distinct set of NUMA nodes.
+) -> list[KubeletConfig]:
+    """KubeletConfiguration snippets for the plan's nodes, one per distinct NUMA layout and policy.
 
-    The Static memory manager needs ``reservedMemory`` summing, per memory type, to kube-reserved +
-    system-reserved + the hard eviction threshold (Kubernetes docs, engines.md 5); the sum is split
-    evenly over the node's NUMA nodes, the remainder on the first.
+    ``policy="auto"`` chooses per node with :func:`topology_policy`; a named policy is used as given,
+    except ``single-numa-node`` where a planned pod spans NUMA nodes, which is refused (the kubelet
+    would reject that pod). The Static memory manager needs ``reservedMemory`` summing, per memory
+    type, to kube-reserved + system-reserved + the hard eviction threshold (Kubernetes docs,
+    engines.md 5); the sum is split evenly over the node's NUMA nodes, the remainder on the first.
     """
     if policy not in KUBELET_POLICIES:
         raise InputError(f"topology manager policy {policy!r} is not one of {', '.join(KUBELET_POLICIES)}")
     total = _mib(kube_reserved) + _mib(system_reserved) + _mib(eviction_memory)
-    groups: dict[tuple[int, ...], list[str]] = {}
-    for name in sorted({r.node for p in doc.placements for r in p.ranks}):
+    pods = _pod_numas(doc)
+    groups: dict[tuple[tuple[int, ...], str, str], list[str]] = {}
+    for name in sorted(pods):
         numa = tuple(sorted({g.numa_node for g in doc.cluster.node(name).gpus if g.numa_node is not None})) or (0,)
-        groups.setdefault(numa, []).append(name)
-    out: list[tuple[list[str], Obj]] = []
-    for numa, nodes in groups.items():
+        chosen, reason = topology_policy(pods[name])
+        if policy != "auto":
+            span = next(((pid, n) for pid, n in pods[name] if n is not None and len(n) > 1), None)
+            if policy == "single-numa-node" and span is not None:
+                raise InputError(
+                    f"--topology-policy single-numa-node: the kubelet of node {name} would refuse the pod of "
+                    f"placement {span[0]} (its GPUs are on NUMA nodes {','.join(str(n) for n in span[1])})",
+                    fix="use --topology-policy auto (the default), restricted or best-effort",
+                )
+            chosen, reason = policy, f"--topology-policy {policy} as asked (auto would choose {chosen})"
+        groups.setdefault((numa, chosen, reason), []).append(name)
+    out: list[KubeletConfig] = []
+    for (numa, chosen, reason), nodes in groups.items():
         share, rest = divmod(total, len(numa))
         reserved = [
             {"numaNode": n, "limits": {"memory": f"{share + (rest if i == 0 else 0)}Mi"}} for i, n in enumerate(numa)
@@ -485,7 +708,7 @@ def kubelet_configs(
             "cpuManagerPolicy": "static",
             "reservedSystemCPUs": reserved_system_cpus,
             "memoryManagerPolicy": "Static",
-            "topologyManagerPolicy": policy,
+            "topologyManagerPolicy": chosen,
             "topologyManagerScope": scope,
             # Stable in current Kubernetes; beta behind TopologyManagerPolicyBetaOptions in older releases.
             "topologyManagerPolicyOptions": {"prefer-closest-numa-nodes": "true"},
@@ -494,7 +717,7 @@ def kubelet_configs(
             "evictionHard": {**EVICTION_HARD_DEFAULTS, "memory.available": eviction_memory},
             "reservedMemory": reserved,
         }
-        out.append((nodes, config))
+        out.append(KubeletConfig(nodes, config, reason))
     return out
 
 

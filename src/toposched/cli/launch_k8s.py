@@ -13,14 +13,15 @@ from rich.text import Text
 from toposched.binding.k8s import (
     DEFAULT_RACK_LABEL,
     K8sOptions,
-    k8s_objects,
     kubelet_configs,
     lint_nodes,
-    role_based_group,
+    render_objects,
+    render_roles,
 )
+from toposched.binding.k8s_dra import GPU_REQUESTS, GpuRequest
 from toposched.binding.plan_doc import PlanDoc, load_plan
 from toposched.binding.ray import ray_document
-from toposched.cli._common import CLUSTER, LIVE, PRESET, SMI, console, print_json
+from toposched.cli._common import CLUSTER, LIVE, PRESET, SMI, console, err_console, print_json
 from toposched.errors import InputError
 from toposched.inputs import load_json, read_text
 
@@ -42,6 +43,18 @@ def _engine(name: str) -> Any:
     if name not in ("vllm", "sglang"):
         raise InputError(f"--engine {name!r} is not one of vllm, sglang")
     return name
+
+
+def _gpu_request(name: str) -> GpuRequest:
+    for choice in GPU_REQUESTS:
+        if name == choice:
+            return choice
+    raise InputError(f"--gpu-request {name!r} is not one of {', '.join(GPU_REQUESTS)}")
+
+
+def _warn(warnings: list[str]) -> None:
+    for w in warnings:  # plain text: no markup from the inputs
+        err_console.print(f"warning: {w}", markup=False, soft_wrap=True)
 
 
 def _roles(spec: str) -> dict[str, PlanDoc]:
@@ -85,13 +98,21 @@ def register_launch(launch_app: typer.Typer) -> None:
         shm_size: str | None = typer.Option(None, "--shm-size", help="sizeLimit of the /dev/shm emptyDir."),
         cpu: str | None = typer.Option(None, "--cpu", help="CPU request and limit per pod."),
         memory: str | None = typer.Option(None, "--memory", help="Memory request and limit per pod."),
+        gpu_request: str = typer.Option(
+            "auto",
+            "--gpu-request",
+            help="dra (ResourceClaimTemplates that pin the planned GPUs), device-plugin (nvidia.com/gpu: N), "
+            "or auto: dra when the plan has real bus ids/UUIDs.",
+        ),
         roles: str | None = typer.Option(
             None, "--roles", help="ROLE=PLAN.json,... : a RoleBasedGroup and CoordinatedPolicy instead."
         ),
         group: str = typer.Option("pd", "--group", help="Name of the RoleBasedGroup (with --roles)."),
         kubelet: bool = typer.Option(False, "--kubelet", help="Print KubeletConfiguration snippets instead."),
         topology_policy: str = typer.Option(
-            "single-numa-node", "--topology-policy", help="Topology Manager policy (with --kubelet)."
+            "auto",
+            "--topology-policy",
+            help="Topology Manager policy (with --kubelet); auto: single-numa-node only where no pod spans NUMA nodes.",
         ),
         fmt: str = typer.Option("yaml", "--format", help="yaml or json."),
     ) -> None:
@@ -100,27 +121,28 @@ def register_launch(launch_app: typer.Typer) -> None:
             raise InputError(f"--format {fmt!r} is not one of yaml, json for Kubernetes objects")
         opts = K8sOptions(
             engine=_engine(engine), image=image, namespace=namespace, name_prefix=name_prefix, model_path=model_path,
-            rack_label=rack_label, shm_size=shm_size, cpu=cpu, memory=memory,
+            rack_label=rack_label, shm_size=shm_size, cpu=cpu, memory=memory, gpu_request=_gpu_request(gpu_request),
         )  # fmt: skip
         if roles is not None:
             if plan is not None or model is not None:
                 raise InputError("--roles takes the plans itself; leave out --plan/--model")
-            objects = role_based_group(_roles(roles), group, opts)
+            output = render_roles(_roles(roles), group, opts)
         else:
             doc = L.resolve_plan(plan, model, smi, preset, cluster, live, gpu, replicas, tp, slo_tpot_ms, max_model_len)
             if kubelet:
-                # The node names travel in a field, never in a YAML comment: only the serialiser writes input.
-                configs = [{"nodes": n, "config": c} for n, c in kubelet_configs(doc, policy=topology_policy)]
+                # Node names and the reason travel in fields, never in a YAML comment: only the serialiser writes.
+                configs = [k.document() for k in kubelet_configs(doc, policy=topology_policy)]
                 if fmt == "json":
                     print_json({"kubelet_configs": configs})
                 else:
                     print(_dump_yaml(configs), end="")
                 return
-            objects = k8s_objects(doc, opts)
+            output = render_objects(doc, opts)
+        _warn(output.warnings)
         if fmt == "json":
-            print_json({"apiVersion": "v1", "kind": "List", "items": objects})
+            print_json({"apiVersion": "v1", "kind": "List", "items": output.objects})
         else:
-            print(_dump_yaml(objects), end="")
+            print(_dump_yaml(output.objects), end="")
 
     @launch_app.command("k8s-lint")
     def k8s_lint(

@@ -15,15 +15,18 @@ spec, probe, plan JSON, presets, stored snapshots): node names are RFC 1123 host
 their ``/``: ``gb200-nvl72/clique0``, NVML's ``clusterUuid/cliqueId``); NIC names and
 ``socket_ifname`` are one ``Word`` (``mlx5_0``, ``mlx5_bond_0``, ``eth0``); GPU UUIDs (which
 ``CUDA_VISIBLE_DEVICES`` lists) use the ``Label`` alphabet and PCI bus ids are one ``Word``.
+The fabric's ``rdma_resource`` (the Kubernetes resource that gives multi-node pods their RDMA
+devices) must be a Kubernetes extended resource name.
 """
 
 from __future__ import annotations
 
+import re
 from collections import Counter
 from enum import StrEnum
-from typing import Literal
+from typing import Annotated, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, model_validator
+from pydantic import AfterValidator, BaseModel, ConfigDict, Field, model_validator
 
 from toposched.names import Label, LabelValue, NodeName, Word
 
@@ -200,8 +203,30 @@ class Node(_Value):
         return None
 
 
+# A Kubernetes extended resource name: ``domain/name`` (``rdma/ib``, ``nvidia.com/hostdev``); the
+# domain is a lower-case DNS subdomain outside kubernetes.io, the name a qualified-name part (63 at
+# most). Checked here so the value is a valid resource key wherever it is written.
+_RESOURCE_DOMAIN = r"[a-z0-9](?:[-a-z0-9]{0,61}[a-z0-9])?(?:\.[a-z0-9](?:[-a-z0-9]{0,61}[a-z0-9])?)*"
+_RESOURCE_NAME = re.compile(rf"{_RESOURCE_DOMAIN}/[A-Za-z0-9](?:[-A-Za-z0-9_.]{{0,61}}[A-Za-z0-9])?")
+
+
+def _resource_name(value: str) -> str:
+    domain = value.split("/", 1)[0]
+    if len(value) > 253 or not _RESOURCE_NAME.fullmatch(value):
+        raise ValueError(
+            f"{value[:60]!r} is not a Kubernetes extended resource name (DOMAIN/NAME, lower-case domain, "
+            "e.g. rdma/ib or nvidia.com/hostdev)"
+        )
+    if domain == "kubernetes.io" or domain.endswith(".kubernetes.io"):
+        raise ValueError(f"{value!r}: the kubernetes.io domain is not for device resources")
+    return value
+
+
+ResourceName = Annotated[str, AfterValidator(_resource_name)]
+
+
 class Fabric(_Value):
-    """The network between nodes."""
+    """The network between nodes, and how multi-node pods reach it on Kubernetes."""
 
     kind: Literal["IB", "ROCE", "ETHERNET"] = "IB"
     nic_gbps: float = Field(default=50.0, gt=0, description="GB/s per NIC per direction (NDR 400G = 50)")
@@ -209,6 +234,14 @@ class Fabric(_Value):
     rail_optimized: bool = True
     latency_us: float = Field(default=5.0, ge=0)
     socket_ifname: Word | None = Field(default=None, description="NCCL_SOCKET_IFNAME for bootstrap traffic")
+    rdma_resource: ResourceName | None = Field(
+        default=None,
+        description="extended resource that gives a pod RDMA devices ('rdma/ib', 'nvidia.com/hostdev'); None: none",
+    )
+    rdma_per_pod: int = Field(default=1, ge=1, le=64, description="how many rdma_resource each multi-node pod asks for")
+    host_network: bool = Field(
+        default=False, description="multi-node pods use the node's network (hostNetwork, ClusterFirstWithHostNet DNS)"
+    )
 
     @property
     def link_kind(self) -> LinkKind:
