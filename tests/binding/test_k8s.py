@@ -596,3 +596,20 @@ def test_tp_over_nvl72_trays_with_dra_one_claim_per_template() -> None:
         lws["spec"]["leaderWorkerTemplate"]["workerTemplate"]["spec"]["resourceClaims"][0]["resourceClaimTemplateName"]
         == worker["metadata"]["name"]
     )
+
+
+@pytest.mark.parametrize("name", ["pcie", "two", "multi"])
+def test_every_pod_carries_its_exact_placement_id_for_the_extender(plans: dict[str, PlanDoc], name: str) -> None:
+    """The label holds a DNS name made from the id ('toposched-plan-0'); the extender needs the id itself."""
+    from toposched.service.extender import Pod, pod_placement
+
+    doc = plans[name]
+    seen = set()
+    for obj in k8s_objects(doc):
+        if obj["kind"] not in ("Deployment", "LeaderWorkerSet"):
+            continue
+        for template in templates(obj):
+            wanted = pod_placement(Pod.model_validate(template))
+            assert wanted in {p.id for p in doc.placements}
+            seen.add(wanted)
+    assert seen == {p.id for p in doc.placements}

@@ -35,7 +35,7 @@ import yaml
 
 from tests.conftest import REPO, RunCli
 from tests.ledger.conftest import free_port
-from toposched.binding.k8s import dns_name, k8s_objects
+from toposched.binding.k8s import k8s_objects
 from toposched.binding.plan_doc import load_plan
 from toposched.service.metrics import SIGNAL_NAMES
 from toposched.topology.sources import load_source
@@ -52,7 +52,7 @@ SECRETS = {"toposched-api-token": {"token": TOKEN}}
 """The Secrets the operator creates (never in the repository), with stand-in values."""
 IMAGE = "registry.example.invalid/toposched:0.1.0"
 SIDECAR_NAME = "toposched-sidecar"
-PLACEMENT_ANNOTATION = "toposched.io/placement-id"
+PLACEMENT_ANNOTATION = "toposched.io/placement"
 
 # --- rendering ---------------------------------------------------------------------------------------
 
@@ -642,28 +642,13 @@ def test_sidecar_component_on_launched_engines(
     (tmp_path / "plan.json").write_text(planned.stdout)
     doc = load_plan(tmp_path / "plan.json")
     (tmp_path / "engines.yaml").write_text(yaml.safe_dump_all(k8s_objects(doc), sort_keys=False))
-    # docs/kubernetes.md: the annotation each engine's pods carry, one patch per placement
-    templates = {"Deployment": ["/spec/template"], "LeaderWorkerSet": [
-        "/spec/leaderWorkerTemplate/leaderTemplate", "/spec/leaderWorkerTemplate/workerTemplate"]}[kind]  # fmt: skip
-    patches = [
-        {
-            "target": {"kind": kind, "name": dns_name("toposched", p.id)},
-            "patch": yaml.safe_dump(
-                [
-                    {"op": "add", "path": f"{t}/metadata/annotations", "value": {PLACEMENT_ANNOTATION: p.id}}
-                    for t in templates
-                ]
-            ),
-        }
-        for p in doc.placements
-    ]
+    # no patches: `launch k8s` writes the placement annotation the sidecar reads (docs/kubernetes.md)
     kustomization = {
         "resources": ["engines.yaml"],
         "components": [os.path.relpath(SIDECAR, tmp_path)],
         "configMapGenerator": [
             {"name": "toposched-plan", "files": ["plan.json"], "options": {"disableNameSuffixHash": True}}
         ],
-        "patches": patches,
     }
     (tmp_path / "kustomization.yaml").write_text(yaml.safe_dump(kustomization))
     objects = kustomize(tmp_path)

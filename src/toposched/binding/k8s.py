@@ -69,6 +69,8 @@ GPU_RESOURCE = "nvidia.com/gpu"
 # Kubernetes has no well-known rack label; this is toposched's own, overridable with --rack-label.
 DEFAULT_RACK_LABEL = "toposched.io/rack"
 LABEL_PLACEMENT = "toposched.io/placement"
+ANNOTATION_PLACEMENT = "toposched.io/placement"
+"""The pod annotation holding the exact placement id (labels hold a DNS-1123 name derived from it)."""
 LABEL_REQUEST = "toposched.io/request"
 MANAGED_BY = {"app.kubernetes.io/managed-by": "toposched"}
 CONTAINER = "engine"
@@ -344,7 +346,10 @@ def pod_template(
         spec["topologySpreadConstraints"] = [
             {"maxSkew": 1, "topologyKey": HOSTNAME, "whenUnsatisfiable": "DoNotSchedule", "labelSelector": selector()}
         ]
-    return {"metadata": {"labels": labels}, "spec": spec}
+    # The placement id itself (the label holds a DNS name made from it): the scheduler extender and the
+    # sidecar (downward API) read this annotation.
+    annotations = {ANNOTATION_PLACEMENT: placement.id}
+    return {"metadata": {"labels": labels, "annotations": annotations}, "spec": spec}
 
 
 def _metadata(name: str, opts: K8sOptions, doc: PlanDoc) -> Obj:
