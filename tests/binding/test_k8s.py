@@ -20,13 +20,13 @@ from toposched.binding.k8s import (
     GPU_CLIQUE,
     K8sOptions,
     k8s_objects,
-    kubelet_configs,
     lint_nodes,
     node_requirements,
     normalise_bus_id,
     render_objects,
     role_based_group,
 )
+from toposched.binding.kubelet import kubelet_configs
 from toposched.binding.plan_doc import PlanDoc
 from toposched.errors import InputError
 from toposched.solver.request import Rank

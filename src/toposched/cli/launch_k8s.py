@@ -13,12 +13,12 @@ from rich.text import Text
 from toposched.binding.k8s import (
     DEFAULT_RACK_LABEL,
     K8sOptions,
-    kubelet_configs,
     lint_nodes,
     render_objects,
     render_roles,
 )
 from toposched.binding.k8s_dra import GPU_REQUESTS, GpuRequest
+from toposched.binding.kubelet import kubelet_configs
 from toposched.binding.plan_doc import PlanDoc, load_plan
 from toposched.binding.ray import ray_document
 from toposched.cli._common import CLUSTER, LIVE, PRESET, SMI, console, err_console, print_json
