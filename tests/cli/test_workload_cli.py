@@ -4,6 +4,9 @@ from __future__ import annotations
 
 import json
 from collections.abc import Callable
+from pathlib import Path
+
+import pytest
 
 from tests.conftest import FIXTURES, CliResult
 
@@ -102,3 +105,51 @@ def test_fits_nowhere(run_cli: Run) -> None:
 
 def test_bad_config_path(run_cli: Run) -> None:
     _one_line_error(run_cli("fit", "--model", "./no/such/config.json", "--gpu", "H200"), "no such file")
+
+
+LLAMA_70B = FIXTURES / "model_configs/Meta-Llama-3.1-70B.json"
+
+
+def _config(tmp_path: Path, **overrides: object) -> str:
+    cfg = json.loads(LLAMA_70B.read_text())
+    cfg.update(overrides)
+    path = tmp_path / "config.json"
+    path.write_text(json.dumps(cfg))
+    return str(path)
+
+
+@pytest.mark.parametrize(
+    ("overrides", "phrase"),
+    [
+        ({"num_key_value_heads": 0}, "num_key_value_heads: expected a positive integer"),
+        ({"num_key_value_heads": -8}, "num_key_value_heads: expected a positive integer"),
+        ({"num_key_value_heads": 128}, "num_key_value_heads: 128 KV heads must divide the 64 attention heads"),
+        ({"max_position_embeddings": 0}, "max_position_embeddings: expected a positive integer"),
+        ({"hidden_size": "8192"}, "hidden_size: expected a positive integer"),
+    ],
+)
+def test_bad_config_values_are_one_line_errors_in_fit_and_plan(
+    run_cli: Run, tmp_path: Path, overrides: dict[str, object], phrase: str
+) -> None:
+    model = _config(tmp_path, **overrides)
+    fit = run_cli("fit", "--model", model, "--gpu", "H100-SXM", "--json")
+    _one_line_error(fit, phrase)
+    assert fit.exit_code == 2 and fit.stdout == ""
+    # the baseline planned KV heads 0 as one head per rank: fewer GPUs than the real model needs
+    plan = run_cli("plan", "--preset", "hgx-h100", "--model", model, "--json")
+    _one_line_error(plan, phrase)
+    assert plan.exit_code == 2 and plan.stdout == ""
+
+
+def test_number_the_json_reader_refuses_is_one_line(run_cli: Run, tmp_path: Path) -> None:
+    path = tmp_path / "config.json"
+    path.write_text(LLAMA_70B.read_text().replace('"hidden_size": 8192', '"hidden_size": NaN'))
+    _one_line_error(run_cli("fit", "--model", str(path), "--gpu", "H100-SXM"), "NaN is not a number JSON allows")
+    path.write_text(LLAMA_70B.read_text().replace('"hidden_size": 8192', '"hidden_size": ' + "9" * 5000))
+    _one_line_error(run_cli("fit", "--model", str(path), "--gpu", "H100-SXM"), "an integer of 5000 digits")
+
+
+def test_absurd_lengths_are_refused_by_the_flags(run_cli: Run) -> None:
+    res = run_cli("estimate", "--model", "llama-3.1-8b", "--gpu", "H100-SXM", "--tp", "1", "--batch", "1",
+                  "--input-len", "99999999999", "--output-len", "1")  # fmt: skip
+    assert res.exit_code == 2 and "--input-len" in res.stderr and "Traceback" not in res.stderr

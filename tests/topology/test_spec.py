@@ -85,7 +85,7 @@ def test_probe_file_round_trip(tmp_path: Path, run_cli: RunCli) -> None:
         ("nodes:\n  - {name: a}\n", "nodes.0", "exactly one of preset, smi, probe"),
         ("nodes:\n  - {name: a, preset: hgx-h100, smi: x.txt}\n", "nodes.0", "exactly one"),
         ("nodes:\n  - {name: a, preset: hgx-h10}\n", "nodes.0.preset", "did you mean 'hgx-h100'"),
-        ("nodes:\n  - {name: a, smi: missing.txt}\n", "nodes.0.smi", "cannot read"),
+        ("nodes:\n  - {name: a, smi: missing.txt}\n", "nodes.0.smi", "does not exist"),
         ("nodes:\n  - {name: a, preset: dgx2, hbm_gib: -1}\n", "nodes.0.hbm_gib", "greater than 0"),
         ("nodes:\n  - {name: a, preset: dgx2, colour: red}\n", "nodes.0.colour", "Extra inputs"),
         ("nodes:\n  - {name: a, count: 2, preset: dgx2}\n", "nodes.0", "no '{i}'"),

@@ -144,3 +144,24 @@ def test_fallbacks_in_order_with_savings() -> None:
     assert [f.name for f in no_int4] == ["fp8-kv", "activation-checkpointing"]
     int8 = capacity_fallbacks(spec.with_dtypes(kv_dtype="fp8"), gpu_memory_bytes=H100, tp=2)
     assert [f.name for f in int8] == ["activation-checkpointing"]  # int8 saves nothing over fp8
+
+
+@pytest.mark.parametrize(
+    ("kwargs", "phrase"),
+    [
+        ({"max_model_len": 0}, "max_model_len=0"),
+        ({"max_model_len": -4096}, "max_model_len=-4096"),
+        ({"num_seqs": 0}, "num_seqs=0"),
+        ({"gpu_memory_bytes": 0}, "gpu_memory_bytes=0"),
+    ],
+)
+def test_lengths_below_one_are_refused_not_defaulted(kwargs: dict[str, int], phrase: str) -> None:
+    # the baseline read max_model_len=0 as "the model's context" and a negative one as fitting
+    with pytest.raises(InfeasibleError, match=phrase):
+        estimate_memory(
+            resolve_model("llama-3.1-70b"),
+            gpu_memory_bytes=kwargs.get("gpu_memory_bytes", H100),
+            tp=4,
+            max_model_len=kwargs.get("max_model_len"),
+            num_seqs=kwargs.get("num_seqs", 1),
+        )

@@ -52,7 +52,7 @@ def test_bad_files(tmp_path: Path) -> None:
         load_config(tmp_path / "nope.json")
     bad = tmp_path / "bad.json"
     bad.write_text("{not json")
-    with pytest.raises(InputError, match="not a readable JSON"):
+    with pytest.raises(InputError, match="not valid JSON"):
         load_config(bad)
     arr = tmp_path / "arr.json"
     arr.write_text("[1, 2]")

@@ -11,8 +11,9 @@ from toposched.cli._common import console, err_console, print_json
 from toposched.errors import InputError
 from toposched.sim.engine import Simulation
 from toposched.sim.report import result_json, result_table, write_report
+from toposched.sim.run import check_scenario_fits
 from toposched.sim.run import simulate as run_simulation
-from toposched.sim.scenario import SCENARIOS, load_cluster, load_scenario
+from toposched.sim.scenario import MAX_REQUESTS, SCENARIOS, load_cluster, load_scenario
 from toposched.solver.scheduler import POLICIES
 
 
@@ -35,17 +36,19 @@ def simulate(
     for name in names:
         POLICIES.get(name)  # unknown names fail here with the valid ones
     sc = load_scenario(scenario)
+    cluster = load_cluster(sc.cluster)
+    check_scenario_fits(sc, cluster, source=scenario)  # before any work: failures and instances the cluster has
     if "exact" in names:
         from toposched.solver.exact import size_problem
 
-        problem = size_problem(f"scenario {sc.name!r}", sum(len(n.gpus) for n in load_cluster(sc.cluster).nodes))
+        problem = size_problem(f"scenario {sc.name!r}", sum(len(n.gpus) for n in cluster.nodes))
         if problem:
             raise InputError(
                 f"--policies exact: {problem}", fix="drop exact from --policies, or use a scenario on a smaller cluster"
             )
     if requests is not None:
-        if requests < 1:
-            raise InputError(f"--requests must be at least 1 (got {requests})")
+        if not 1 <= requests <= MAX_REQUESTS:
+            raise InputError(f"--requests must be from 1 to {MAX_REQUESTS:,} (got {requests})")
         sc = sc.model_copy(update={"requests": requests})
     if json_out:
         results = run_simulation(sc, names, seed=seed)

@@ -27,6 +27,10 @@ from toposched.workload.spec import ModelSpec
 
 MODEL_HELP = "Catalog name (e.g. llama-3.1-70b), Hugging Face id, or a local config.json / model dir."
 GPU_HELP = "GPU type, e.g. H100-SXM, H200, A100-SXM-80GB, B200, L40S (case-insensitive)."
+MAX_TOKENS = 1 << 30
+"""Longest sequence a flag may ask for (the bound on a config's max_position_embeddings)."""
+MAX_SEQS = 1 << 20
+"""Most concurrent sequences a flag may ask for."""
 
 
 def _load(model: str, weight_dtype: str | None, kv_dtype: str | None) -> ModelSpec:
@@ -116,8 +120,10 @@ def fit(
     ep: int = typer.Option(1, "--ep", help="Expert-parallel degree for MoE models (1 or the tp)."),
     weight_dtype: str | None = typer.Option(None, "--weight-dtype", help="bf16, fp16, fp8, int8, int4."),
     kv_dtype: str | None = typer.Option(None, "--kv-dtype", help="auto, fp8, int8, int4."),
-    max_model_len: int | None = typer.Option(None, "--max-model-len", help="Default: the model's context."),
-    num_seqs: int = typer.Option(1, "--num-seqs", min=1, help="Sequences of max length that must fit."),
+    max_model_len: int | None = typer.Option(
+        None, "--max-model-len", max=MAX_TOKENS, help="Default: the model's context."
+    ),
+    num_seqs: int = typer.Option(1, "--num-seqs", min=1, max=MAX_SEQS, help="Sequences of max length that must fit."),
     gpu_memory_utilization: float = typer.Option(0.92, "--gpu-memory-utilization", help="vLLM default 0.92."),
     allow_int4_kv: bool = typer.Option(False, "--allow-int4-kv", help="Offer the INT4 KV fallback."),
     json_out: bool = typer.Option(False, "--json", help="Print JSON instead of a table."),
@@ -194,9 +200,9 @@ def estimate(
     pp_link: str | None = typer.Option(None, "--pp-link", help="Link between pipeline stages (default: --link)."),
     weight_dtype: str | None = typer.Option(None, "--weight-dtype", help="bf16, fp16, fp8, int8, int4."),
     kv_dtype: str | None = typer.Option(None, "--kv-dtype", help="auto, fp8, int8, int4."),
-    batch: int = typer.Option(..., "--batch", min=1, help="Concurrent sequences."),
-    input_len: int = typer.Option(..., "--input-len", min=1, help="Prompt tokens per sequence."),
-    output_len: int = typer.Option(..., "--output-len", min=1, help="Generated tokens per sequence."),
+    batch: int = typer.Option(..., "--batch", min=1, max=MAX_SEQS, help="Concurrent sequences."),
+    input_len: int = typer.Option(..., "--input-len", min=1, max=MAX_TOKENS, help="Prompt tokens per sequence."),
+    output_len: int = typer.Option(..., "--output-len", min=1, max=MAX_TOKENS, help="Generated tokens per sequence."),
     json_out: bool = typer.Option(False, "--json", help="Print JSON instead of text."),
 ) -> None:
     """Predicted TTFT, TPOT and throughput of one (tp, pp) instance on a GPU type."""

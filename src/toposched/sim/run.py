@@ -11,23 +11,27 @@ token after the first) percentiles are reported too.
 from __future__ import annotations
 
 import csv
+import io
 import math
 import random
 import time
 from collections import Counter
 from collections.abc import Callable
 from dataclasses import dataclass
-from pathlib import Path
 from typing import Any
 
 from toposched.errors import InputError
+from toposched.inputs import read_text
 from toposched.ledger.base import GIB
 from toposched.sim.engine import SimRequest, Simulation
-from toposched.sim.scenario import Lengths, Scenario, load_cluster
+from toposched.sim.scenario import MAX_REQUESTS, MAX_SECONDS, Lengths, Scenario, load_cluster
 from toposched.solver.request import PlacementRequest
 from toposched.solver.scheduler import Scheduler
+from toposched.topology.model import Cluster
 
 SLO_CLASSES = ("realtime", "interactive", "standard", "batch")
+MAX_TOKENS = 1_000_000
+"""Longest input or output of one trace request (the bound of a scenario's lengths)."""
 
 
 def _length(rng: random.Random, spec: Lengths) -> int:
@@ -64,34 +68,86 @@ def make_arrivals(scenario: Scenario, seed: int) -> list[SimRequest]:
     return out
 
 
+TRACE_COLUMNS = ("timestamp", "input_len", "output_len", "slo_class")
+
+
+def _trace_row(row: list[str], column: dict[str, int], where: str, id_: int) -> SimRequest:
+    """One CSV row as a request; InputError naming the file, line and column otherwise."""
+    values: dict[str, str] = {}
+    for name in TRACE_COLUMNS:
+        at = column[name]
+        if at >= len(row) or not row[at].strip():
+            raise InputError(f"{where}: no value in column {name!r}", fix="give every column a value")
+        values[name] = row[at].strip()
+    try:
+        arrival = float(values["timestamp"])
+    except ValueError:
+        raise InputError(f"{where}: timestamp {values['timestamp'][:40]!r} is not a number of seconds") from None
+    if not (math.isfinite(arrival) and 0 <= arrival <= MAX_SECONDS):
+        raise InputError(f"{where}: timestamp {values['timestamp'][:40]!r} must be from 0 to {MAX_SECONDS:g} s")
+    lengths = []
+    for name in ("input_len", "output_len"):
+        text = values[name]
+        if not (text.isascii() and text.isdigit() and len(text) <= 7 and 1 <= int(text) <= MAX_TOKENS):
+            raise InputError(f"{where}: {name} {text[:40]!r} must be a whole number from 1 to {MAX_TOKENS:,}")
+        lengths.append(int(text))
+    slo = values["slo_class"]
+    if slo not in SLO_CLASSES:
+        raise InputError(f"{where}: slo_class {slo[:40]!r} is not one of {', '.join(SLO_CLASSES)}")
+    return SimRequest(id=id_, arrival_s=arrival, input_len=lengths[0], output_len=lengths[1], slo_class=slo)
+
+
 def read_trace(path: str) -> list[SimRequest]:
-    """CSV with a header: timestamp,model,input_len,output_len,slo_class (timestamps in seconds)."""
-    file = Path(path)
+    """CSV with a header: timestamp,model,input_len,output_len,slo_class (timestamps in seconds).
+
+    Read through ``toposched.inputs`` (a bounded regular UTF-8 file); at most ``MAX_REQUESTS``
+    rows; every value is checked (finite timestamps, whole token counts, known SLO classes) and a
+    bad row is one InputError naming the file and the line.
+    """
+    if not path or "\x00" in path:
+        raise InputError(f"trace {path[:60]!r} is not a path", fix="name a CSV file")
+    text = read_text(path, what="trace")
+    reader = csv.reader(io.StringIO(text, newline=""))
     out: list[SimRequest] = []
     try:
-        with file.open(newline="") as fh:
-            reader = csv.DictReader(fh)
-            missing = {"timestamp", "input_len", "output_len", "slo_class"} - set(reader.fieldnames or ())
-            if missing:
-                raise InputError(f"trace {file}: missing column(s) {', '.join(sorted(missing))}")
-            for n, row in enumerate(reader, start=2):
-                try:
-                    req = SimRequest(
-                        id=len(out),
-                        arrival_s=float(row["timestamp"]),
-                        input_len=int(row["input_len"]),
-                        output_len=int(row["output_len"]),
-                        slo_class=row["slo_class"].strip(),
-                    )
-                except (TypeError, ValueError) as exc:
-                    raise InputError(f"trace {file}, line {n}: {exc}") from exc
-                if req.slo_class not in SLO_CLASSES or req.input_len < 1 or req.output_len < 1 or req.arrival_s < 0:
-                    raise InputError(f"trace {file}, line {n}: bad values {dict(row)}")
-                out.append(req)
-    except OSError as exc:
-        raise InputError(f"cannot read trace {file}: {exc.strerror}") from exc
+        header = [h.strip() for h in next(reader, [])]
+        missing = [c for c in TRACE_COLUMNS if c not in header]
+        if missing:
+            raise InputError(f"trace {path}: missing column(s) {', '.join(sorted(missing))}")
+        column = {name: header.index(name) for name in TRACE_COLUMNS}
+        for row in reader:
+            if not row or not any(cell.strip() for cell in row):
+                continue  # blank lines
+            if len(out) >= MAX_REQUESTS:
+                raise InputError(f"trace {path}: more than {MAX_REQUESTS:,} requests", fix="split the trace")
+            out.append(_trace_row(row, column, f"trace {path}, line {reader.line_num}", len(out)))
+    except csv.Error as exc:
+        raise InputError(f"trace {path}, line {reader.line_num}: not valid CSV: {exc}") from None
+    if not out:
+        raise InputError(f"trace {path}: no requests", fix="add rows after the header")
     out.sort(key=lambda r: (r.arrival_s, r.id))
     return out
+
+
+def check_scenario_fits(scenario: Scenario, cluster: Cluster, *, source: str | None = None) -> None:
+    """Refuse what the cluster cannot mean: failures of GPUs it does not have, more instances than GPUs.
+
+    ``source`` names the scenario in errors (the file or built-in name; default: its ``name``).
+    """
+    where = source or f"scenario {scenario.name!r}"
+    gpus = {f"{n.name}/{g.index}" for n in cluster.nodes for g in n.gpus}
+    for k, failure in enumerate(scenario.failures):
+        if failure.gpu not in gpus:
+            raise InputError(
+                f"{where}: failures.{k}.gpu: {failure.gpu!r} is not a GPU of cluster {scenario.cluster!r}",
+                fix="use 'node/index' of a GPU in the cluster, e.g. " + next(iter(sorted(gpus)), "node-0/0"),
+            )
+    if scenario.instances != "max" and int(scenario.instances) > len(gpus):
+        raise InputError(
+            f"{where}: instances {scenario.instances} is more than the {len(gpus)} GPUs "
+            f"of cluster {scenario.cluster!r}",
+            fix="use instances: max, or at most one instance per GPU",
+        )
 
 
 def _pct(values: list[float], q: float) -> float | None:
@@ -179,6 +235,7 @@ def run_policy(
     progress: Callable[[Simulation], None] | None = None,
 ) -> PolicyResult:
     cluster = load_cluster(scenario.cluster)
+    check_scenario_fits(scenario, cluster)
     scheduler = Scheduler(cluster, budget_gbps=scenario.budget_gbps, seed=seed)
     template = PlacementRequest(
         id="sim",
@@ -223,4 +280,13 @@ def simulate(scenario: Scenario, policies: list[str], *, seed: int = 0,
     return results
 
 
-__all__ = ["GIB", "PolicyResult", "check_conservation", "make_arrivals", "read_trace", "run_policy", "simulate"]
+__all__ = [
+    "GIB",
+    "PolicyResult",
+    "check_conservation",
+    "check_scenario_fits",
+    "make_arrivals",
+    "read_trace",
+    "run_policy",
+    "simulate",
+]

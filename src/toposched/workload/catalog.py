@@ -8,12 +8,13 @@ name, a Hugging Face id, a local ``config.json`` or a local model directory (no 
 
 from __future__ import annotations
 
-import json
 from dataclasses import dataclass, replace
 from functools import cache
 from importlib import resources
 from pathlib import Path
 
+from toposched.errors import InputError
+from toposched.inputs import load_json, read_text
 from toposched.registry import Registry
 from toposched.workload.dtypes import KvDtype, WeightDtype
 from toposched.workload.spec import ModelSpec, load_config, spec_from_config
@@ -132,8 +133,9 @@ def _models_dir() -> Path:
 @cache
 def _load_entry(entry: CatalogEntry) -> ModelSpec:
     path = _models_dir() / entry.config_file
-    cfg = json.loads(path.read_text(encoding="utf-8"))
-    spec = spec_from_config(cfg, name=entry.name, source=f"catalog:{entry.config_file}")
+    source = f"catalog:{entry.config_file}"
+    cfg = load_json(read_text(path, what="catalog model config"), source=source)
+    spec = spec_from_config(cfg, name=entry.name, source=source)
     return replace(spec, hf_id=entry.hf_id, published_params=entry.published_params)
 
 
@@ -156,17 +158,43 @@ def catalog_entry(name: str) -> CatalogEntry:
     return _registry().get(name)
 
 
+MAX_REF = 4096
+"""Longest model reference accepted (a catalog name, a Hugging Face id or a path)."""
+
+
+def _exists(ref: str) -> bool:
+    """Whether ``ref`` names an existing file or directory; False for names the OS cannot hold."""
+    try:
+        return Path(ref).exists()
+    except (OSError, ValueError):
+        return False
+
+
+def _expand(ref: str) -> Path:
+    """``~`` and ``~user`` expanded; an unknown user leaves the path as given."""
+    try:
+        return Path(ref).expanduser()
+    except RuntimeError:
+        return Path(ref)
+
+
 def _looks_like_path(ref: str) -> bool:
-    return ref.endswith(".json") or ref.startswith((".", "/", "~")) or Path(ref).exists()
+    return ref.endswith(".json") or ref.startswith((".", "/", "~")) or _exists(ref)
 
 
 def resolve_model(ref: str, *, weight_dtype: WeightDtype | None = None, kv_dtype: KvDtype | None = None) -> ModelSpec:
     """A catalog name, a Hugging Face id in the catalog, or a local config.json / model dir."""
+    if not isinstance(ref, str) or not ref.strip() or len(ref) > MAX_REF or "\x00" in ref:
+        shown = repr(ref) if len(repr(ref)) <= 60 else repr(ref)[:57] + "..."
+        raise InputError(
+            f"model {shown} is not a catalog name, Hugging Face id or path",
+            fix=f"give a catalog name such as 'llama-3.1-70b' or a config.json path (at most {MAX_REF} characters)",
+        )
     reg = _registry()
-    if ref in reg and not Path(ref).exists():
+    if ref in reg and not _exists(ref):
         spec = _load_entry(reg.get(ref))
     elif _looks_like_path(ref):
-        spec = load_config(Path(ref).expanduser())
+        spec = load_config(_expand(ref))
     else:
         spec = _load_entry(reg.get(ref))  # raises UnknownNameError with "did you mean"
     return spec.with_dtypes(weight_dtype, kv_dtype)

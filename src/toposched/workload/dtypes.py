@@ -70,7 +70,7 @@ def parse_weight_dtype(name: str) -> WeightDtype:
     for dtype in WEIGHT_DTYPES:
         if dtype == key:
             return dtype
-    raise UnknownNameError("weight dtype", name, WEIGHT_DTYPES)
+    raise UnknownNameError("weight dtype", name[:40], WEIGHT_DTYPES)  # a 1 MB flag is not echoed whole
 
 
 def parse_kv_dtype(name: str) -> KvDtype:
@@ -79,7 +79,7 @@ def parse_kv_dtype(name: str) -> KvDtype:
     for dtype in KV_DTYPES:
         if dtype == key:
             return dtype
-    raise UnknownNameError("KV-cache dtype", name, KV_DTYPES)
+    raise UnknownNameError("KV-cache dtype", name[:40], KV_DTYPES)
 
 
 def kv_element_bytes(kv_dtype: KvDtype, activation_dtype: Literal["bf16", "fp16"]) -> float:

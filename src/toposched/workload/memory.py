@@ -21,6 +21,7 @@ from dataclasses import dataclass
 
 from pydantic import BaseModel, ConfigDict, Field
 
+from toposched.errors import InfeasibleError
 from toposched.workload.dtypes import KvDtype, activation_bytes, kv_element_bytes, weight_format
 from toposched.workload.parallel import check_degrees, partition_ranges
 from toposched.workload.spec import ModelSpec
@@ -216,7 +217,8 @@ def estimate_memory(
     config: MemoryConfig | None = None,
     layer_partition: tuple[int, ...] | None = None,
 ) -> MemoryEstimate:
-    """Per-GPU memory of one instance and the KV tokens that fit; raises only on invalid degrees.
+    """Per-GPU memory of one instance and the KV tokens that fit; raises only on invalid degrees,
+    lengths or memory sizes (``InfeasibleError`` naming the value; a 0 length is not "the default").
 
     ``layer_partition`` gives the layers per pipeline stage (as ``VLLM_PP_LAYER_PARTITION`` does);
     by default layers are split the way vLLM's ``get_pp_indices`` does.
@@ -225,6 +227,12 @@ def estimate_memory(
     tokens (vLLM refuses to start when one max-length sequence does not fit).
     """
     check_degrees(spec, tp, pp, ep)
+    if max_model_len is not None and max_model_len < 1:
+        raise InfeasibleError(f"max_model_len={max_model_len} must be at least 1")
+    if num_seqs < 1:
+        raise InfeasibleError(f"num_seqs={num_seqs} must be at least 1")
+    if gpu_memory_bytes < 1:
+        raise InfeasibleError(f"gpu_memory_bytes={gpu_memory_bytes} must be positive")
     cfg = config or MemoryConfig()
     seq_len = max_model_len or spec.max_position_embeddings
     budget = math.ceil(gpu_memory_bytes * cfg.gpu_memory_utilization)
