@@ -349,6 +349,8 @@ def preset_names() -> list[str]:
 
 def load_preset(name: str) -> Cluster:
     """Build a preset by name (case-insensitive); unknown names suggest the closest ones."""
+    if len(name) > 100:  # no preset name is this long; do not echo (or fuzzy-match) a huge one
+        raise UnknownNameError("preset", name[:60] + "...", preset_names())
     return _PRESETS.get(name).build()
 
 
