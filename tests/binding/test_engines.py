@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 import re
 import shlex
+import shutil
 import subprocess
 from pathlib import Path
 from typing import Any
@@ -14,6 +15,7 @@ from pydantic import ValidationError
 
 from tests.binding.builders import make_doc, make_placement, nvl72_doc
 from tests.conftest import RunCli, shared_dir
+from toposched.binding.engine_args import FLAG_SOURCES
 from toposched.binding.engines import (
     ENV_VARS,
     SGLANG_FLAGS,
@@ -26,7 +28,9 @@ from toposched.binding.plan_doc import load_plan, parse_plan
 from toposched.errors import InputError
 from toposched.solver.request import Placement, PlacementRequest
 from toposched.solver.scheduler import Scheduler
+from toposched.topology.model import Cluster, Fabric, socket_ifname_problem
 from toposched.topology.presets import hgx_h100_cluster, load_preset
+from toposched.workload import resolve_model
 
 ENGINES_MD = (shared_dir() / "reference" / "engines.md").read_text()
 
@@ -45,9 +49,13 @@ def _flags(argv: list[str]) -> set[str]:
 
 
 def test_every_emitted_flag_and_variable_is_in_the_reference() -> None:
-    # The allow-lists themselves must each be written in reference/engines.md ...
-    for flag in VLLM_FLAGS | SGLANG_FLAGS:
-        assert re.search(re.escape(flag) + r"\b", ENGINES_MD), flag
+    # Each allowed flag is written in reference/engines.md, or cites the file of the engine's wheel
+    # that defines it (make check-engines runs the engines' own parsers on every argv) ...
+    for engine, prefix in (("vllm", "vllm/"), ("sglang", "sglang/srt/")):
+        for flag, source in FLAG_SOURCES[engine].items():  # type: ignore[index]
+            documented = re.search(re.escape(flag) + r"\b", ENGINES_MD) and source.startswith("engines.md")
+            assert documented or source.startswith(prefix), (engine, flag, source)
+    assert set(FLAG_SOURCES["vllm"]) == VLLM_FLAGS and set(FLAG_SOURCES["sglang"]) == SGLANG_FLAGS
     for var in ENV_VARS:
         assert var in ENGINES_MD or var == "CUDA_DEVICE_ORDER", var
     # ... and every launch, across engines and shapes, uses only them.
@@ -122,7 +130,7 @@ def test_vllm_tp8_over_two_nvl72_trays_is_one_multi_node_engine() -> None:
     assert (head.node, worker.node) == ("nvl72-tray00", "nvl72-tray01")
     for launch, rank in ((head, 0), (worker, 1)):
         argv = launch.argv
-        assert argv[:3] == ["vllm", "serve", "meta-llama/Meta-Llama-3.1-405B"]
+        assert argv[:3] == ["vllm", "serve", resolve_model("llama-3.1-405b").hf_id]  # the catalog name's id
         assert argv[argv.index("--tensor-parallel-size") + 1] == "8"
         assert argv[argv.index("--pipeline-parallel-size") + 1] == "1"
         assert argv[argv.index("--nnodes") + 1] == "2" and argv[argv.index("--node-rank") + 1] == str(rank)
@@ -290,3 +298,119 @@ def test_a_nic_without_a_device_name_sets_no_short_hca_list() -> None:
         assert launch.env["NCCL_CROSS_NIC"] == "0"
     for launch in build_launches([p], request, s.cluster, "vllm"):  # the full legend still lists all 8
         assert launch.env["NCCL_IB_HCA"] == "=" + ",".join(f"mlx5_{i}" for i in range(8))
+
+
+# --- issue 14: ports, NCCL, scripts -------------------------------------------------------------------
+
+
+def _two_on_two_trays() -> tuple[Any, list[Placement], PlacementRequest]:
+    """Two TP=4 instances whose heads share tray 0 (GPUs 0-1 and 2-3 of trays 0 and 1), one on tray 2."""
+    cluster = load_preset("gb200-nvl72")
+    t0, t1, t2 = (n.name for n in cluster.nodes[:3])
+    a = make_placement([(t0, (0, 1)), (t1, (0, 1))], tp=4, id="plan-0")
+    b = make_placement([(t0, (2, 3)), (t1, (2, 3))], tp=4, id="plan-1")
+    c = make_placement([(t2, (0, 1, 2, 3))], tp=4, id="plan-2")
+    return cluster, [a, b, c], PlacementRequest(id="plan", model="llama-3.1-405b", replicas=3)
+
+
+@pytest.mark.parametrize("engine", ["vllm", "sglang"])
+def test_ports_are_unique_on_every_node_across_the_plan(engine: str) -> None:
+    cluster, placements, request = _two_on_two_trays()
+    launches = build_launches(placements, request, cluster, engine)  # type: ignore[arg-type]
+    by_node: dict[str, list[int]] = {}
+    for x in launches:
+        by_node.setdefault(x.node, []).extend(p for p in (x.port, x.dist_port) if p is not None)
+    # each instance's ports are booked on all of its nodes (host-network pods share the node's ports)
+    for node, ports in by_node.items():
+        assert len(ports) == len(set(ports)), (node, sorted(ports))
+    flag = "--master-port" if engine == "vllm" else "--dist-init-addr"
+    heads = [x for x in launches if x.node_rank == 0 and x.nnodes == 2]
+    rendezvous = [x.argv[x.argv.index(flag) + 1].rsplit(":", 1)[-1] for x in heads]
+    first = "29501" if engine == "vllm" else "20000"
+    assert rendezvous[0] == first and len(set(rendezvous)) == 2  # the second instance does not reuse it
+    assert [x.port for x in heads] == [8000, 8001]
+    # every node of an instance is told the same ports
+    for pid in ("plan-0", "plan-1"):
+        mine = [x for x in launches if x.placement == pid]
+        assert len({(x.port, x.dist_port) for x in mine}) == 1
+        assert {x.argv[x.argv.index("--port") + 1] for x in mine} == {str(mine[0].port)}
+    # a node no other instance uses starts again from --port
+    (lone,) = [x for x in launches if x.placement == "plan-2"]
+    assert lone.port == 8000 and lone.dist_port is None and flag not in lone.argv
+
+
+def test_server_port_never_doubles_as_the_rendezvous_port() -> None:
+    cluster, placements, request = _two_on_two_trays()
+    head = build_launches(placements[:1], request, cluster, "vllm", base_port=29501)[0]
+    assert head.port == 29501 and head.argv[head.argv.index("--master-port") + 1] == "29502"
+    with pytest.raises(InputError, match="no free server port from 65535"):
+        build_launches(placements, request, cluster, "vllm", base_port=65535)
+    with pytest.raises(InputError, match="--port 0 is not a port"):
+        build_launches(placements, request, cluster, "vllm", base_port=0)
+
+
+@pytest.mark.parametrize("ifname", ["eth0", "=eth0", "^docker,lo", "^=docker0", "eth", "enp1s0f0,ib", "bond0.100"])
+def test_socket_ifname_reaches_nccl_as_written(ifname: str) -> None:
+    s, request, (p,) = _plan("two-nodes", "llama-3.1-405b", slo_tpot_ms=60)
+    fabric = s.cluster.fabric or Fabric()
+    cluster = s.cluster.model_copy(update={"fabric": fabric.model_copy(update={"socket_ifname": ifname})})
+    cluster = Cluster.model_validate(cluster.model_dump())  # through the model's rule
+    for launch in build_launches([p], request, cluster, "sglang"):
+        assert launch.env["NCCL_SOCKET_IFNAME"] == ifname  # no '=' added: '^' keeps meaning "exclude"
+
+
+@pytest.mark.parametrize("bad", ["", "=^eth0", "eth0,", "a b", "eth0:1", "a" * 16, "^", "-eth0", "eth0\n", "$(x)"])
+def test_socket_ifname_outside_nccl_syntax_is_refused(bad: str) -> None:
+    with pytest.raises(ValidationError, match="not an NCCL_SOCKET_IFNAME list"):
+        Fabric(socket_ifname=bad)
+    assert socket_ifname_problem(bad) is not None and socket_ifname_problem("^docker,lo") is None
+
+
+def test_gdr_level_is_left_to_nccl() -> None:
+    """PXB is NCCL's default on PCIe hosts and disables GPUDirect RDMA over Grace's C2C (GB200)."""
+    s, request, placements = _plan("two-nodes", "llama-3.1-405b", slo_tpot_ms=60)
+    launches = build_launches(placements, request, s.cluster, "vllm")
+    doc = nvl72_doc((0, 1), tp=8)
+    launches += build_launches(doc.placements, doc.request, doc.cluster, "vllm")
+    assert any("NCCL_IB_HCA" in x.env for x in launches)  # multi-node launches with NICs, PXB-near on HGX
+    assert all("NCCL_NET_GDR_LEVEL" not in x.env for x in launches)
+    assert "NCCL_NET_GDR_LEVEL" not in ENV_VARS
+
+
+def test_every_environment_value_is_single_quoted() -> None:
+    """``export NCCL_IB_HCA==mlx5_0`` runs, but shellcheck reads ``==`` as a typo (SC1097): quote every value."""
+    s, request, (p,) = _plan("two-nodes", "llama-3.1-405b", slo_tpot_ms=60)
+    launch = build_launches([p], request, s.cluster, "vllm")[0]
+    script = shell_script(launch)
+    exports = [line for line in script.splitlines() if line.startswith("export ")]
+    assert exports and all(re.fullmatch(r"export [A-Z_]+='[^']*'", line) for line in exports), exports
+    assert "export NCCL_IB_HCA='=mlx5_0," in script
+    # and the shell still sees the values the launch holds
+    probe = script.replace("exec ", "env; printf '%s\\n' ")
+    out = subprocess.run(["bash", "-c", probe], capture_output=True, text=True, check=True).stdout
+    for key, value in launch.env.items():
+        assert f"{key}={value}\n" in out
+    checker = shutil.which("shellcheck")
+    if checker:
+        done = subprocess.run([checker, "-"], input=script, capture_output=True, text=True)
+        assert done.returncode == 0, done.stdout
+
+
+def test_several_scripts_need_out(run_cli: RunCli, tmp_path: Path) -> None:
+    """Scripts end in ``exec``: printed one after another, ``| sh`` would start only the first."""
+    plan = run_cli("plan", "--preset", "hgx-h100", "--model", "llama-3.1-8b", "--tp", "4", "--replicas", "2", "--json")
+    path = tmp_path / "plan.json"
+    path.write_text(plan.stdout)
+    for engine in ("vllm", "sglang"):
+        result = run_cli("launch", engine, "--plan", str(path))
+        assert result.exit_code == 2 and result.stdout == ""
+        lines = result.stderr.splitlines()
+        assert lines[0] == (
+            "error: the plan needs 2 scripts (2 instance(s) on 2 node launches); printed one after the other "
+            "only the first would run"
+        )
+        assert lines[1:] == ["  fix: pass --out DIR (one script per node and instance) or --format json"]
+    one = run_cli("launch", "vllm", "--preset", "hgx-h100", "--model", "llama-3.1-8b")
+    assert one.exit_code == 0, one.stderr
+    assert one.stdout.startswith("#!/usr/bin/env bash\n") and one.stdout.count("\nexec ") == 1
+    subprocess.run(["bash", "-n"], input=one.stdout, text=True, check=True)

@@ -112,6 +112,12 @@ def _check_engine_launches(doc: PlanDoc, engine: str) -> list[str]:
                 problems.append(f"{engine} {p.id} {x.node}: --node-rank is not {x.node_rank}")
             if engine == "vllm" and ("--headless" in argv) != (x.node_rank > 0):
                 problems.append(f"vllm {p.id} {x.node}: --headless on node rank {x.node_rank}")
+            context = "--max-model-len" if engine == "vllm" else "--context-length"
+            if argv[argv.index(context) + 1] != str(doc.request.max_model_len):
+                problems.append(f"{engine} {p.id} {x.node}: {context} is not the plan's max model len")
+    # issue 14: no two instances of the plan bind one port on one node
+    booked = Counter((x.node, port) for x in launches for port in (x.port, x.dist_port) if port is not None)
+    problems += [f"{engine}: port {port} twice on {node}" for (node, port), n in booked.items() if n > 1]
     return problems
 
 

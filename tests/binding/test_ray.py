@@ -24,6 +24,7 @@ from toposched.binding.engines import VLLM_FLAGS
 from toposched.binding.plan_doc import PlanDoc
 from toposched.binding.ray import ray_document, ray_specs, ray_start_args
 from toposched.solver.request import Rank
+from toposched.workload import resolve_model
 
 RAY = str(Path(sys.executable).with_name("ray"))
 
@@ -36,7 +37,7 @@ def test_spec_bundles_follow_rank_order_and_domains(plans: dict[str, PlanDoc]) -
     for bundle, r in zip(spec.bundles, ranks, strict=True):
         assert bundle == {"GPU": 1.0, f"nvl_{r.node.replace('-', '_')}_nv0": 1.0}
     assert spec.env == {"VLLM_RAY_BUNDLE_INDICES": ",".join(str(i) for i in range(16))}
-    assert spec.argv[:3] == ["vllm", "serve", "meta-llama/Meta-Llama-3.1-405B"]
+    assert spec.argv[:3] == ["vllm", "serve", resolve_model("llama-3.1-405b").hf_id]
     assert spec.argv[spec.argv.index("--distributed-executor-backend") + 1] == "ray"
     assert {a for a in spec.argv if a.startswith("--")} <= VLLM_FLAGS
     assert "--nnodes" not in spec.argv and "--headless" not in spec.argv and "numactl" not in spec.argv

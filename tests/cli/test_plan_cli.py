@@ -3,8 +3,15 @@
 from __future__ import annotations
 
 import json
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import pytest
 
 from tests.conftest import FIXTURES, RunCli
+from toposched.binding.plan_doc import parse_plan, plan_json
+from toposched.solver.request import Placement
 
 
 def test_plan_json_contract(run_cli: RunCli) -> None:
@@ -109,3 +116,91 @@ def test_simulate_runs_exact_on_a_small_scenario(run_cli: RunCli) -> None:
     result = run_cli("simulate", "--scenario", "small", "--policies", "exact", "--requests", "10", "--json")
     assert result.exit_code == 0, result.stderr
     assert json.loads(result.stdout)["policies"]["exact"]["requests"] == 10
+
+
+# --- issue 14 item 9: a plan is checked when it is read back ---------------------------------------------
+
+
+def _two_replicas(run_cli: RunCli) -> dict[str, Any]:
+    args = ("--preset", "hgx-h100", "--model", "llama-3.1-8b", "--tp", "4", "--replicas", "2", "--json")
+    result = run_cli("plan", *args)
+    assert result.exit_code == 0, result.stderr
+    data: dict[str, Any] = json.loads(result.stdout)
+    return data
+
+
+def _set(path: str, value: Any) -> Callable[[dict[str, Any]], None]:
+    def edit(doc: dict[str, Any]) -> None:
+        *parents, last = path.split(".")
+        target: Any = doc
+        for key in parents:
+            target = target[int(key)] if isinstance(target, list) else target[key]
+        target[int(last) if isinstance(target, list) else last] = value
+
+    return edit
+
+
+def _share_gpu(doc: dict[str, Any]) -> None:
+    doc["placements"][1]["ranks"][0]["gpu"] = doc["placements"][0]["ranks"][0]["gpu"]
+
+
+def _unknown_key(doc: dict[str, Any]) -> None:
+    doc["placements"][0]["tp_size"] = 8
+
+
+def _hbm_total(doc: dict[str, Any]) -> None:
+    doc["placements"][0]["hbm_per_gpu"]["total"] += 1
+
+
+def _hbm_over(doc: dict[str, Any]) -> None:
+    hbm = doc["placements"][0]["hbm_per_gpu"]
+    hbm["total"] += 200 * 2**30 - hbm["kv"]
+    hbm["kv"] = 200 * 2**30
+
+
+P0, P1 = "placements.0", "placements.1"
+TAMPERED: list[tuple[str, Callable[[dict[str, Any]], None], str]] = [
+    ("tp 3 with 4 ranks", _set(f"{P0}.tp", 3), f"{P0}.ranks: 4 ranks for tp=3 x pp=1 (needs 3)"),
+    (
+        "a GPU in two placements",
+        _share_gpu,
+        f"{P1}.ranks.0: GPU hgx-h100/0 holds ranks of placements plan-0 and plan-1",
+    ),
+    ("stage 5 on pp=1", _set(f"{P0}.ranks.1.stage", 5), f"{P0}.ranks.1: rank 1 with tp=4 is not stage 5"),
+    ("a GPU not in the cluster", _set(f"{P0}.ranks.0.gpu", 42), "placement plan-0 names GPU hgx-h100/42, not in"),
+    ("a node not in the cluster", _set(f"{P0}.ranks.0.node", "h9"), "placement plan-0 names node h9, not in"),
+    ("the same id twice", _set(f"{P1}.id", "plan-0"), f"{P1}.id: placement plan-0 appears twice"),
+    ("HBM over the GPU", _hbm_over, "GiB per GPU is more than the 79.6 GiB of GPU hgx-h100/0"),
+    ("HBM total edited", _hbm_total, f"{P0}.hbm_per_gpu.total: "),
+    ("negative bytes", _set(f"{P0}.hbm_per_gpu.weights", -1), f"{P0}.hbm_per_gpu.weights: weights=-1"),
+    ("an unknown key", _unknown_key, f"{P0}.tp_size: not a key of the plan schema"),
+    ("an unknown KV dtype", _set(f"{P0}.kv_dtype", "fp4"), f"{P0}.kv_dtype: 'fp4' is not one of"),
+    ("ep not dividing tp", _set(f"{P0}.ep", 3), f"{P0}.ep: ep=3 does not divide tp=4"),
+    ("stages without layers", _set(f"{P0}.stage_layers", [1, 2]), f"{P0}.stage_layers: must list the 1"),
+    ("an unknown weight dtype", _set("request.weight_dtype", "fp6"), "request.weight_dtype: unknown weight dtype"),
+]
+
+
+@pytest.mark.parametrize(("case", "edit", "message"), TAMPERED, ids=[c for c, _, _ in TAMPERED])
+def test_a_tampered_plan_is_refused_in_one_line(
+    run_cli: RunCli, tmp_path: Path, case: str, edit: Callable[[dict[str, Any]], None], message: str
+) -> None:
+    doc = _two_replicas(run_cli)
+    edit(doc)
+    path = tmp_path / "plan.json"
+    path.write_text(json.dumps(doc))
+    for command in (("launch", "vllm"), ("launch", "sglang"), ("launch", "k8s"), ("launch", "ray")):
+        result = run_cli(*command, "--plan", str(path))
+        lines = result.stderr.splitlines()
+        assert result.exit_code == 2 and result.stdout == "", (case, command, result.stderr)
+        assert lines[0].startswith(f"error: {path}: ") and message in lines[0], (case, lines)
+        assert len(lines) <= 2 and "Traceback" not in result.stderr
+
+
+def test_plan_json_is_the_schema_launch_reads(run_cli: RunCli) -> None:
+    """Writer and reader are one module: what `plan --json` prints reads back to the same values."""
+    doc = _two_replicas(run_cli)
+    parsed = parse_plan(doc, "plan.json")
+    again = plan_json(parsed.placements, [], parsed.request, parsed.cluster, policy=doc["policy"], source=doc["source"])
+    assert again == {**doc, "unplaced": []}
+    assert set(doc["placements"][0]) - {"predicted"} == set(Placement.model_fields)

@@ -25,6 +25,7 @@ import yaml
 
 from tests.conftest import CliResult, RunCli
 from toposched.names import id_problem, label_problem, label_value_problem, node_name_problem, word_problem
+from toposched.topology.model import socket_ifname_problem
 
 MARK = "pwned"
 HOSTILE: dict[str, str] = {
@@ -125,7 +126,7 @@ FIELDS: dict[str, tuple[Callable[[Plan, str], None], str, Rule | None]] = {
     "request-id": (set_request_id, "req-7.a_b", id_problem),
     "node-name": (set_node_name, "gpu-node-07.example", node_name_problem),
     "nic-device": (set_nic_device, "mlx5_bond_0", word_problem),
-    "socket-ifname": (set_socket_ifname, "eth0", word_problem),
+    "socket-ifname": (set_socket_ifname, "eth0", socket_ifname_problem),
     "rack": (set_rack, "rack-9", label_problem),
     "label": (set_label, "batch", label_value_problem),
     "gpu-uuid": (set_gpu_uuid, "GPU-0a1b2c3d", label_problem),
@@ -298,7 +299,7 @@ def test_valid_values_reach_the_engines_verbatim(
     if field == "nic-device" and engine == "vllm":
         assert any(value in e["NCCL_IB_HCA"].removeprefix("=").split(",") for e in envs)
     if field == "socket-ifname":
-        assert all(e["NCCL_SOCKET_IFNAME"] == f"={value}" for e in envs)
+        assert all(e["NCCL_SOCKET_IFNAME"] == value for e in envs)
     if field == "gpu-uuid":
         assert any(e["CUDA_VISIBLE_DEVICES"].split(",")[0] == value for e in envs)
 
@@ -403,7 +404,7 @@ SPEC_FIELDS: dict[str, tuple[Callable[[str], tuple[dict[str, Any], dict[str, Any
     "node-name": (lambda v: ({"name": v}, {}), node_name_problem),
     "rack": (lambda v: ({"name": "gpu-0", "rack": v}, {}), label_problem),
     "label": (lambda v: ({"name": "gpu-0", "labels": {"pool": v}}, {}), label_value_problem),
-    "socket-ifname": (lambda v: ({"name": "gpu-0"}, {"fabric": {"socket_ifname": v}}), word_problem),
+    "socket-ifname": (lambda v: ({"name": "gpu-0"}, {"fabric": {"socket_ifname": v}}), socket_ifname_problem),
     "clique-node": (lambda v: ({"name": "gpu-0"}, {"cliques": [{"id": "c0", "nodes": [v]}]}), node_name_problem),
 }
 

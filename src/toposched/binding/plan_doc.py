@@ -1,17 +1,33 @@
-"""Reading the output of ``toposched plan --json`` back: placements, the request and the cluster.
+"""The plan document: what ``toposched plan --json`` writes and what ``toposched launch --plan`` reads.
 
-The plan document is self-contained (it embeds the topology snapshot and the request), so a launch
-plan can be made on another machine than the one that planned. That also makes it an input from
-outside: a plan may have been edited or forged, and its ids and node names end up in scripts, file
-names and Kubernetes objects. So every name is checked by the rules of ``toposched.names`` (the
-cluster through the topology model, the request id here), placement ids must be the request's
-instance ids (``ID`` or ``ID-N``), and the degrees must match the ranks (``tp``, ``pp`` >= 1,
-``tp * pp`` ranks numbered ``0..n-1``, each on its own GPU). A bad plan is one line naming the file
-and the key path.
+This module is the one schema for both sides: ``plan_json`` writes a document (``placement_json``
+each placement) and ``parse_plan`` reads one back into a ``PlanDoc``; ``launch --model`` (plan and
+launch in one step) goes through both, so every launch starts from a document that passed the same
+checks.
+
+The document is self-contained (it embeds the topology snapshot and the request), so a launch plan
+can be made on another machine than the one that planned. That also makes it an input from outside: a
+plan may have been edited, forged or made by an older toposched, and its ids and node names end up in
+scripts, file names and Kubernetes objects. ``parse_plan`` refuses, with one line naming the file and
+the key path:
+
+* keys the schema does not have (a misspelt ``tp_size`` would otherwise be ignored);
+* names that break the rules of ``toposched.names`` (the cluster through the topology model, the
+  request id here), placement ids that are not the request's instance ids (``ID`` or ``ID-N``),
+  a placement id given twice;
+* degrees that do not match the ranks: ``tp``, ``pp`` >= 1, ``ep`` dividing ``tp``, ``tp * pp`` ranks
+  numbered ``0..n-1`` with stage ``rank // tp`` and TP rank ``rank % tp``, ``pp`` stage entries;
+* GPUs that are not in the cluster (an unknown node is named as such), a GPU holding two ranks of one
+  placement or ranks of two placements;
+* memory that cannot be: negative bytes, a ``total`` other than the sum of its parts, a per-GPU share
+  over the GPU's memory (``hbm_gib``, or the GPU type's memory when the snapshot does not say);
+* dtypes and expert layouts the launchers do not know (``kv_dtype``, the request's ``weight_dtype``,
+  ``experts.ep`` other than ``ep``, redundant experts not spread evenly over the EP ranks).
 """
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -21,18 +37,66 @@ from pydantic import ValidationError
 from toposched.errors import InputError
 from toposched.inputs import load_json, read_text
 from toposched.names import id_problem, node_name_problem, placement_id_problem
-from toposched.solver.request import Placement, PlacementRequest, instance_ids
-from toposched.topology.model import Cluster
+from toposched.solver.options import gpu_type_for
+from toposched.solver.request import ExpertReport, HbmShare, Placement, PlacementRequest, Unplaced, instance_ids
+from toposched.topology.model import GPU, Cluster
+from toposched.workload.dtypes import KV_DTYPES, parse_kv_dtype, parse_weight_dtype
 
 PLAN_SCHEMA_VERSION = 1
 _FIX = "pass the output of `toposched plan --json` unedited, or plan again"
+_GIB = 2**30
+
+_TOP_KEYS = frozenset({"schema_version", "policy", "source", "placements", "unplaced", "request", "cluster"})
+_PLACEMENT_KEYS = frozenset(Placement.model_fields) | {"predicted"}
+_RANK_KEYS = frozenset({"rank", "node", "gpu", "stage", "tp_rank"})
+_HBM_KEYS = frozenset(HbmShare.model_fields) | {"total"}
+_EXPERT_KEYS = frozenset(ExpertReport.model_fields)
 
 
 @dataclass(frozen=True)
 class PlanDoc:
+    """A checked plan: the placements, the request they answer and the cluster they are on."""
+
     placements: tuple[Placement, ...]
     request: PlacementRequest
     cluster: Cluster
+
+
+# --- writing --------------------------------------------------------------------------------------
+
+
+def placement_json(p: Placement) -> dict[str, Any]:
+    """One placement as the document holds it: ranks without ``tp_rank`` (``rank % tp``), the
+    predictions together, and the HBM share with its ``total``."""
+    data = p.model_dump(mode="json")
+    data["ranks"] = [{"rank": r.rank, "node": r.node, "gpu": r.gpu, "stage": r.stage} for r in p.ranks]
+    data["predicted"] = {"ttft_ms": p.ttft_ms, "tpot_ms": p.tpot_ms}
+    data["hbm_per_gpu"] = {**p.hbm_per_gpu.model_dump(), "total": p.hbm_per_gpu.total}
+    return data
+
+
+def plan_json(
+    placements: list[Placement] | tuple[Placement, ...],
+    unplaced: list[Unplaced] | tuple[Unplaced, ...],
+    request: PlacementRequest,
+    cluster: Cluster,
+    *,
+    policy: str,
+    source: str,
+) -> dict[str, Any]:
+    """The document ``toposched plan --json`` prints (``parse_plan`` reads it back)."""
+    return {
+        "schema_version": PLAN_SCHEMA_VERSION,
+        "policy": policy,
+        "source": source,
+        "placements": [placement_json(p) for p in placements],
+        "unplaced": [u.model_dump(mode="json") for u in unplaced],
+        "request": request.model_dump(mode="json"),
+        "cluster": cluster.model_dump(mode="json"),
+    }
+
+
+# --- reading --------------------------------------------------------------------------------------
 
 
 def _bad(source: str, where: str, problem: str) -> InputError:
@@ -47,6 +111,21 @@ def _invalid(source: str, where: str, exc: ValidationError) -> InputError:
     return _bad(source, path, problem)
 
 
+def _unknown_keys(data: dict[str, Any], allowed: frozenset[str], where: str, source: str) -> None:
+    extra = sorted(str(k) for k in data if k not in allowed)
+    if extra:
+        raise _bad(source, f"{where}.{extra[0][:40]}" if where else extra[0][:40], "not a key of the plan schema")
+
+
+def _whole(data: dict[str, Any], key: str, where: str, source: str, minimum: int) -> int:
+    value = data.get(key)
+    if isinstance(value, bool) or not isinstance(value, int):
+        raise _bad(source, f"{where}.{key}", f"must be a whole number, got {type(value).__name__}")
+    if value < minimum:
+        raise _bad(source, f"{where}.{key}", f"{key}={value}; must be at least {minimum}")
+    return value
+
+
 def _degree(data: dict[str, Any], key: str, where: str, source: str) -> int:
     value = data.get(key)
     if isinstance(value, bool) or not isinstance(value, int):
@@ -56,10 +135,47 @@ def _degree(data: dict[str, Any], key: str, where: str, source: str) -> int:
     return value
 
 
+def _hbm(data: Any, where: str, source: str) -> dict[str, Any]:
+    """The HBM share without its ``total``, which must be the sum of the parts (all bytes >= 0)."""
+    if not isinstance(data, dict):
+        raise _bad(source, where, f"must be an object, got {type(data).__name__}")
+    _unknown_keys(data, _HBM_KEYS, where, source)
+    parts = {k: _whole(data, k, where, source, 0) for k in HbmShare.model_fields}
+    if "total" in data and data["total"] != sum(parts.values()):
+        raise _bad(
+            source, f"{where}.total", f"{data['total']!r:.30} is not the sum of the parts ({sum(parts.values())})"
+        )
+    return parts
+
+
+def _experts(data: Any, ep: int, where: str, source: str) -> Any:
+    """The expert report; ``redundant_experts`` (added later) is derived for older documents."""
+    if data is None:
+        return None
+    if not isinstance(data, dict):
+        raise _bad(source, where, f"must be an object, got {type(data).__name__}")
+    _unknown_keys(data, _EXPERT_KEYS, where, source)
+    if data.get("ep") != ep:
+        raise _bad(source, f"{where}.ep", f"{data.get('ep')!r:.20} is not the placement's ep={ep}")
+    replicas = _whole(data, "replicas", where, source, 0)
+    _whole(data, "extra_bytes_per_gpu", where, source, 0)
+    if "redundant_experts" not in data:  # copies spread one slot at a time over the EP ranks
+        return {**data, "redundant_experts": math.ceil(replicas / ep) * ep}
+    redundant = _whole(data, "redundant_experts", where, source, 0)
+    if redundant % ep or redundant < replicas:
+        raise _bad(
+            source,
+            f"{where}.redundant_experts",
+            f"{redundant} slots for {replicas} copies on {ep} EP ranks (needs a multiple of ep, at least the copies)",
+        )
+    return data
+
+
 def _placement(data: Any, where: str, source: str) -> Placement:
     """One placement, after checking the degrees its ranks are derived from (``tp: 0`` would divide by 0)."""
     if not isinstance(data, dict):
         raise _bad(source, where, f"must be an object, got {type(data).__name__}")
+    _unknown_keys(data, _PLACEMENT_KEYS, where, source)
     tp, pp = _degree(data, "tp", where, source), _degree(data, "pp", where, source)
     ep = _degree(data, "ep", where, source)
     ranks = data.get("ranks")
@@ -69,13 +185,26 @@ def _placement(data: Any, where: str, source: str) -> Placement:
         raise _bad(source, f"{where}.ranks", f"{len(ranks)} ranks for tp={tp} x pp={pp} (needs {tp * pp})")
     if ep > len(ranks):
         raise _bad(source, f"{where}.ep", f"ep={ep} is more than the {len(ranks)} GPUs of the placement")
+    if tp % ep:
+        raise _bad(source, f"{where}.ep", f"ep={ep} does not divide tp={tp} (each expert is split over tp/ep GPUs)")
+    for k, r in enumerate(ranks):
+        _unknown_keys(r, _RANK_KEYS, f"{where}.ranks.{k}", source)
     numbers = [r.get("rank") for r in ranks]
     if sorted(n for n in numbers if isinstance(n, int) and not isinstance(n, bool)) != list(range(len(ranks))):
         raise _bad(source, f"{where}.ranks", f"ranks must be numbered 0..{len(ranks) - 1}, once each")
+    for key in ("stage_layers", "stage_domains"):
+        value = data.get(key)
+        if not isinstance(value, list) or len(value) != pp:
+            got = f"{len(value)} entries" if isinstance(value, list) else type(value).__name__
+            raise _bad(source, f"{where}.{key}", f"must list the {pp} pipeline stage(s), got {got}")
+    if not all(isinstance(n, int) and not isinstance(n, bool) and n >= 1 for n in data["stage_layers"]):
+        raise _bad(source, f"{where}.stage_layers", "every stage holds at least one layer")
+    if data.get("kv_dtype") not in KV_DTYPES:
+        raise _bad(source, f"{where}.kv_dtype", f"{data.get('kv_dtype')!r:.30} is not one of {', '.join(KV_DTYPES)}")
     fields = dict(data)
     fields.pop("predicted", None)
-    hbm = fields.get("hbm_per_gpu", {})
-    fields["hbm_per_gpu"] = {k: v for k, v in hbm.items() if k != "total"} if isinstance(hbm, dict) else hbm
+    fields["hbm_per_gpu"] = _hbm(data.get("hbm_per_gpu"), f"{where}.hbm_per_gpu", source)
+    fields["experts"] = _experts(data.get("experts"), ep, f"{where}.experts", source)
     fields["ranks"] = [
         {**r, "tp_rank": r.get("tp_rank", r["rank"] % tp), "stage": r.get("stage", r["rank"] // tp)} for r in ranks
     ]
@@ -85,10 +214,26 @@ def _placement(data: Any, where: str, source: str) -> Placement:
         raise _invalid(source, where, exc) from None
 
 
+def _capacity(gpu: GPU) -> int | None:
+    """A GPU's memory in bytes: what the snapshot says, else its type's, else unknown."""
+    if gpu.hbm_gib is not None:
+        return int(gpu.hbm_gib * _GIB)
+    try:
+        return gpu_type_for(gpu.model).memory_bytes if gpu.model else None
+    except InputError:
+        return None
+
+
 def _check_placement(
-    p: Placement, where: str, request: PlacementRequest, nodes: dict[str, set[int]], source: str
+    p: Placement,
+    where: str,
+    request: PlacementRequest,
+    cluster: Cluster,
+    taken: dict[tuple[str, int], str],
+    source: str,
 ) -> None:
-    """Ids that are the request's instance ids, node names by the node rule, each rank on its own GPU."""
+    """Ids that are the request's instance ids, node names by the node rule, each rank on its own GPU
+    of the cluster (not one another placement holds), a memory share that fits that GPU."""
     if p.request_id != request.id:
         raise _bad(source, f"{where}.request_id", f"{p.request_id!r:.60} is not the plan's request id {request.id!r}")
     expected = instance_ids(request.id, request.replicas)
@@ -98,22 +243,51 @@ def _check_placement(
             f"({expected[0]}{'' if len(expected) == 1 else ' .. ' + expected[-1]})"
         )
         raise _bad(source, f"{where}.id", problem)
-    seen: set[tuple[str, int]] = set()
+    nodes = {n.name: n for n in cluster.nodes}
+    share = p.hbm_per_gpu.total
     for k, r in enumerate(p.ranks):
         bad_name = node_name_problem(r.node)
         if bad_name:
             raise _bad(source, f"{where}.ranks.{k}.node", bad_name)
-        if r.gpu not in nodes.get(r.node, set()):
-            raise InputError(f"{source}: placement {p.id} names GPU {r.node}/{r.gpu}, not in the plan's cluster")
-        if (r.node, r.gpu) in seen:
-            raise _bad(source, f"{where}.ranks.{k}", f"GPU {r.node}/{r.gpu} holds two ranks")
-        seen.add((r.node, r.gpu))
+        node = nodes.get(r.node)
+        if node is None:
+            raise InputError(f"{source}: placement {p.id} names node {r.node}, not in the plan's cluster", fix=_FIX)
+        gpu = next((g for g in node.gpus if g.index == r.gpu), None)
+        if gpu is None:
+            raise InputError(
+                f"{source}: placement {p.id} names GPU {r.node}/{r.gpu}, not in the plan's cluster", fix=_FIX
+            )
+        holder = taken.get((r.node, r.gpu))
+        if holder is not None:
+            what = "two ranks" if holder == p.id else f"ranks of placements {holder} and {p.id}"
+            raise _bad(source, f"{where}.ranks.{k}", f"GPU {r.node}/{r.gpu} holds {what}")
+        taken[(r.node, r.gpu)] = p.id
         if (r.stage, r.tp_rank) != divmod(r.rank, p.tp):
             raise _bad(
                 source,
                 f"{where}.ranks.{k}",
                 f"rank {r.rank} with tp={p.tp} is not stage {r.stage}, tp rank {r.tp_rank}",
             )
+        capacity = _capacity(gpu)
+        if capacity is not None and share > capacity:
+            raise _bad(
+                source,
+                f"{where}.hbm_per_gpu",
+                f"{share / _GIB:.1f} GiB per GPU is more than the {capacity / _GIB:.1f} GiB of GPU {r.node}/{r.gpu}",
+            )
+
+
+def _check_request(request: PlacementRequest, source: str) -> None:
+    problem = id_problem(request.id, "request id")
+    if problem:
+        raise _bad(source, "request.id", problem)
+    for key, parse in (("weight_dtype", parse_weight_dtype), ("kv_dtype", parse_kv_dtype)):
+        value = getattr(request, key)
+        if value is not None:
+            try:
+                parse(value)
+            except InputError as exc:
+                raise _bad(source, f"request.{key}", exc.message) from None
 
 
 def parse_plan(data: Any, source: str = "<plan>") -> PlanDoc:
@@ -127,6 +301,7 @@ def parse_plan(data: Any, source: str = "<plan>") -> PlanDoc:
             raise InputError(
                 f"{source}: the plan has no '{key}'", fix="re-run `toposched plan --json` with this toposched version"
             )
+    _unknown_keys(data, _TOP_KEYS, "", source)
     if not isinstance(data["placements"], list):
         raise _bad(source, "placements", "must be a list")
     try:
@@ -137,18 +312,16 @@ def parse_plan(data: Any, source: str = "<plan>") -> PlanDoc:
         request = PlacementRequest.model_validate(data["request"])
     except ValidationError as exc:
         raise _invalid(source, "request", exc) from None
-    problem = id_problem(request.id, "request id")
-    if problem:
-        raise _bad(source, "request.id", problem)
+    _check_request(request, source)
     placements = tuple(_placement(p, f"placements.{i}", source) for i, p in enumerate(data["placements"]))
     if not placements:
         raise InputError(f"{source}: the plan places nothing", fix="check `toposched plan` for the reasons")
-    nodes = {n.name: {g.index for g in n.gpus} for n in cluster.nodes}
     ids: set[str] = set()
+    taken: dict[tuple[str, int], str] = {}
     for i, p in enumerate(placements):
-        _check_placement(p, f"placements.{i}", request, nodes, source)
         if p.id in ids:
             raise _bad(source, f"placements.{i}.id", f"placement {p.id} appears twice")
+        _check_placement(p, f"placements.{i}", request, cluster, taken, source)
         ids.add(p.id)
     return PlanDoc(placements, request, cluster)
 

@@ -1,7 +1,13 @@
 """``toposched launch``: turn a plan into what vLLM, SGLang, Kubernetes and Ray take.
 
 ``--plan PLAN.json`` reads the output of ``toposched plan --json``; without it, ``--model`` and a
-topology source plan first (slo policy) and launch the result.
+topology source plan first (slo policy) and launch the result, through the same plan document and
+checks (``binding/plan_doc.py``).
+
+``launch vllm`` / ``launch sglang`` print one script when the plan has one instance on one node (so
+``toposched launch vllm ... | sh`` starts it); a plan with several scripts (several instances, or an
+instance over several nodes) needs ``--out DIR``, one script per node and instance, or ``--format
+json``: each script ends in ``exec``, so scripts printed one after the other would start only the first.
 """
 
 from __future__ import annotations
@@ -14,7 +20,7 @@ from pathlib import Path
 import typer
 
 from toposched.binding.engines import Engine, NodeLaunch, build_launches, shell_script
-from toposched.binding.plan_doc import PlanDoc, load_plan
+from toposched.binding.plan_doc import PlanDoc, load_plan, parse_plan, plan_json
 from toposched.cli import launch_k8s
 from toposched.cli._common import CLUSTER, LIVE, PRESET, SMI, console, err_console, print_json, source_ref
 from toposched.errors import InputError
@@ -79,7 +85,8 @@ def resolve_plan(
         raise InputError(
             f"nothing of {model} could be placed on {ref.describe()}", fix="run `toposched plan` for the reasons"
         )
-    return PlanDoc(tuple(outcome.placements), request, loaded.cluster)
+    document = plan_json(outcome.placements, [], request, loaded.cluster, policy="slo", source=ref.describe())
+    return parse_plan(document, "the plan")
 
 
 def script_name(launch: NodeLaunch) -> str:
@@ -147,8 +154,14 @@ def _emit(launches: list[NodeLaunch], fmt: str, json_out: bool, out: Path | None
         for path in write_scripts(launches, out):
             console.print(f"wrote {path}", markup=False, soft_wrap=True)
         return
-    for launch in launches:
-        print(shell_script(launch))
+    if len(launches) > 1:
+        instances = len({launch.placement for launch in launches})
+        raise InputError(
+            f"the plan needs {len(launches)} scripts ({instances} instance(s) on {len(launches)} node launches); "
+            "printed one after the other only the first would run",
+            fix="pass --out DIR (one script per node and instance) or --format json",
+        )
+    print(shell_script(launches[0]), end="")
 
 
 def _engine_command(engine: Engine) -> None:
@@ -167,8 +180,10 @@ def _engine_command(engine: Engine) -> None:
         model_path: str | None = typer.Option(None, "--model-path", help="Model path/id the engine loads."),
         master_addr: str | None = typer.Option(None, "--master-addr", help="Head node address (multi-node)."),
         port: int = typer.Option(8000, "--port", help="First server port; replicas on one node count up."),
-        fmt: str = typer.Option("sh", "--format", help="sh (a script per node) or json."),
-        out: Path | None = typer.Option(None, "--out", help="Write one script per node into this folder."),
+        fmt: str = typer.Option("sh", "--format", help="sh (a script per node and instance) or json."),
+        out: Path | None = typer.Option(
+            None, "--out", help="Write one script per node and instance into this folder (needed for several)."
+        ),
         json_out: bool = typer.Option(False, "--json", help="Same as --format json."),
     ) -> None:
         doc = resolve_plan(plan, model, smi, preset, cluster, live, gpu, replicas, tp, slo_tpot_ms, max_model_len)

@@ -2,13 +2,11 @@
 
 from __future__ import annotations
 
-from typing import Any
-
 import typer
 from pydantic import ValidationError
 from rich.table import Table
 
-from toposched.binding.plan_doc import PLAN_SCHEMA_VERSION
+from toposched.binding.plan_doc import plan_json
 from toposched.cli._common import CLUSTER, LIVE, PRESET, SMI, console, err_console, print_json, source_ref
 from toposched.errors import InputError
 from toposched.solver.request import Placement, PlacementRequest, Unplaced
@@ -55,14 +53,6 @@ def _rates(text: str | None) -> tuple[float, ...] | None:
         return tuple(float(x) for x in text.split(",") if x.strip())
     except ValueError as exc:
         raise InputError(f"--expert-hit-rates: {exc}", fix="give numbers like 0.2,0.1,0.05,...") from exc
-
-
-def placement_json(p: Placement) -> dict[str, Any]:
-    data = p.model_dump(mode="json")
-    data["ranks"] = [{"rank": r.rank, "node": r.node, "gpu": r.gpu, "stage": r.stage} for r in p.ranks]
-    data["predicted"] = {"ttft_ms": p.ttft_ms, "tpot_ms": p.tpot_ms}
-    data["hbm_per_gpu"] = {**p.hbm_per_gpu.model_dump(), "total": p.hbm_per_gpu.total}
-    return data
 
 
 def _render(placements: list[Placement], unplaced: list[Unplaced], title: str) -> None:
@@ -183,15 +173,9 @@ def plan(
     outcome = scheduler.place(request, policy=policy)
     if json_out:
         print_json(
-            {
-                "schema_version": PLAN_SCHEMA_VERSION,
-                "policy": policy,
-                "source": ref.describe(),
-                "placements": [placement_json(p) for p in outcome.placements],
-                "unplaced": [u.model_dump(mode="json") for u in outcome.unplaced],
-                "request": request.model_dump(mode="json"),
-                "cluster": loaded.cluster.model_dump(mode="json"),
-            }
+            plan_json(
+                outcome.placements, outcome.unplaced, request, loaded.cluster, policy=policy, source=ref.describe()
+            )
         )
     else:
         _render(outcome.placements, outcome.unplaced, f"[bold]{model}[/] on {ref.describe()} (policy {policy})")

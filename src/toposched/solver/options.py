@@ -12,7 +12,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from functools import lru_cache
 
-from toposched.errors import InputError
+from toposched.errors import InfeasibleError, InputError
 from toposched.perf.hardware import GpuSpec, get_gpu, gpu_registry
 from toposched.perf.latency import LatencyEstimate, predict_latency
 from toposched.perf.links import get_link
@@ -148,6 +148,31 @@ def _fit_with_fallbacks(
     return current, est, tuple(used)
 
 
+def context_limit(spec: ModelSpec) -> int:
+    """The longest context the engines accept for this model: vLLM's derived max model len.
+
+    vLLM (``config/model.py: _get_and_verify_max_len``) takes ``max_position_embeddings`` and
+    multiplies it by the RoPE scaling ``factor`` only for rope types other than ``llama3``, ``yarn``,
+    ``longrope``, ``su``, ``deepseek_yarn`` and ``deepseek_llama_scaling``, whose
+    ``max_position_embeddings`` is already the scaled length; a larger ``--max-model-len`` makes it
+    refuse to start (SGLang's ``--context-length`` likewise). Every catalog model uses one of those
+    rope types or none (Llama 3.1: llama3, 131072; DeepSeek-V3: yarn, 163840), so the limit is
+    ``max_position_embeddings``.
+    """
+    return spec.max_position_embeddings
+
+
+def check_context(request: PlacementRequest, spec: ModelSpec) -> None:
+    """Refuse a ``max_model_len`` above the model's context, naming the limit."""
+    limit = context_limit(spec)
+    if request.max_model_len > limit:
+        raise InfeasibleError(
+            f"max_model_len {request.max_model_len} is longer than the {limit}-token context of {spec.name} "
+            "(max_position_embeddings in its config.json); vLLM and SGLang refuse to start with it",
+            fix=f"use --max-model-len {limit} or less",
+        )
+
+
 def build_options(request: PlacementRequest, gpu: GpuSpec, *, max_tp: int, max_gpus: int) -> OptionSet:
     """Every (tp, pp, ep) that fits ``gpu`` for this request, fewest GPUs first."""
     spec = resolve_model(
@@ -155,6 +180,7 @@ def build_options(request: PlacementRequest, gpu: GpuSpec, *, max_tp: int, max_g
         weight_dtype=parse_weight_dtype(request.weight_dtype) if request.weight_dtype else None,
         kv_dtype=parse_kv_dtype(request.kv_dtype) if request.kv_dtype else None,
     )
+    check_context(request, spec)
     tps = [t for t in valid_tps(spec, limit=max(1, max_tp)) if request.allowed_tp is None or t in request.allowed_tp]
     result = OptionSet(request=request, gpu=gpu, options=[])
     if request.allowed_tp is not None:

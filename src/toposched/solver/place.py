@@ -390,11 +390,16 @@ def _experts(request: PlacementRequest, option: DegreeOption) -> ExpertReport | 
         moe_layers = max(moe_layers, sum(1 for layer in range(start, start + n) if spec.is_moe_layer(layer)))
         start += n
     per_expert = spec.expert_params() * moe_layers * weight_format(spec.weight_dtype).bytes_per_param
-    extra = max(layout.extra_experts_per_rank, default=0) * per_expert / (option.tp // option.ep)
+    # The engines give every EP rank the same number of expert slots ((experts + redundant) % ep == 0:
+    # vLLM fused_moe/layer.py, SGLang eplb/expert_location.py), so the fullest rank's extra slots are
+    # reserved on every rank and asked of the engine as ``extra slots x ep`` redundant experts.
+    slots = max(layout.extra_experts_per_rank, default=0)
+    extra = slots * per_expert / (option.tp // option.ep)
     return ExpertReport(
         ep=option.ep,
         replicas=layout.replicas,
         imbalance_before=round(layout.imbalance_before, 4),
         imbalance_after=round(layout.imbalance_after, 4),
         extra_bytes_per_gpu=round(extra),
+        redundant_experts=slots * option.ep,
     )

@@ -136,6 +136,11 @@ class ExpertReport(BaseModel):
     imbalance_before: float
     imbalance_after: float
     extra_bytes_per_gpu: int
+    redundant_experts: int = Field(default=0, ge=0)
+    """Expert slots beyond the model's experts, the same number on every EP rank (the fullest rank's
+    extra slots x ep): what the engines take as their redundant-expert count (vLLM
+    ``--eplb-config num_redundant_experts``, SGLang ``--ep-num-redundant-experts``), and what
+    ``extra_bytes_per_gpu`` pays for."""
 
 
 class Placement(BaseModel):

@@ -12,8 +12,9 @@ Every name that can reach a launch script, a file name, a Kubernetes object or a
 checked here, by the rules of ``toposched.names``, so that one rule covers every entry (cluster
 spec, probe, plan JSON, presets, stored snapshots): node names are RFC 1123 hostnames
 (``NodeName``); racks, zones, label keys and values and clique ids are ``Label`` (clique ids keep
-their ``/``: ``gb200-nvl72/clique0``, NVML's ``clusterUuid/cliqueId``); NIC names and
-``socket_ifname`` are one ``Word`` (``mlx5_0``, ``mlx5_bond_0``, ``eth0``); GPU UUIDs (which
+their ``/``: ``gb200-nvl72/clique0``, NVML's ``clusterUuid/cliqueId``); NIC names are one ``Word``
+(``mlx5_0``, ``mlx5_bond_0``); ``socket_ifname`` is NCCL's interface list (``socket_ifname_problem``:
+``eth``, ``=eth0``, ``^docker,lo``, ``^=docker0``), checked by its own strict rule; GPU UUIDs (which
 ``CUDA_VISIBLE_DEVICES`` lists) use the ``Label`` alphabet and PCI bus ids are one ``Word``.
 The fabric's ``rdma_resource`` (the Kubernetes resource that gives multi-node pods their RDMA
 devices) must be a Kubernetes extended resource name.
@@ -224,6 +225,40 @@ def _resource_name(value: str) -> str:
 
 ResourceName = Annotated[str, AfterValidator(_resource_name)]
 
+# NCCL_SOCKET_IFNAME, as NCCL reads it (reference/engines.md section 7; NCCL's matchIfList checks a
+# leading '^' before a leading '='): an optional '^' (use every interface except these), then an
+# optional '=' (exact names instead of prefixes), then a comma list of interface names or prefixes.
+# A Linux interface name is at most 15 bytes (IFNAMSIZ 16) and has no '/', ':' or white space; this
+# rule keeps to a letter or digit, then letters, digits, '.', '_' and '-' (eth0, enp1s0f0, bond0.100,
+# ib0, br-1a2b), which also keeps the value inert in a shell word and a YAML scalar. At most 16 entries.
+_IFNAME = r"[A-Za-z0-9][A-Za-z0-9_.-]{0,14}"
+_IFNAME_LIST = re.compile(rf"\^?=?{_IFNAME}(?:,{_IFNAME}){{0,15}}")
+MAX_IFNAME_LIST = 16 * 16 + 2
+
+
+def socket_ifname_problem(value: object) -> str | None:
+    """Why ``value`` is not an ``NCCL_SOCKET_IFNAME`` value, or None when it is."""
+    if not isinstance(value, str):
+        return f"socket_ifname must be a string, got {type(value).__name__}"
+    shown = repr(value) if len(repr(value)) <= 60 else repr(value)[:57] + "..."
+    if len(value) > MAX_IFNAME_LIST or not _IFNAME_LIST.fullmatch(value):
+        return (
+            f"socket_ifname {shown} is not an NCCL_SOCKET_IFNAME list: an optional '^' (exclude), an optional "
+            "'=' (exact names), then up to 16 comma-separated interface names or prefixes of 1-15 letters, "
+            "digits, '.', '_', '-' starting with a letter or digit (e.g. eth0, =eth0, ^docker,lo)"
+        )
+    return None
+
+
+def _socket_ifname(value: str) -> str:
+    problem = socket_ifname_problem(value)
+    if problem:
+        raise ValueError(problem)
+    return value
+
+
+SocketIfname = Annotated[str, AfterValidator(_socket_ifname)]
+
 
 class Fabric(_Value):
     """The network between nodes, and how multi-node pods reach it on Kubernetes."""
@@ -233,7 +268,10 @@ class Fabric(_Value):
     nics_per_node: int = Field(default=8, ge=0)
     rail_optimized: bool = True
     latency_us: float = Field(default=5.0, ge=0)
-    socket_ifname: Word | None = Field(default=None, description="NCCL_SOCKET_IFNAME for bootstrap traffic")
+    socket_ifname: SocketIfname | None = Field(
+        default=None,
+        description="NCCL_SOCKET_IFNAME as NCCL reads it: 'eth' (prefix), '=eth0' (exact), '^docker,lo' (exclude)",
+    )
     rdma_resource: ResourceName | None = Field(
         default=None,
         description="extended resource that gives a pod RDMA devices ('rdma/ib', 'nvidia.com/hostdev'); None: none",
