@@ -81,14 +81,20 @@ class UnknownNameError(InputError):
 
     def __init__(self, kind: str, name: str, valid: Iterable[str]) -> None:
         valid_list = sorted(valid)
-        close = difflib.get_close_matches(name.lower(), [v.lower() for v in valid_list], n=3, cutoff=0.5)
+        # a huge name is neither echoed in full nor fuzzy-matched (difflib is quadratic in its length)
+        close = (
+            difflib.get_close_matches(name.lower(), [v.lower() for v in valid_list], n=3, cutoff=0.5)
+            if len(name) <= 200
+            else []
+        )
         by_lower = {v.lower(): v for v in valid_list}
         suggestions = [by_lower[c] for c in close]
         if suggestions:
             hint = "did you mean " + " or ".join(repr(s) for s in suggestions) + "?"
         else:
             hint = "valid: " + ", ".join(valid_list)
-        super().__init__(f"unknown {kind} {name!r}; {hint}")
+        shown = repr(name) if len(name) <= 60 else repr(name[:57]) + "..."
+        super().__init__(f"unknown {kind} {shown}; {hint}")
         self.kind = kind
         self.name = name
         self.valid = valid_list

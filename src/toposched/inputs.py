@@ -30,8 +30,8 @@ MAX_DEPTH = 64
 MAX_NUMBER_DIGITS = 40
 """Longest integer literal accepted in JSON (Python would otherwise parse 5,000-digit numbers)."""
 
-MAX_ALIASES = 1000
-"""Most YAML alias uses accepted in one document (guards against 'billion laughs' expansion)."""
+MAX_EXPANDED = 2_000_000
+"""Most values a YAML document may stand for once its aliases are expanded ('billion laughs')."""
 
 
 def _shown(path: str | Path) -> str:
@@ -111,41 +111,51 @@ def read_text(
     return decode(data, source=str(path), what=what)
 
 
-def _depth(value: Any) -> int:
-    """Nesting depth of a loaded document, iteratively (never recurses)."""
-    deepest = 0
-    stack: list[tuple[Any, int]] = [(value, 1)]
-    seen: set[int] = set()
+def _walk(value: Any, source: str, *, max_nodes: int | None = None) -> None:
+    """Refuse what a loaded document must not hold, in one iterative pass (never recurses).
+
+    Nesting deeper than :data:`MAX_DEPTH`; a container that contains itself (a YAML alias to its own
+    ancestor: code walking it would loop forever); a document whose aliases expand to more than
+    ``max_nodes`` values ('billion laughs': 81 aliases can stand for 387 million values, which
+    whoever walks the data then visits); NaN or infinite numbers (``.inf``/``.nan`` in YAML).
+    """
+    size: dict[int, int] = {}  # expanded size of each container seen, once it is left
+    on_path: set[int] = set()
+    stack: list[tuple[Any, int, bool]] = [(value, 1, False)]
     while stack:
-        item, depth = stack.pop()
+        item, depth, leaving = stack.pop()
+        if leaving:
+            on_path.discard(id(item))
+            children = item.values() if isinstance(item, dict) else item
+            total = 1 + sum(size.get(id(c), 1) if isinstance(c, (dict, list)) else 1 for c in children)
+            if max_nodes is not None and total > max_nodes:
+                raise InputError(
+                    f"{source}: its aliases expand to more than {max_nodes:,} values", fix="write the values out"
+                )
+            size[id(item)] = total
+            continue
+        if isinstance(item, float) and not math.isfinite(item):
+            raise InputError(f"{source}: {item} is not a finite number", fix="give a finite value")
         if not isinstance(item, (dict, list)):
             continue
-        if id(item) in seen:
-            continue
-        seen.add(id(item))
-        deepest = max(deepest, depth)
+        if id(item) in on_path:
+            raise InputError(f"{source}: an alias refers to a node that contains it (a cycle)", fix="remove the cycle")
+        if id(item) in size:
+            continue  # shared (a YAML alias): counted by its size
+        if depth > MAX_DEPTH:
+            raise InputError(f"{source}: nested deeper than {MAX_DEPTH} levels", fix="flatten the document")
+        size[id(item)] = 0  # placeholder while inside; replaced on leaving
+        on_path.add(id(item))
+        stack.append((item, depth, True))
         children = item.values() if isinstance(item, dict) else item
-        stack.extend((child, depth + 1) for child in children)
-    return deepest
+        stack.extend((child, depth + 1, False) for child in children)
 
 
-def _check_depth(value: Any, source: str) -> None:
-    depth = _depth(value)
-    if depth > MAX_DEPTH:
-        raise InputError(f"{source}: nested {depth} levels deep (at most {MAX_DEPTH})", fix="flatten the document")
+_Base: Any = getattr(yaml, "CSafeLoader", yaml.SafeLoader)  # libyaml's parser: 4-5x faster when present
 
 
-class _StrictLoader(yaml.SafeLoader):
-    """SafeLoader that refuses duplicate keys and counts alias uses."""
-
-    aliases = 0
-
-    def compose_node(self, parent: Any, index: Any) -> Any:
-        if self.check_event(yaml.AliasEvent):
-            self.aliases += 1
-            if self.aliases > MAX_ALIASES:
-                raise yaml.YAMLError(f"more than {MAX_ALIASES} alias uses")
-        return super().compose_node(parent, index)
+class _StrictLoader(_Base):  # type: ignore[misc]
+    """SafeLoader (libyaml's where available) that refuses duplicate keys."""
 
     def construct_mapping(self, node: Any, deep: bool = False) -> Any:
         if isinstance(node, yaml.MappingNode):
@@ -170,7 +180,7 @@ class _StrictLoader(yaml.SafeLoader):
 
 
 def load_yaml(text: str, *, source: str) -> Any:
-    """One YAML document, safely: no duplicate keys, bounded aliases and depth."""
+    """One YAML document, safely: no duplicate keys, cycles or NaN/inf; bounded aliases and depth."""
     if "\x00" in text:
         raise InputError(f"{source}: contains a NUL byte; not a text document", fix="check the file")
     try:
@@ -179,12 +189,14 @@ def load_yaml(text: str, *, source: str) -> Any:
         raise InputError(
             f"{source}: nested too deeply (at most {MAX_DEPTH} levels)", fix="flatten the document"
         ) from None
+    except ValueError as exc:  # e.g. an integer of more than 4,300 digits
+        raise InputError(f"{source}: not acceptable YAML: {str(exc)[:120]}", fix="fix the value") from None
     except yaml.YAMLError as exc:
         mark = getattr(exc, "problem_mark", None)
         where = f"line {mark.line + 1}, column {mark.column + 1}: " if mark is not None else ""
         problem = getattr(exc, "problem", None) or str(exc)
         raise InputError(f"{source}: {where}not valid YAML: {problem}", fix="fix the YAML syntax") from None
-    _check_depth(data, source)
+    _walk(data, source, max_nodes=MAX_EXPANDED)
     return data
 
 
@@ -237,5 +249,5 @@ def load_json(text: str, *, source: str) -> Any:
         ) from None
     except ValueError as exc:
         raise InputError(f"{source}: not acceptable JSON: {exc}", fix="fix the value") from None
-    _check_depth(data, source)
+    _walk(data, source)
     return data
