@@ -360,7 +360,7 @@ def test_entrypoint_selects_planned_gpus_by_bus_id_in_rank_order(plans: dict[str
     assert (tmp_path / "rec/env").read_text() == "GPU-aaa,GPU-bbb,GPU-ccc,GPU-ddd|PCI_BUS_ID\n"
     assert (tmp_path / "rec/numactl").read_text().splitlines()[:2] == ["--cpunodebind=0", "--membind=0"]
     argv = (tmp_path / "rec/vllm").read_text().splitlines()
-    assert argv[:2] == ["serve", "meta-llama/Meta-Llama-3.1-8B"]
+    assert argv[:2] == ["serve", "meta-llama/Llama-3.1-8B"]
 
 
 def test_entrypoint_fails_when_a_planned_gpu_is_not_visible(plans: dict[str, PlanDoc], tmp_path: Path) -> None:

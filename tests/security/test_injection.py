@@ -316,7 +316,7 @@ def test_hostile_model_path_reaches_the_engine_verbatim(
             return
         assert result.exit_code == 0, result.stderr
         for argv, _ in recorded:
-            assert argv[argv.index("serve") + 1] == (value or "meta-llama/Meta-Llama-3.1-405B")  # empty: the plan's
+            assert argv[argv.index("serve") + 1] == (value or "meta-llama/Llama-3.1-405B")  # empty: the plan's
 
     each_case(check)
 

@@ -38,10 +38,10 @@ ENTRIES: tuple[CatalogEntry, ...] = (
     CatalogEntry(
         "llama-3-8b",
         "Meta-Llama-3-8B-Instruct.json",
-        "meta-llama/Meta-Llama-3-8B-Instruct",
+        "meta-llama/Meta-Llama-3-8B",
         8_030_261_248,  # HF safetensors total, same as Llama-3.1-8B (perf-anchors.md §5.2)
         "HF safetensors total 8.03B (perf-anchors.md §5.2)",
-        aliases=("meta-llama/Meta-Llama-3-8B", "llama-3-8b-instruct"),
+        aliases=("meta-llama/Meta-Llama-3-8B-Instruct", "llama-3-8b-instruct"),
     ),
     CatalogEntry(
         "llama-3-70b",
@@ -54,18 +54,18 @@ ENTRIES: tuple[CatalogEntry, ...] = (
     CatalogEntry(
         "llama-3.1-8b",
         "Meta-Llama-3.1-8B.json",
-        "meta-llama/Meta-Llama-3.1-8B",
+        "meta-llama/Llama-3.1-8B",
         8_030_261_248,  # perf-anchors.md §5.2 "Llama-3.1-8B is 8,030,261,248"
         "perf-anchors.md §5.2, 8,030,261,248",
-        aliases=("meta-llama/Llama-3.1-8B", "meta-llama/Llama-3.1-8B-Instruct", "llama-3.1-8b-instruct"),
+        aliases=("meta-llama/Meta-Llama-3.1-8B", "meta-llama/Llama-3.1-8B-Instruct", "llama-3.1-8b-instruct"),
     ),
     CatalogEntry(
         "llama-3.1-70b",
         "Meta-Llama-3.1-70B.json",
-        "meta-llama/Meta-Llama-3.1-70B",
+        "meta-llama/Llama-3.1-70B",
         70_553_706_496,  # same architecture as Llama-3-70B: 70.55B (engines.md §1.4)
         "70.55B, same architecture as Llama-3-70B (engines.md §1.4)",
-        aliases=("meta-llama/Llama-3.1-70B", "meta-llama/Llama-3.1-70B-Instruct", "llama-3.1-70b-instruct"),
+        aliases=("meta-llama/Meta-Llama-3.1-70B", "meta-llama/Llama-3.1-70B-Instruct", "llama-3.1-70b-instruct"),
     ),
     CatalogEntry(
         "llama-3.3-70b",
@@ -78,10 +78,10 @@ ENTRIES: tuple[CatalogEntry, ...] = (
     CatalogEntry(
         "llama-3.1-405b",
         "Meta-Llama-3.1-405B.json",
-        "meta-llama/Meta-Llama-3.1-405B",
+        "meta-llama/Llama-3.1-405B",
         405_853_388_800,  # perf-anchors.md §5.2 table: 405.85B
         "perf-anchors.md §5.2, 405.85B",
-        aliases=("meta-llama/Llama-3.1-405B", "meta-llama/Llama-3.1-405B-Instruct", "llama-3.1-405b-instruct"),
+        aliases=("meta-llama/Meta-Llama-3.1-405B", "meta-llama/Llama-3.1-405B-Instruct", "llama-3.1-405b-instruct"),
     ),
     CatalogEntry(
         "mixtral-8x7b",
@@ -102,10 +102,10 @@ ENTRIES: tuple[CatalogEntry, ...] = (
     CatalogEntry(
         "qwen2.5-72b",
         "Qwen2.5-72B-Instruct.json",
-        "Qwen/Qwen2.5-72B-Instruct",
+        "Qwen/Qwen2.5-72B",
         72_706_203_648,  # perf-anchors.md §5.2: "exactly equals the weight-file sum"
         "perf-anchors.md §5.2, weight-file sum 72,706,203,648",
-        aliases=("qwen2.5-72b-instruct", "Qwen/Qwen2.5-72B"),
+        aliases=("qwen2.5-72b-instruct", "Qwen/Qwen2.5-72B-Instruct"),
     ),
     CatalogEntry(
         "qwen3-235b-a22b",
