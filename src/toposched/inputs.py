@@ -186,9 +186,7 @@ def load_yaml(text: str, *, source: str) -> Any:
     try:
         data = yaml.load(text, Loader=_StrictLoader)
     except RecursionError:
-        raise InputError(
-            f"{source}: nested too deeply (at most {MAX_DEPTH} levels)", fix="flatten the document"
-        ) from None
+        raise InputError(f"{source}: nested deeper than {MAX_DEPTH} levels", fix="flatten the document") from None
     except ValueError as exc:  # e.g. an integer of more than 4,300 digits
         raise InputError(f"{source}: not acceptable YAML: {str(exc)[:120]}", fix="fix the value") from None
     except yaml.YAMLError as exc:
@@ -240,9 +238,7 @@ def load_json(text: str, *, source: str) -> Any:
             object_pairs_hook=_unique_pairs,
         )
     except RecursionError:
-        raise InputError(
-            f"{source}: nested too deeply (at most {MAX_DEPTH} levels)", fix="flatten the document"
-        ) from None
+        raise InputError(f"{source}: nested deeper than {MAX_DEPTH} levels", fix="flatten the document") from None
     except json.JSONDecodeError as exc:
         raise InputError(
             f"{source}: line {exc.lineno}, column {exc.colno}: not valid JSON: {exc.msg}", fix="fix the JSON syntax"
