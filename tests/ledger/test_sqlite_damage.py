@@ -401,7 +401,8 @@ def test_a_folder_the_user_may_not_write_is_refused_before_sqlite_opens_it(
     folder = tmp_path / "state"
     path = folder / "state.sqlite3"
     SqliteLedger(path).set_capacity({"n/0": GIB})
-    monkeypatch.setattr("toposched.ledger.sqlite_checks._can", lambda p, mode: p != folder)  # as a non-root user sees it
+    # as a non-root user sees it
+    monkeypatch.setattr("toposched.ledger.sqlite_checks._can", lambda p, mode: p != folder)
     with pytest.raises(StateError) as caught:
         SqliteLedger(path).accounts()
     assert caught.value.message.startswith(f"the folder {folder} is not writable by user ")
