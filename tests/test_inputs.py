@@ -24,7 +24,7 @@ LAUGHS = "a: &a [1, 2, 3, 4, 5, 6, 7, 8, 9]\n" + "".join(
         ("a: " + "1" * 5000 + "\n", "4300 digits"),
         ("bandwidth_gbps: .inf\n", "not a finite number"),
         ("x: [.nan]\n", "not a finite number"),
-        ("[" * 5000 + "]" * 5000, "nesting depth"),
+        ("[" * 5000 + "]" * 5000, "nested deeper"),
         ("a: [" + "[" * (MAX_DEPTH + 2) + "]" * (MAX_DEPTH + 2) + "]\n", "nested deeper"),
         ('a: "\x00"\n', "NUL"),
         ("a: [1, 2\n", "not valid YAML"),

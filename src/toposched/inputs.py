@@ -19,7 +19,7 @@ from typing import Any
 
 import yaml
 
-from toposched.errors import InputError
+from toposched.errors import InputError, SpecError
 
 MAX_BYTES = 16 * 1024 * 1024
 """Largest input file read (16 MiB: a 4,096-node cluster spec or a long NCCL log fits)."""
@@ -121,9 +121,9 @@ def _walk(value: Any, source: str, *, max_nodes: int | None = None) -> None:
     """
     size: dict[int, int] = {}  # expanded size of each container seen, once it is left
     on_path: set[int] = set()
-    stack: list[tuple[Any, int, bool]] = [(value, 1, False)]
+    stack: list[tuple[Any, int, bool, str]] = [(value, 1, False, "")]
     while stack:
-        item, depth, leaving = stack.pop()
+        item, depth, leaving, path = stack.pop()
         if leaving:
             on_path.discard(id(item))
             children = item.values() if isinstance(item, dict) else item
@@ -135,20 +135,20 @@ def _walk(value: Any, source: str, *, max_nodes: int | None = None) -> None:
             size[id(item)] = total
             continue
         if isinstance(item, float) and not math.isfinite(item):
-            raise InputError(f"{source}: {item} is not a finite number", fix="give a finite value")
+            raise SpecError(source, path, f"{item} is not a finite number", fix="give a finite value")
         if not isinstance(item, (dict, list)):
             continue
         if id(item) in on_path:
-            raise InputError(f"{source}: an alias refers to a node that contains it (a cycle)", fix="remove the cycle")
+            raise SpecError(source, path, "an alias refers to a node that contains it (a cycle)", fix="remove it")
         if id(item) in size:
             continue  # shared (a YAML alias): counted by its size
         if depth > MAX_DEPTH:
             raise InputError(f"{source}: nested deeper than {MAX_DEPTH} levels", fix="flatten the document")
         size[id(item)] = 0  # placeholder while inside; replaced on leaving
         on_path.add(id(item))
-        stack.append((item, depth, True))
-        children = item.values() if isinstance(item, dict) else item
-        stack.extend((child, depth + 1, False) for child in children)
+        stack.append((item, depth, True, path))
+        pairs = item.items() if isinstance(item, dict) else enumerate(item)
+        stack.extend((child, depth + 1, False, f"{path}.{key}" if path else str(key)) for key, child in pairs)
 
 
 _Base: Any = getattr(yaml, "CSafeLoader", yaml.SafeLoader)  # libyaml's parser: 4-5x faster when present
@@ -188,11 +188,14 @@ def load_yaml(text: str, *, source: str) -> Any:
     except RecursionError:
         raise InputError(f"{source}: nested deeper than {MAX_DEPTH} levels", fix="flatten the document") from None
     except ValueError as exc:  # e.g. an integer of more than 4,300 digits
-        raise InputError(f"{source}: not acceptable YAML: {str(exc)[:120]}", fix="fix the value") from None
+        problem = str(exc).split(";")[0][:120]
+        raise InputError(f"{source}: a number is too long to read ({problem})", fix="fix the value") from None
     except yaml.YAMLError as exc:
         mark = getattr(exc, "problem_mark", None)
         where = f"line {mark.line + 1}, column {mark.column + 1}: " if mark is not None else ""
         problem = getattr(exc, "problem", None) or str(exc)
+        if "maximum nesting depth" in problem:  # libyaml's own limit (1,000), far above ours
+            raise InputError(f"{source}: nested deeper than {MAX_DEPTH} levels", fix="flatten the document") from None
         raise InputError(f"{source}: {where}not valid YAML: {problem}", fix="fix the YAML syntax") from None
     _walk(data, source, max_nodes=MAX_EXPANDED)
     return data

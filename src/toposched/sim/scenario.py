@@ -221,6 +221,8 @@ def load_scenario(ref: str) -> Scenario:
     text = read_text(path, what="scenario file", max_bytes=MAX_SCENARIO_BYTES)
     try:
         raw = load_yaml(text, source=source)
+    except SpecError:
+        raise
     except InputError as exc:
         raise SpecError(source, "", exc.message.removeprefix(f"{source}: "), fix=exc.fix) from None
     except ValueError as exc:  # PyYAML's int() of a 5,000-digit literal (Python's digit limit)

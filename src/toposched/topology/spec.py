@@ -127,6 +127,8 @@ def _non_finite(value: Any) -> str | None:
 
 def _as_spec_error(exc: InputError, source: str) -> SpecError:
     """A reader's error about the spec file as a ``SpecError`` (same message, same fix)."""
+    if isinstance(exc, SpecError):  # already names the key path
+        return exc
     return SpecError(source, "", exc.message.removeprefix(f"{source}: "), fix=exc.fix)
 
 
