@@ -2,11 +2,12 @@
 #   make run   - the main job on the embedded default (no GPU, no server): show an HGX H100 box's
 #                topology, plan two Llama-3.1-70B instances on it, print their vLLM launch plan
 #   make test  - ruff, mypy and the whole pytest suite (installs etcd-server first if it is missing)
+#   make fuzz  - the long fuzz run of every parser (docs/fuzz.md); the pytest suite runs a brief one
 VENV ?= .venv
 PY := $(VENV)/bin/python
 STAMP := $(VENV)/.installed
 
-.PHONY: run test lint typecheck pytest clean system-deps
+.PHONY: run test lint typecheck pytest clean system-deps fuzz
 
 $(STAMP): pyproject.toml
 	python3 -m venv $(VENV)
@@ -37,6 +38,15 @@ pytest: $(STAMP) system-deps
 	$(VENV)/bin/pytest
 
 test: system-deps lint typecheck pytest
+
+# Per target: FUZZ_EXAMPLES hypothesis examples or FUZZ_SECONDS seconds, whichever ends first;
+# FUZZ_TARGETS=smi,nccl picks targets; the smallest input of each finding goes to FUZZ_FINDINGS.
+FUZZ_EXAMPLES ?= 5000
+FUZZ_SECONDS ?= 120
+FUZZ_FINDINGS ?= /tmp/fuzz-findings
+fuzz: $(STAMP)
+	$(PY) -m tests.fuzz.runner --examples $(FUZZ_EXAMPLES) --seconds $(FUZZ_SECONDS) \
+		--findings $(FUZZ_FINDINGS) $(if $(FUZZ_TARGETS),--targets $(FUZZ_TARGETS))
 
 clean:
 	rm -rf $(VENV) build *.egg-info src/*.egg-info

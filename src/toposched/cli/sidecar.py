@@ -35,9 +35,14 @@ def register(app: typer.Typer) -> None:
 
 def _resolve(placement: str, plan: str | None) -> tuple[PlanDoc, Placement]:
     if plan is None:
-        if not Path(placement).is_file():
+        try:
+            is_file = Path(placement).is_file()
+        except (OSError, ValueError):  # a name too long for the file system, a NUL byte: not a file
+            is_file = False
+        if not is_file:
+            shown = placement if len(placement) <= 60 else placement[:57] + "..."
             raise InputError(
-                f"--placement {placement!r} is not a plan file", fix="pass a plan JSON, or an id with --plan FILE"
+                f"--placement {shown!r} is not a plan file", fix="pass a plan JSON, or an id with --plan FILE"
             )
         doc = load_plan(placement)
         if len(doc.placements) > 1:

@@ -116,6 +116,11 @@ def _user_name(uid: int) -> str:
         return f"uid {uid}"
 
 
+def _shown(path: Path) -> str:
+    text = str(path)
+    return text if len(text) <= 80 else text[:77] + "..."
+
+
 def access_problem(path: Path, *, can: Callable[[Path, int], bool] | None = None) -> tuple[str, str] | None:
     """(message, fix) when this user may not use the ledger file ``path`` as SQLite needs, else None.
 
@@ -125,6 +130,13 @@ def access_problem(path: Path, *, can: Callable[[Path, int], bool] | None = None
     can = can or _can
     user = _user_name(os.geteuid())
     folder = path.parent
+    try:
+        if path.is_dir():
+            return (f"{_shown(path)} is a folder, not a ledger file", "point --state at a file, e.g. DIR/state.sqlite3")
+        path.exists()
+    except (OSError, ValueError) as exc:  # a name too long for the file system, a NUL byte
+        reason = exc.strerror if isinstance(exc, OSError) and exc.strerror else str(exc)
+        return (f"the ledger path {_shown(path)} cannot be used: {reason}", "give a shorter, plain path")
     redirect = "or point --state (TOPOSCHED_STATE) at a writable place"
     if not can(folder, os.W_OK | os.X_OK):
         try:

@@ -21,7 +21,7 @@ class PlaceBody(PlacementRequest):
     existing placement; with another body, 409. ``model`` must be a catalog name (no file paths over HTTP).
     """
 
-    model_config = ConfigDict(frozen=True, extra="forbid")
+    model_config = ConfigDict(allow_inf_nan=False, frozen=True, extra="forbid")
 
     id: str = Field(default="", pattern=r"^$|" + ID_PATTERN, description="idempotency key; empty: generated")
     model: str = Field(
@@ -54,7 +54,7 @@ class PlaceBody(PlacementRequest):
 
 
 class RenewBody(BaseModel):
-    model_config = ConfigDict(frozen=True, extra="forbid")
+    model_config = ConfigDict(allow_inf_nan=False, frozen=True, extra="forbid")
 
     ttl_s: float = Field(gt=0, le=30 * 24 * 3600, description="new lease length from now")
 
@@ -88,7 +88,7 @@ class NotPlacedOut(BaseModel):
 
 
 class ReportAlert(BaseModel):
-    model_config = ConfigDict(extra="ignore")
+    model_config = ConfigDict(allow_inf_nan=False, extra="ignore")
 
     kind: Literal["TOPOLOGY_DRIFT", "PCIE_BUDGET_WARNING", "HBM_DRIFT"]
     gpu: str = Field(max_length=200)
@@ -101,7 +101,7 @@ class ReportAlert(BaseModel):
 class ReportBody(BaseModel):
     """What ``toposched sidecar --webhook`` posts (``Report.to_json()``)."""
 
-    model_config = ConfigDict(extra="ignore")
+    model_config = ConfigDict(allow_inf_nan=False, extra="ignore")
 
     placement: str = Field(min_length=1, max_length=200, description="instance id the sidecar watches")
     node: str = Field(default="", max_length=200)

@@ -56,33 +56,34 @@ Severity = Literal["warning", "info"]
 _ANSI = re.compile(r"\x1b\[[0-9;]*[A-Za-z]")
 # The lookbehind lets a host start only where a run of host characters starts: without it every
 # position inside a long run is tried and each try scans to the run's end (quadratic).
+# Numbers are bounded to 9 digits (20 for thread ids) so int() never meets Python's 4,300-digit limit.
 _HEADER = re.compile(
-    r"(?<![A-Za-z0-9_.\-])(?P<host>[A-Za-z0-9_.\-]+):(?P<pid>\d+):(?P<tid>\d+) \[(?P<dev>-?\d+)\] "
+    r"(?<![A-Za-z0-9_.\-])(?P<host>[A-Za-z0-9_.\-]+):(?P<pid>\d{1,10}):(?P<tid>\d{1,20}) \[(?P<dev>-?\d{1,6})\] "
     r"(?:(?P<src>[\w./\-]+:\d+) )?NCCL (?P<level>INFO|WARN|TRACE|ABORT)\b ?"
 )
 _BARE_VERSION = re.compile(r"^\s*(?:\[\d+,\d+\]<std(?:out|err)>:)?\s*NCCL version (?P<v>\d+\.\d+\.\d+)")
 _VERSION = re.compile(r"^NCCL version (?P<v>\d+\.\d+\.\d+)")
 _CONNECTION = re.compile(
-    r"^\s*(?P<kind>Channel|Ring|CollNet|NVLS|Tree) (?P<ch>\d+)(?:/(?P<sub>\d+))? : "
-    r"(?P<a>\d+)(?:\[(?P<abus>[0-9a-fA-Fx]+)\])?"
-    r"(?: -> (?P<b>\d+)(?:\[(?P<bbus>[0-9a-fA-Fx]+)\])?)?"
+    r"^\s*(?P<kind>Channel|Ring|CollNet|NVLS|Tree) (?P<ch>\d{1,9})(?:/(?P<sub>\d{1,9}))? : "
+    r"(?P<a>\d{1,9})(?:\[(?P<abus>[0-9a-fA-Fx]+)\])?"
+    r"(?: -> (?P<b>\d{1,9})(?:\[(?P<bbus>[0-9a-fA-Fx]+)\])?)?"
     r"(?: \[(?P<dir>send|receive)\])? via (?P<transport>.*)$"
 )
 _TRANSPORT = re.compile(
     r"(?:"
     r"P2P/(?P<p2p>direct pointer|indirect/\d+\[\w+\]|[A-Za-z]+)(?P<p2pread>/read)?(?:/CE)?"
     r"|SHM(?:/[A-Za-z]+/[A-Za-z]+)?"
-    r"|NET/(?P<net>[^/\s][^/]*?)/(?P<dev>\d+)(?:\(\d+\))?(?P<gdr>/GDRDMA)?(?:/Shared)?"
+    r"|NET/(?P<net>[^/\s][^/]*?)/(?P<dev>\d{1,9})(?:\(\d+\))?(?P<gdr>/GDRDMA)?(?:/Shared)?"
     r"|COLLNET/(?P<coll>[^/\s]+)/\d+(?:\(\d+\))?(?P<cgdr>/GDRDMA)?(?:/Shared)?"
     r"|NVLS"
     r")(?=\s|$)"
 )
-_RING = re.compile(r"^\s*(?:Channel|Ring) \d+(?:/\d+)? :(?P<ranks>(?: +\d+)+) *$")
-_NRANKS = re.compile(r"\bn[Rr]anks (\d+)\b")
-_NNODES = re.compile(r"\bnNodes (\d+)\b")
-_RANK = re.compile(r"\brank (\d+) n[Rr]anks (\d+)\b")
+_RING = re.compile(r"^\s*(?:Channel|Ring) \d+(?:/\d+)? :(?P<ranks>(?: +\d{1,9})+) *$")
+_NRANKS = re.compile(r"\bn[Rr]anks (\d{1,9})\b")
+_NNODES = re.compile(r"\bnNodes (\d{1,9})\b")
+_RANK = re.compile(r"\brank (\d{1,9}) n[Rr]anks (\d{1,9})\b")
 _COMM_ID = re.compile(r"\bcommId (0x[0-9a-fA-F]+)")
-_NVLS_CHANNELS = re.compile(r"\b(\d+) nvls channels\b")
+_NVLS_CHANNELS = re.compile(r"\b(\d{1,9}) nvls channels\b")
 _P2P_DISABLED = re.compile(r"NCCL_P2P_DISABLE set by environment to [1-9]")
 _MNNVL_ON = re.compile(r"\bMNNVL 1\b")
 _IB_NAME = re.compile(r"^IB(?:ext(?:_v\d+)?)?$")

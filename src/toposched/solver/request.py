@@ -43,7 +43,7 @@ SLO_CLASSES: dict[str, SloClassConfig] = {
 class PlacementRequest(BaseModel):
     """What to place. Every field has a default except the model."""
 
-    model_config = ConfigDict(frozen=True, extra="forbid")
+    model_config = ConfigDict(frozen=True, extra="forbid", allow_inf_nan=False)
 
     id: ObjectId = Field(default="req", description="idempotency key; instance ids derive from it")
     model: str = Field(min_length=1, description="catalog name, Hugging Face id or config.json path")

@@ -140,7 +140,7 @@ class Link(_Value):
     a: int
     b: int
     kind: LinkKind
-    nvlinks: int = Field(default=0, ge=0, description="NVLink lane count (NV#), 0 for PCIe kinds")
+    nvlinks: int = Field(default=0, ge=0, le=64, description="NVLink lane count (NV#, at most 18 today), 0 for PCIe")
     bandwidth_gbps: float = Field(gt=0, description="GB/s per direction")
     latency_us: float = Field(ge=0)
 
