@@ -10,53 +10,20 @@ from __future__ import annotations
 
 import argparse
 import shutil
-import socket
 import statistics
-import subprocess
 import tempfile
 import time
 import uuid
 from collections.abc import Callable, Sequence
 from functools import partial
+from pathlib import Path
 from typing import Any
 
-import httpx
+from ledger_bench import start_etcd  # benchmarks/ is on sys.path when run as a script
 
 from toposched.ledger.base import GIB
 from toposched.ledger.etcd import EtcdLedger
 from toposched.ledger.etcd_client import Json, op_bytes
-
-
-def free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return int(sock.getsockname()[1])
-
-
-def start_etcd(folder: str) -> tuple[subprocess.Popen[bytes], str]:
-    client, peer = free_port(), free_port()
-    url, peer_url = f"http://127.0.0.1:{client}", f"http://127.0.0.1:{peer}"
-    proc = subprocess.Popen(
-        [
-            shutil.which("etcd") or "/usr/bin/etcd",
-            "--name=b",
-            f"--data-dir={folder}/data",
-            f"--listen-client-urls={url}",
-            f"--advertise-client-urls={url}",
-            f"--listen-peer-urls={peer_url}",
-            f"--initial-advertise-peer-urls={peer_url}",
-            f"--initial-cluster=b={peer_url}",
-        ],
-        stdout=subprocess.DEVNULL,
-        stderr=subprocess.DEVNULL,
-    )
-    for _ in range(200):
-        try:
-            if httpx.post(f"{url}/v3/kv/range", json={"key": "eA=="}, timeout=1).status_code == 200:
-                return proc, url
-        except httpx.TransportError:
-            time.sleep(0.1)
-    raise SystemExit("etcd did not start")
 
 
 def measure(ledger: EtcdLedger, call: Callable[[], Any]) -> dict[str, float]:
@@ -88,7 +55,7 @@ def main() -> None:
     parser.add_argument("--runs", type=int, default=5)
     args = parser.parse_args()
     folder = tempfile.mkdtemp(prefix="etcd-scale-")
-    proc, url = (None, args.endpoint) if args.endpoint else start_etcd(folder)
+    proc, url = (None, args.endpoint) if args.endpoint else start_etcd(Path(folder) / "data")
     try:
         print(
             f"{'GPUs':>5} {'operation':<22} {'CPU ms':>7} {'wall ms':>8} {'txns':>5} {'cmp':>4} {'ops':>4} {'KiB':>6}"
