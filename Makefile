@@ -3,11 +3,12 @@
 #                topology, plan two Llama-3.1-70B instances on it, print their vLLM launch plan
 #   make test  - ruff, mypy and the whole pytest suite (installs etcd-server first if it is missing)
 #   make fuzz  - the long fuzz run of every parser (docs/fuzz.md); the pytest suite runs a brief one
+#   make check-engines - every launch through the real vLLM/SGLang parsers, shellcheck, kubernetes-validate
 VENV ?= .venv
 PY := $(VENV)/bin/python
 STAMP := $(VENV)/.installed
 
-.PHONY: run test lint typecheck pytest clean system-deps fuzz
+.PHONY: run test lint typecheck pytest clean system-deps fuzz check-engines
 
 $(STAMP): pyproject.toml
 	python3 -m venv $(VENV)
@@ -50,3 +51,8 @@ fuzz: $(STAMP)
 
 clean:
 	rm -rf $(VENV) build *.egg-info src/*.egg-info
+
+# Every launch through vLLM 0.33.0's / SGLang 0.5.23's own parsers and config validation, shellcheck and
+# kubernetes-validate (docs/engine-checks.md); builds its venv once in ~/.cache/toposched.
+check-engines: $(STAMP)
+	$(PY) -m checks.engines.run
