@@ -50,32 +50,30 @@ def _shown(value: object) -> str:
     return text if len(text) <= 60 else text[:57] + "..."
 
 
+def _problem(value: object, what: str, limit: int, pattern: re.Pattern[str], rule: str) -> str | None:
+    """The one shape of every name check: a string, at most ``limit`` characters, matching ``pattern``."""
+    if not isinstance(value, str):
+        return f"{what} must be a string, got {type(value).__name__}"
+    if len(value) > limit:
+        return f"{what} is {len(value)} characters long (at most {limit})"
+    if not pattern.fullmatch(value):
+        return f"{what} {_shown(value)} {rule}"
+    return None
+
+
 def node_name_problem(value: object) -> str | None:
     """Why ``value`` is not a valid node name, or None when it is."""
-    if not isinstance(value, str):
-        return f"node name must be a string, got {type(value).__name__}"
-    if len(value) > MAX_NODE_NAME:
-        return f"node name is {len(value)} characters long (at most {MAX_NODE_NAME})"
-    if not _NODE_RE.fullmatch(value):
-        return (
-            f"node name {_shown(value)} is not a hostname: use letters, digits, '-' and '.' "
-            "(RFC 1123 / Kubernetes DNS-1123 subdomain, labels of 1-63 characters)"
-        )
-    return None
+    rule = (
+        "is not a hostname: use letters, digits, '-' and '.' "
+        "(RFC 1123 / Kubernetes DNS-1123 subdomain, labels of 1-63 characters)"
+    )
+    return _problem(value, "node name", MAX_NODE_NAME, _NODE_RE, rule)
 
 
 def id_problem(value: object, what: str = "id") -> str | None:
     """Why ``value`` is not a valid id, or None when it is."""
-    if not isinstance(value, str):
-        return f"{what} must be a string, got {type(value).__name__}"
-    if len(value) > MAX_ID:
-        return f"{what} is {len(value)} characters long (at most {MAX_ID})"
-    if not _ID_RE.fullmatch(value):
-        return (
-            f"{what} {_shown(value)} is not valid: start with a letter or digit, then use "
-            "letters, digits, '.', '_' and '-' only"
-        )
-    return None
+    rule = "is not valid: start with a letter or digit, then use letters, digits, '.', '_' and '-' only"
+    return _problem(value, what, MAX_ID, _ID_RE, rule)
 
 
 def placement_id_problem(value: object) -> str | None:
@@ -89,13 +87,7 @@ def placement_id_problem(value: object) -> str | None:
 
 def label_problem(value: object, what: str = "label") -> str | None:
     """Why ``value`` is not a valid label (rack, zone, label key/value), or None when it is."""
-    if not isinstance(value, str):
-        return f"{what} must be a string, got {type(value).__name__}"
-    if len(value) > MAX_LABEL:
-        return f"{what} is {len(value)} characters long (at most {MAX_LABEL})"
-    if not _LABEL_RE.fullmatch(value):
-        return f"{what} {_shown(value)} is not valid: use letters, digits, '.', '_', '-' and '/' only"
-    return None
+    return _problem(value, what, MAX_LABEL, _LABEL_RE, "is not valid: use letters, digits, '.', '_', '-' and '/' only")
 
 
 def label_value_problem(value: object, what: str = "label value") -> str | None:
