@@ -224,6 +224,31 @@ def tp_link(index: ClusterIndex, refs: Sequence[str], gpu: GpuSpec) -> tuple[str
     return (gpu.native_link if len(refs) == 1 else _pcie_link(gpu)), len(refs) == 1
 
 
+def stage_links(index: ClusterIndex, stages: Sequence[Sequence[str]], gpu: GpuSpec) -> tuple[str, bool, str | None]:
+    """(perf link key of the slowest TP group, whether every TP group sits in one NVLink domain,
+    perf link key between pipeline stages or None when they share the TP link).
+
+    ``assess`` predicts a placement's latency over these links, and the simulator's step cost
+    (``solver/stepcost.py``) uses the same ones, so both see the links a placement really uses.
+    """
+    links = [tp_link(index, stage, gpu) for stage in stages]
+    link, in_domain = max(
+        links, key=lambda x: (not x[1], x[0].startswith(("tcp", "roce", "ib")), x[0].startswith("pcie"))
+    )
+    all_refs = [r for stage in stages for r in stage]
+    stage_nodes = [{index.info[r].node for r in stage} for stage in stages]
+    pp_link = None
+    if len(stages) > 1:
+        crosses_nodes = any(a != b for a, b in itertools.pairwise(stage_nodes))
+        if crosses_nodes:
+            pp_link = fabric_link(index.cluster.fabric)
+        elif index.domain_of(all_refs) is not None:
+            pp_link = link if in_domain else None
+        else:
+            pp_link = _pcie_link(gpu)
+    return link, in_domain, pp_link
+
+
 @dataclass(frozen=True)
 class Assessment:
     placement: Placement
@@ -249,20 +274,7 @@ def assess(
     fields (the scheduler caches it), so ``options.request.id`` may be another request's id.
     """
     request, gpu = options.request, options.gpu
-    links = [tp_link(index, stage, gpu) for stage in stages]
-    worst = max(links, key=lambda x: (not x[1], x[0].startswith(("tcp", "roce", "ib")), x[0].startswith("pcie")))
-    link, in_domain = worst
-    all_refs = [r for stage in stages for r in stage]
-    stage_nodes = [{index.info[r].node for r in stage} for stage in stages]
-    pp_link = None
-    if len(stages) > 1:
-        crosses_nodes = any(a != b for a, b in itertools.pairwise(stage_nodes))
-        if crosses_nodes:
-            pp_link = fabric_link(index.cluster.fabric)
-        elif index.domain_of(all_refs) is not None:
-            pp_link = link if in_domain else None
-        else:
-            pp_link = _pcie_link(gpu)
+    link, in_domain, pp_link = stage_links(index, stages, gpu)
     estimate = options.latency(option, link, pp_link)
     spec = option.spec
     steps_per_s = 1000.0 / estimate.tpot_ms
