@@ -3,7 +3,8 @@
 * ``find_stages`` picks ``pp`` TP groups of ``tp`` GPUs that each sit inside one group of the
   affinity level, in a layout the engines can launch (``solver/layout.py``): best fit (the group
   with the fewest free GPUs that still has room, so large free blocks stay whole), all stages on
-  one node when one has room, else whole stages spread evenly over nodes.
+  one node when one has room, else whole stages spread evenly over nodes. ``find_stages_across``
+  lets TP groups span NVLink domains (the scheduler's bounded cross-domain fallback).
 * ``pick_in_group`` (``solver/locality.py``) chooses the GPUs inside a group with the scoring that
   ``allocate`` uses; in a group spanning nodes, equal shares of the fewest nodes.
 * ``assess`` predicts latency over the links the GPUs actually use, estimates cross-domain traffic,
@@ -19,7 +20,7 @@ from dataclasses import dataclass
 from toposched.perf.hardware import GpuSpec
 from toposched.solver.experts import place_experts
 from toposched.solver.index import ClusterIndex, Group, LevelIndex
-from toposched.solver.layout import layout_problem
+from toposched.solver.layout import layout_problem, per_node_choices
 from toposched.solver.locality import pick_in_group
 from toposched.solver.options import DegreeOption, OptionSet
 from toposched.solver.request import (
@@ -165,6 +166,57 @@ def find_stages(
     return stages, groups
 
 
+def find_stages_across(
+    index: ClusterIndex, tp: int, pp: int, accept: GroupFilter, allowed: Callable[[str], bool]
+) -> list[list[str]] | None:
+    """``pp`` TP groups of ``tp`` GPUs that may span NVLink domains (the cross-domain fallback), in a
+    layout the engines can launch; None if the free GPUs cannot hold them.
+
+    The fewest domains first, which on machines with one NVLink domain per node means the fewest
+    nodes:
+
+    1. every TP group inside one node (``find_stages`` at level ``node``): on a node with several
+       domains (NVLink pairs or quads, PCIe boxes) the group crosses them over PCIe, not the network;
+    2. each TP group in equal shares of the fewest nodes (``layout.py``: a node holds an equal share
+       of one TP group), the largest share first; no node shared by two stages. The nodes are taken
+       by best fit (the fewest free GPUs that still hold the share, partly used before wholly free),
+       not largest first: at equal span that leaves the large free blocks whole for the in-domain
+       placements that need them.
+
+    ``accept`` is asked about single nodes only (a group of level ``none`` is the whole cluster,
+    which a selector or rack filter would refuse as a whole).
+    """
+    found = find_stages(index, tp, pp, "node", accept, allowed)
+    if found is not None:
+        return found[0]
+    node_index = index.levels["node"]
+    for share in per_node_choices(tp, 1, [node_index.max_size]):
+        if share == tp:
+            continue  # one node holding the whole group: step 1
+        needed = pp * (tp // share)
+        picks: list[list[str]] = []
+        for g in node_index.best_fit(share):
+            group = node_index.groups[g]
+            if not accept(group):
+                continue
+            room = [r for r in group.gpus if r in index.free and allowed(r)]
+            picked = pick_in_group(index, room, share) if len(room) >= share else None
+            if picked is None:
+                continue
+            picks.append(list(picked))
+            if len(picks) == needed:
+                break
+        if len(picks) < needed:
+            continue
+        # ranks in cluster order: each stage's nodes together, each node's GPUs one block
+        picks.sort(key=lambda refs: index.info[refs[0]].order)
+        per_stage = tp // share
+        stages = [[r for refs in picks[s * per_stage : (s + 1) * per_stage] for r in refs] for s in range(pp)]
+        if _layout_problem(index, stages, tp) is None:
+            return stages
+    return None
+
+
 def fragmentation(index: ClusterIndex, stages: Sequence[Sequence[str]]) -> tuple[int, int]:
     """(whole NVLink groups the stages would break, free GPUs in the NVLink groups they use)."""
     level = index.levels["nvlink"]
@@ -213,7 +265,7 @@ def tp_link(index: ClusterIndex, refs: Sequence[str], gpu: GpuSpec) -> tuple[str
     nodes = {index.info[r].node for r in refs}
     domain_id = index.domain_of(refs) if len(refs) > 1 else index.dmap.gpu_domain.get(refs[0])
     if len(refs) > 1 and domain_id is not None:
-        domain = next(d for d in index.dmap.domains if d.id == domain_id)
+        domain = index.domains[domain_id]
         if domain.kind == "mnnvl":
             return "mnnvl", True
         if domain.kind == "bridge" or not gpu.native_link.startswith(("nvlink", "mnnvl")):

@@ -29,14 +29,18 @@ class SloClassConfig(BaseModel):
     """Cross-domain all-reduce may be compressed (FP8: half the bytes of BF16) at a latency cost."""
     allow_overlap: bool
     """Communication may be overlapped with compute (a fraction of it hidden)."""
+    cross_domain_after_s: float | None = Field(default=None, ge=0, le=86_400)
+    """Seconds an instance waits for room in one NVLink domain before the caller (simulator, admission
+    queue) retries it with ``allow_cross_domain``; None: never placed across domains by the fallback."""
 
 
 SLO_CLASSES: dict[str, SloClassConfig] = {
     # Strict classes keep full precision on the wire (seed 000 section 4: compression is for batch work).
-    "realtime": SloClassConfig(weight=8, allow_compression=False, allow_overlap=False),
-    "interactive": SloClassConfig(weight=4, allow_compression=False, allow_overlap=True),
-    "standard": SloClassConfig(weight=2, allow_compression=True, allow_overlap=True),
-    "batch": SloClassConfig(weight=1, allow_compression=True, allow_overlap=True),
+    # Looser classes accept the cross-domain fallback sooner; strict ones wait longer for a whole domain.
+    "realtime": SloClassConfig(weight=8, allow_compression=False, allow_overlap=False, cross_domain_after_s=60),
+    "interactive": SloClassConfig(weight=4, allow_compression=False, allow_overlap=True, cross_domain_after_s=30),
+    "standard": SloClassConfig(weight=2, allow_compression=True, allow_overlap=True, cross_domain_after_s=15),
+    "batch": SloClassConfig(weight=1, allow_compression=True, allow_overlap=True, cross_domain_after_s=5),
 }
 
 
@@ -74,6 +78,11 @@ class PlacementRequest(BaseModel):
     near: str | None = Field(default=None, description="placement id to be close to (role affinity)")
     near_level: Literal["node", "rack", "zone"] = "rack"
     near_required: bool = False
+    allow_cross_domain: bool = Field(
+        default=False,
+        description="when no option fits the affinity level, the slo and latency policies may place TP groups "
+        "across NVLink domains within the class's budget share and the SLO (the cross-domain fallback)",
+    )
 
     @model_validator(mode="after")
     def _check(self) -> PlacementRequest:

@@ -15,10 +15,16 @@ Policies (registry ``POLICIES``):
 
 ``index-order`` and ``random`` ignore topology on purpose (they are the baselines the simulator
 compares against); the placement reports the affinity constraint as broken when it is.
+
+With ``PlacementRequest.allow_cross_domain`` the ``slo`` and ``latency`` policies fall back to TP
+groups across NVLink domains when no option meets the request at its affinity level, within the
+class's budget share and the SLO (``_cross_domain``). The caller owns the wait before it sets the
+flag (``SloClassConfig.cross_domain_after_s``); ``exact`` and the blind policies ignore the flag.
 """
 
 from __future__ import annotations
 
+import dataclasses
 import random
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
@@ -32,7 +38,7 @@ from toposched.perf.hardware import GpuSpec
 from toposched.registry import Registry
 from toposched.solver.index import LEVELS, ClusterIndex, Group
 from toposched.solver.options import DegreeOption, OptionSet, build_options, gpu_type_for
-from toposched.solver.place import Assessment, assess, find_stages, fit_cost, fragmentation
+from toposched.solver.place import Assessment, assess, find_stages, find_stages_across, fit_cost, fragmentation
 from toposched.solver.request import SLO_CLASSES, Placement, PlacementRequest, Unplaced, instance_ids
 from toposched.topology.model import Cluster
 
@@ -99,7 +105,11 @@ class Scheduler:
         return max(0.0, min(share - self.cross_used.get(slo_class, 0.0), self.budget_gbps - used_total))
 
     def candidates(self, request: PlacementRequest) -> tuple[list[Candidate], list[str]]:
-        fields = request.model_dump(exclude={"id", "replicas", "priority", "near", "near_required", "spread_replicas"})
+        # fields that do not change the degree options stay out of the key (allow_cross_domain only
+        # changes where an option's GPUs may be, not which options there are)
+        fields = request.model_dump(
+            exclude={"id", "replicas", "priority", "near", "near_required", "spread_replicas", "allow_cross_domain"}
+        )
         key = tuple((k, repr(v)) for k, v in fields.items())
         if key not in self._options:
             dropped: list[str] = []
@@ -452,6 +462,13 @@ def _search(
         reasons.append(f"tp={option.tp} pp={option.pp}: {result.placement.constraints[3].detail}")
     if winner is not None:
         return winner[0]
+    if request.allow_cross_domain:
+        # Nothing meets the request at its affinity level (slo: nothing placeable meets the SLO;
+        # latency: nothing placeable). A cross-domain placement that meets the SLO is preferred to
+        # an in-domain SLO miss, as the objective ranks SLO misses above everything but unplaced.
+        fallback = _cross_domain(s, request, pid, replica_nodes, order(cands), policy, budget_left, reasons)
+        if fallback is not None:
+            return fallback
     if best_violating is not None:
         return best_violating
     if not cands:
@@ -459,6 +476,89 @@ def _search(
     else:
         reasons.extend(s.why_not(cands[0].option.tp))
     return Unplaced(request_id=request.id, replica=0, status="queued" if cands else "rejected", reasons=tuple(reasons))
+
+
+def _cross_domain(
+    s: Scheduler,
+    request: PlacementRequest,
+    pid: str,
+    replica_nodes: set[str],
+    cands: list[Candidate],
+    policy: str,
+    budget_left: float,
+    reasons: list[str],
+) -> Assessment | None:
+    """The bounded cross-domain fallback: the options again, with TP groups allowed across domains.
+
+    GPUs from ``find_stages_across`` (the fewest domains). A choice is kept only when its
+    cross-domain traffic, after the compression the class allows, fits the class's budget left and
+    its predicted TPOT/TTFT, with the compression and overlap the class allows, meet the request's
+    SLO: the fallback never returns an SLO miss. Options are tried in the policy's order; among the
+    same degrees on several GPU types, the fewest domains spanned, then the least traffic. Each
+    refusal is added to ``reasons`` (they reach ``Unplaced.reasons`` when nothing is placed).
+    """
+    best: tuple[Assessment, tuple[int, float], tuple[Any, ...]] | None = None
+    for cand in cands:
+        option = cand.option
+        degrees = (option.tp, option.pp, option.fallbacks)
+        if best is not None and best[2] != degrees:
+            break
+        level = s.index.resolve_level(request.affinity, option.tp)
+        if option.tp == 1 or level == "none":
+            continue  # nothing to relax: one GPU is in one domain; level none was searched already
+        where = f"cross-domain fallback, tp={option.tp} pp={option.pp} on {cand.options.gpu.name}"
+        accept = s.group_filter(request, cand.nodes, replica_nodes)
+        stages = find_stages_across(s.index, option.tp, option.pp, accept, lambda _r: True)
+        if stages is None:
+            reasons.append(
+                f"{where}: no free GPUs for it ({len(s.index.free)} free in the cluster; needs {option.gpus} "
+                "on nodes the request may use, in equal shares per node)"
+            )
+            continue
+        result = assess(
+            s.index, cand.options, option, stages, placement_id=pid, request_id=request.id, policy=policy,
+            required_level=level, budget_left_gbps=budget_left,
+        )  # fmt: skip
+        checks = {c.name: c for c in result.placement.constraints}
+        if checks["domain-affinity"].held:
+            continue  # these GPUs sit in one group of the level after all: the main pass judged them
+        if not checks["capacity"].held:
+            reasons.append(f"{where}: {checks['capacity'].detail}: not enough KV left")
+            continue
+        if result.cross_gbps > budget_left + 1e-9:
+            compressed = " after fp8 compression" if result.placement.compression else ""
+            reasons.append(
+                f"{where}: {result.cross_gbps:.2f} GB/s cross-domain traffic{compressed} is over the "
+                f"{budget_left:.2f} GB/s left for class {request.slo_class} (by {result.cross_gbps - budget_left:.2f})"
+            )
+            continue
+        if not result.meets_slo:
+            applied = [f"{result.placement.compression} compression"] if result.placement.compression else []
+            applied += [f"{result.placement.overlap:.0%} overlap"] if result.placement.overlap else []
+            reasons.append(
+                f"{where}: predicted {checks['slo'].detail} misses the SLO "
+                f"(with {' and '.join(applied) or f'no compression or overlap: class {request.slo_class}'})"
+            )
+            continue
+        refs = result.placement.gpu_refs
+        spanned = len({s.index.dmap.gpu_domain.get(r) or r for r in refs})
+        key = (spanned, result.cross_gbps)
+        if best is None or key < best[1]:
+            best = (result, key, degrees)
+    if best is None:
+        return None
+    # Recorded on the placement: the fallback's name, and the affinity check broken on purpose.
+    placement = best[0].placement
+    relaxed = tuple(
+        c.model_copy(update={"detail": f"{c.detail}; relaxed by the cross-domain fallback"})
+        if c.name == "domain-affinity"
+        else c
+        for c in placement.constraints
+    )
+    placement = placement.model_copy(
+        update={"constraints": relaxed, "fallbacks": (*placement.fallbacks, "cross-domain")}
+    )
+    return dataclasses.replace(best[0], placement=placement)
 
 
 def _slo(s: Scheduler, request: PlacementRequest, pid: str, replica_nodes: set[str]) -> Assessment | Unplaced:
