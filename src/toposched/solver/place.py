@@ -18,6 +18,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
 from toposched.perf.hardware import GpuSpec
+from toposched.perf.step import COMPRESSION_RATIO, COMPRESSION_US_PER_ALLREDUCE
 from toposched.solver.experts import place_experts
 from toposched.solver.index import ClusterIndex, Group, LevelIndex
 from toposched.solver.layout import layout_problem, per_node_choices
@@ -44,8 +45,6 @@ GroupFilter = Callable[[Group], bool]
 # the 3 us small-kernel cost of perf-anchors section 0, plus a reduction in FP32). Overlap: 30 % of
 # cross-domain communication hidden behind compute (an assumption; engines that overlap report
 # partial hiding, and the sidecar is to measure it).
-COMPRESSION_RATIO = 0.5
-COMPRESSION_US_PER_ALLREDUCE = 10.0
 OVERLAP_FRACTION = 0.3
 BF16_BYTES = 2
 
@@ -344,17 +343,22 @@ def assess(
     compression = None
     overlap = 0.0
     tpot, ttft = estimate.tpot_ms, estimate.ttft_ms
-    comm = estimate.decode.comm_ms
+    comm, prefill_comm = estimate.decode.comm_ms, estimate.prefill.comm_ms
     if cross > 0 and not in_domain:
+        # compression and overlap apply to every pass's all-reduces: decode steps and the prefill
+        # (perf/step.py StepCost charges them the same way, step by step)
         if slo_class.allow_compression:
             compression = "fp8"
-            allreduces = 2 * spec.num_layers
-            tpot += -comm * (1 - COMPRESSION_RATIO) + allreduces * COMPRESSION_US_PER_ALLREDUCE / 1000
+            extra = 2 * spec.num_layers * COMPRESSION_US_PER_ALLREDUCE / 1000
+            tpot += -comm * (1 - COMPRESSION_RATIO) + extra
+            ttft += -prefill_comm * (1 - COMPRESSION_RATIO) + extra
             cross *= COMPRESSION_RATIO
             comm *= COMPRESSION_RATIO
+            prefill_comm *= COMPRESSION_RATIO
         if slo_class.allow_overlap:
             overlap = OVERLAP_FRACTION
             tpot -= comm * OVERLAP_FRACTION
+            ttft -= prefill_comm * OVERLAP_FRACTION
     meets = (request.slo_tpot_ms is None or tpot <= request.slo_tpot_ms) and (
         request.slo_ttft_ms is None or ttft <= request.slo_ttft_ms
     )
