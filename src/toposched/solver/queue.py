@@ -17,13 +17,27 @@ class that keeps pushing (its increment is its ``charged / weight``), so nothing
 Tags inside a class increase with push order, so the smallest finish is always at the head of one
 class's line: ``pop`` looks at four heads, no heap. ``remove`` (a timeout, a cancellation) re-tags
 the later items of that class as if the removed one had never been pushed.
+
+Nothing is re-tagged eagerly. Inside a class, item *k* finishes at
+``max(pushed_at_vtime[k], finish[k-1]) + increment[k]``: the max-plus map
+``x -> max(x + increment, pushed_at_vtime + increment)`` applied to the finish before it, and such
+maps compose to the same form ``x -> max(x + a, b)``. Each class keeps its line in push order with
+a segment tree of these maps (a removed item becomes the identity), so one item's tags or the
+class's last finish cost O(log n) and a removal is one leaf update. Served items stay in the chain
+(serving the head re-tags nothing); the tags of the head follow from the last served finish alone.
+Tags are materialised when an item is read (``peek``, ``pop``, ``remove``, ``expire``, iteration);
+``expire`` finds stale items through a heap on ``enqueued_at``; dead slots are compacted away when
+they outnumber the live ones, so memory follows the live items. The tags equal those of re-tagging
+item by item, up to floating-point rounding (the tree associates sums differently); when every
+value is dyadic (the default weights, whole GPU counts, occupancies such as 1/8) they are identical.
 """
 
 from __future__ import annotations
 
 import dataclasses
+import heapq
 import itertools
-from collections import deque
+import math
 from collections.abc import Iterator
 from typing import get_args
 
@@ -83,15 +97,244 @@ class QueuedItem:
     finish: float
 
 
+_NO_FINISH = -math.inf
+"""``b`` of the identity map ``x -> max(x + 0, -inf)``: a removed item."""
+_MIN_TREE = 16
+"""Smallest segment-tree capacity (leaves) of a line."""
+_COMPACT_AT = 64
+"""A line (and the expiry heap) is compacted once it holds this many dead slots and more dead than live."""
+
+
+def _retagged(item: QueuedItem, start: float, finish: float) -> QueuedItem:
+    """``item`` with these tags: the object itself when they are the ones it carries."""
+    if item.start == start and item.finish == finish:
+        return item
+    return dataclasses.replace(item, start=start, finish=finish)
+
+
+class _Line:
+    """One class's items in push order and a segment tree of their max-plus maps.
+
+    Slot ``s`` holds the item with the tags it was pushed or last read with (only its other fields
+    are used; tags are recomputed on each read), or ``None`` once it was served or removed;
+    every slot before ``head`` is ``None``. ``base`` is the finish of the chain before ``head``: the
+    finish of the last item served (0 before any). Leaf ``cap + s`` of the tree holds the map of slot
+    ``s`` as ``(a, b)`` in two float lists; node ``i`` composes its children ``2i`` then ``2i + 1``.
+    Leaves from ``built`` on were set without updating their ancestors (pushes are O(1); the tree
+    catches up before its next query). Slots before ``head`` are never queried, so serving an item
+    or removing the head touches no node.
+    """
+
+    __slots__ = (
+        "base",
+        "built",
+        "cap",
+        "head",
+        "incs",
+        "items",
+        "last_finish",
+        "last_stale",
+        "live",
+        "slot_of",
+        "ta",
+        "tb",
+    )
+
+    def __init__(self) -> None:
+        self.items: list[QueuedItem | None] = []
+        self.incs: list[float] = []
+        self.slot_of: dict[str, int] = {}
+        self.head = 0
+        self.live = 0
+        self.base = 0.0
+        self.last_finish = 0.0
+        """Finish of the whole chain (the next push starts no earlier), valid unless ``last_stale``."""
+        self.last_stale = False
+        self.cap = 0
+        self.ta: list[float] = []
+        self.tb: list[float] = []
+        self.built = 0
+
+    # ---------------------------------------------------------------- the chain
+    def append(self, item: QueuedItem, inc: float) -> None:
+        slot = len(self.items)
+        self.items.append(item)
+        self.incs.append(inc)
+        self.slot_of[item.item_id] = slot
+        self.live += 1
+        self.last_finish = item.finish
+        self.last_stale = False
+        if slot >= self.cap:
+            self._rebuild(max(_MIN_TREE, 2 * self.cap))
+        else:
+            self.ta[self.cap + slot] = inc
+            self.tb[self.cap + slot] = item.pushed_at_vtime + inc
+
+    def chain_finish(self) -> float:
+        """Finish of the last item of the chain: where the next push of this class may start."""
+        if self.last_stale:
+            self.last_finish = self.finish_before(len(self.items))
+            self.last_stale = False
+        return self.last_finish
+
+    def tags(self, slot: int, before: float | None = None) -> QueuedItem:
+        """The live item at ``slot`` with its current tags (``before``: the chain's finish before it)."""
+        item = self.items[slot]
+        assert item is not None
+        if before is None:
+            before = self.finish_before(slot)
+        pushed = item.pushed_at_vtime
+        start = pushed if pushed > before else before
+        item = self.items[slot] = _retagged(item, start, start + self.incs[slot])
+        return item
+
+    def finish_before(self, slot: int) -> float:
+        """Finish of the chain before ``slot`` (>= head): ``base`` through the maps of [head, slot)."""
+        x = self.base
+        if slot <= self.head:
+            return x
+        self._catch_up()
+        ta, tb = self.ta, self.tb
+        lo, hi = self.head + self.cap, slot + self.cap
+        right: list[int] = []
+        while lo < hi:
+            if lo & 1:
+                x += ta[lo]
+                if tb[lo] > x:
+                    x = tb[lo]
+                lo += 1
+            if hi & 1:
+                hi -= 1
+                right.append(hi)
+            lo >>= 1
+            hi >>= 1
+        for node in reversed(right):
+            x += ta[node]
+            if tb[node] > x:
+                x = tb[node]
+        return x
+
+    def _catch_up(self) -> None:
+        """Update the ancestors of the leaves set since the last query (amortised O(1) a push)."""
+        if self.built >= len(self.items):
+            return
+        ta, tb = self.ta, self.tb
+        lo, hi = (self.cap + self.built) >> 1, (self.cap + len(self.items) - 1) >> 1
+        while True:
+            for node in range(lo, hi + 1):
+                left = 2 * node
+                a = ta[left + 1]
+                b = tb[left] + a
+                ta[node] = ta[left] + a
+                tb[node] = b if b > tb[left + 1] else tb[left + 1]
+            if lo == 1:
+                break
+            lo >>= 1
+            hi >>= 1
+        self.built = len(self.items)
+
+    def _rebuild(self, cap: int) -> None:
+        """A fresh tree of ``cap`` leaves for the current slots; nodes are filled on the next query."""
+        self.cap = cap
+        self.ta = [0.0] * (2 * cap)
+        self.tb = [_NO_FINISH] * (2 * cap)
+        for slot in range(self.head, len(self.items)):
+            item = self.items[slot]
+            if item is not None:
+                self.ta[cap + slot] = self.incs[slot]
+                self.tb[cap + slot] = item.pushed_at_vtime + self.incs[slot]
+        self.built = self.head
+
+    # ---------------------------------------------------------------- taking items out
+    def kill(self, slot: int) -> None:
+        """Take the live item at ``slot`` out of the chain, as if it had never been pushed.
+
+        Slots keep their numbers until ``compact_if_sparse``, which the caller runs when done."""
+        item = self.items[slot]
+        assert item is not None
+        del self.slot_of[item.item_id]
+        self.items[slot] = None
+        self.live -= 1
+        self.last_stale = True
+        if slot == self.head:
+            self._advance()
+            return
+        self._catch_up()
+        ta, tb = self.ta, self.tb
+        node = self.cap + slot
+        ta[node], tb[node] = 0.0, _NO_FINISH
+        node >>= 1
+        while node:
+            left = 2 * node
+            a = ta[left + 1]
+            b = tb[left] + a
+            ta[node] = ta[left] + a
+            tb[node] = b if b > tb[left + 1] else tb[left + 1]
+            node >>= 1
+
+    def serve_head(self, finish: float) -> None:
+        """The head was served with this finish tag: it stays in the chain, before the new head.
+        Unlike ``kill``, this may compact (renumber) the slots."""
+        items, head = self.items, self.head
+        item = items[head]
+        assert item is not None
+        del self.slot_of[item.item_id]
+        items[head] = None
+        self.live -= 1
+        self.base = finish
+        head += 1
+        while head < len(items) and items[head] is None:
+            head += 1
+        self.head = head
+        if len(items) - self.live >= _COMPACT_AT:
+            self.compact_if_sparse()
+
+    def drop(self, slots: list[int]) -> None:
+        """``kill`` for many slots at once, in O(line): the tree is rebuilt instead of updated."""
+        for slot in slots:
+            item = self.items[slot]
+            assert item is not None
+            del self.slot_of[item.item_id]
+            self.items[slot] = None
+        self.live -= len(slots)
+        self.last_stale = True
+        self._advance()
+        self.compact_if_sparse(force=True)
+
+    def _advance(self) -> None:
+        items = self.items
+        while self.head < len(items) and items[self.head] is None:
+            self.head += 1
+
+    def compact_if_sparse(self, force: bool = False) -> None:
+        """Drop dead slots once they outnumber the live ones: memory stays O(live items)."""
+        dead = len(self.items) - self.live
+        if not force and (dead < _COMPACT_AT or dead <= self.live):
+            return
+        keep = [s for s in range(self.head, len(self.items)) if self.items[s] is not None]
+        self.items = [self.items[s] for s in keep]
+        self.incs = [self.incs[s] for s in keep]
+        self.slot_of = {}
+        for slot, item in enumerate(self.items):
+            assert item is not None
+            self.slot_of[item.item_id] = slot
+        self.head = 0
+        cap = _MIN_TREE
+        while cap < len(self.items):
+            cap *= 2
+        self._rebuild(cap)
+
+
 class FairQueue:
     """Self-clocked weighted fair queue over SLO classes, with the seed's occupancy charge."""
 
     def __init__(self, config: FairQueueConfig | None = None) -> None:
         self.config = config or FairQueueConfig()
         self.virtual_now = 0.0
-        self._lines: dict[SloClass, deque[QueuedItem]] = {c: deque() for c in SLO_ORDER}
-        self._last_finish: dict[SloClass, float] = dict.fromkeys(SLO_ORDER, 0.0)
+        self._lines: dict[SloClass, _Line] = {c: _Line() for c in SLO_ORDER}
         self._class_of: dict[str, SloClass] = {}
+        self._deadlines: list[tuple[float, int, str]] = []
+        """Min-heap of (enqueued_at, seq, item_id); entries of items gone are skipped (seq differs)."""
         self._seq = 0
 
     def __len__(self) -> int:
@@ -102,7 +345,15 @@ class FairQueue:
 
     def __iter__(self) -> Iterator[QueuedItem]:
         """Waiting items in the order ``pop`` would serve them if nothing else were pushed."""
-        return iter(sorted((i for line in self._lines.values() for i in line), key=lambda i: (i.finish, i.seq)))
+        out: list[QueuedItem] = []
+        for line in self._lines.values():
+            before = line.base
+            for slot in range(line.head, len(line.items)):
+                if line.items[slot] is not None:
+                    item = line.tags(slot, before)
+                    out.append(item)
+                    before = item.finish
+        return iter(sorted(out, key=lambda i: (i.finish, i.seq)))
 
     def charged_cost(self, cost_gpus: float, occupancy: float) -> float:
         """Cost counted for fairness: the GPUs times (1 + charge x occupancy)."""
@@ -126,11 +377,16 @@ class FairQueue:
             raise InputError(f"item_id {item_id!r} is already queued")
         if slo_class not in self._lines:
             raise InputError(f"slo_class {slo_class!r} is not one of {', '.join(SLO_ORDER)}")
-        if not cost_gpus > 0:
-            raise InputError(f"cost_gpus must be > 0 (got {cost_gpus!r})")
+        if not 0 < cost_gpus < math.inf:
+            raise InputError(f"cost_gpus must be > 0 and finite (got {cost_gpus!r})")
         if not 0.0 <= occupancy <= 1.0:
             raise InputError(f"occupancy must be within [0, 1] (got {occupancy!r})")
-        start = max(self.virtual_now, self._last_finish[slo_class])
+        inc = self.increment(slo_class, cost_gpus, occupancy)
+        if not inc < math.inf:
+            raise InputError(f"cost_gpus {cost_gpus!r} is too large to account for")
+        line = self._lines[slo_class]
+        last = line.chain_finish() if line.last_stale else line.last_finish
+        start = last if last > self.virtual_now else self.virtual_now
         item = QueuedItem(
             item_id=item_id,
             slo_class=slo_class,
@@ -140,27 +396,46 @@ class FairQueue:
             seq=self._seq,
             pushed_at_vtime=self.virtual_now,
             start=start,
-            finish=start + self.increment(slo_class, cost_gpus, occupancy),
+            finish=start + inc,
         )
         self._seq += 1
-        self._lines[slo_class].append(item)
-        self._last_finish[slo_class] = item.finish
+        line.append(item, inc)
         self._class_of[item_id] = slo_class
+        if enqueued_at == enqueued_at:  # a NaN time never expires: keep it out of the heap's order
+            heapq.heappush(self._deadlines, (enqueued_at, item.seq, item_id))
         return item
+
+    def _head_line(self) -> _Line | None:
+        """The line whose head has the smallest (finish, seq): four heads, O(1) each."""
+        best: _Line | None = None
+        best_finish, best_seq = 0.0, 0
+        for line in self._lines.values():
+            if line.live:
+                head = line.items[line.head]
+                assert head is not None
+                base, pushed = line.base, head.pushed_at_vtime
+                finish = (pushed if pushed > base else base) + line.incs[line.head]  # before the head: base
+                if best is None or finish < best_finish or (finish == best_finish and head.seq < best_seq):
+                    best, best_finish, best_seq = line, finish, head.seq
+        return best
 
     def peek(self) -> QueuedItem | None:
         """The item ``pop`` would return, left in the queue."""
-        heads = [line[0] for line in self._lines.values() if line]
-        return min(heads, key=lambda i: (i.finish, i.seq)) if heads else None
+        line = self._head_line()
+        return None if line is None else line.tags(line.head, line.base)
 
     def pop(self) -> QueuedItem | None:
         """Serve the smallest finish tag (first pushed on ties); ``None`` when empty."""
-        item = self.peek()
-        if item is None:
+        line = self._head_line()
+        if line is None:
             return None
-        self._lines[item.slo_class].popleft()
+        item = line.tags(line.head, line.base)
+        line.serve_head(item.finish)
         del self._class_of[item.item_id]
-        self.virtual_now = max(self.virtual_now, item.finish)
+        if item.finish > self.virtual_now:
+            self.virtual_now = item.finish
+        if len(self._deadlines) > _COMPACT_AT + 2 * len(self._class_of):
+            self._compact_deadlines()
         return item
 
     def remove(self, item_id: str) -> QueuedItem | None:
@@ -169,23 +444,67 @@ class FairQueue:
         if slo_class is None:
             return None
         line = self._lines[slo_class]
-        at = next(n for n, i in enumerate(line) if i.item_id == item_id)
-        removed = line[at]
-        del line[at]
-        # removed.start = max(its push vtime, finish of the item before it); later items were pushed
-        # no earlier, so max(their push vtime, removed.start) is what their start would have been.
-        previous = removed.start
-        for n in range(at, len(line)):
-            item = line[n]
-            start = max(item.pushed_at_vtime, previous)
-            line[n] = dataclasses.replace(item, start=start, finish=start + (item.finish - item.start))
-            previous = line[n].finish
-        self._last_finish[slo_class] = previous
+        slot = line.slot_of[item_id]
+        removed = line.tags(slot)
+        line.kill(slot)
+        line.compact_if_sparse()
+        if len(self._deadlines) > _COMPACT_AT + 2 * len(self._class_of):
+            self._compact_deadlines()
         return removed
 
     def expire(self, now: float, timeout: float) -> list[QueuedItem]:
         """Remove and return every item that has waited longer than ``timeout`` seconds at ``now``."""
-        stale = [i for line in self._lines.values() for i in line if now - i.enqueued_at > timeout]
-        for item in sorted(stale, key=lambda i: i.seq, reverse=True):
-            self.remove(item.item_id)
-        return sorted(stale, key=lambda i: i.seq)
+        # now - enqueued_at falls as enqueued_at rises, so the stale items are the heap's smallest
+        deadlines = self._deadlines
+        stale: dict[SloClass, list[int]] = {}
+        while deadlines and now - deadlines[0][0] > timeout:
+            _, seq, item_id = heapq.heappop(deadlines)
+            slo_class = self._class_of.get(item_id)
+            if slo_class is None:
+                continue
+            line = self._lines[slo_class]
+            slot = line.slot_of[item_id]
+            item = line.items[slot]
+            assert item is not None
+            if item.seq == seq:  # else the id was served or removed, then pushed again
+                stale.setdefault(slo_class, []).append(slot)
+        out: list[QueuedItem] = []
+        for slo_class, slots in stale.items():
+            out.extend(self._expire_line(self._lines[slo_class], sorted(slots)))
+        for item in out:
+            del self._class_of[item.item_id]
+        if len(self._deadlines) > _COMPACT_AT + 2 * len(self._class_of):
+            self._compact_deadlines()
+        out.sort(key=lambda i: i.seq)
+        return out
+
+    @staticmethod
+    def _expire_line(line: _Line, slots: list[int]) -> list[QueuedItem]:
+        """Take these slots (ascending) out of one line; each with the tags it had before any left."""
+        if len(slots) * line.live.bit_length() < line.live:  # a few: O(log n) each through the tree
+            items = [line.tags(slot) for slot in slots]
+            for slot in slots:
+                line.kill(slot)
+            line.compact_if_sparse()
+            return items
+        stale = set(slots)  # many: one pass over the line, then one rebuild
+        items = []
+        before = line.base
+        for slot in range(line.head, len(line.items)):
+            if line.items[slot] is not None:
+                item = line.tags(slot, before)
+                before = item.finish
+                if slot in stale:
+                    items.append(item)
+        line.drop(slots)
+        return items
+
+    def _compact_deadlines(self) -> None:
+        """Rebuild the expiry heap (run once most of its entries belong to items already gone)."""
+        self._deadlines = [
+            (item.enqueued_at, item.seq, item.item_id)
+            for line in self._lines.values()
+            for item in line.items
+            if item is not None and item.enqueued_at == item.enqueued_at
+        ]
+        heapq.heapify(self._deadlines)
