@@ -129,6 +129,8 @@ API_PATHS: tuple[tuple[str, str], ...] = (
     ("POST", "/v1/placements/{}/renew"),
     ("GET", "/v1/placements/{}"),
     ("DELETE", "/v1/placements/{}"),
+    ("POST", "/v1/defrag"),
+    ("POST", "/v1/defrag/finish"),
 )
 
 

@@ -7,7 +7,9 @@ DELETE /v1/placements/{id}          release every instance of it
 POST   /v1/placements/{id}/renew    extend its lease
 GET    /v1/topology                 nodes, NVLink domains and who holds each GPU
 POST   /v1/topology/refresh         probe the topology source again (same GPUs only)
-GET    /v1/queue                    the admission queue in service order
+GET    /v1/queue                    the admission queue in service order (the head's defrag plan)
+POST   /v1/defrag                   plan the fewest moves that free room (dry run by default), or book them
+POST   /v1/defrag/finish            release a moved instance's old copy (its replacement is booked)
 GET    /v1/alerts                   the nine signals now and the thresholds they cross
 POST   /v1/reports                  a sidecar report: mark degraded, propose a re-placement
 """
@@ -16,6 +18,7 @@ from __future__ import annotations
 
 import asyncio
 import functools
+import math
 import time
 from collections.abc import Callable
 from typing import Annotated, Any
@@ -25,10 +28,15 @@ from fastapi.responses import JSONResponse
 from prometheus_client import Histogram
 
 from toposched.names import ID_PATTERN
+from toposched.service import defrag as service_defrag
 from toposched.service.metrics import breaches, signals
 from toposched.service.schemas import (
     AlertsOut,
+    DefragBody,
+    DefragOut,
     ErrorOut,
+    FinishedOut,
+    FinishMoveBody,
     NotPlacedOut,
     PlaceBody,
     PlacementListOut,
@@ -204,6 +212,46 @@ def build_router(state: ServiceState, latency: Histogram) -> APIRouter:
     async def get_queue() -> JSONResponse:
         items = await on_worker(state, state.queue_view)
         return JSONResponse({"depth": len(items), "items": items})
+
+    refused: Responses = {
+        409: {"model": ErrorOut, "description": "no plan (the detail says why), or the ledger refused a booking"},
+        429: {"model": ErrorOut, "description": "over the rate limit of moves booked", "headers": {**RETRY_AFTER}},
+    }
+
+    @router.post(
+        "/defrag",
+        responses={**answers(*BODY, ok=DefragOut), **refused},
+        summary="The fewest moves that free room for a TP group (dry run by default; else books the new copies)",
+    )
+    async def post_defrag(body: DefragBody) -> JSONResponse:
+        answer = await on_worker(state, service_defrag.defrag, state, body)
+        if answer.status in ("no-plan", "conflict"):
+            error = "no defrag plan" if answer.status == "no-plan" else "conflict"
+            return JSONResponse({"error": error, "detail": answer.reason}, status_code=409)
+        if answer.status == "limited":
+            wait = answer.retry_after_s
+            retry = str(max(1, math.ceil(wait))) if math.isfinite(wait) else "3600"
+            limited = {"error": "rate limited", "detail": answer.reason}
+            return JSONResponse(limited, status_code=429, headers={"Retry-After": retry})
+        assert answer.plan is not None
+        booked = [m.replacement_id for m in answer.plan.moves] if answer.status == "booked" else []
+        plan = {"need_gpus": answer.need_gpus, "level": answer.level, **answer.plan.to_json()}
+        return JSONResponse({**plan, "dry_run": answer.status == "planned", "booked": booked})
+
+    @router.post(
+        "/defrag/finish",
+        responses={**answers(*BODY, 404, ok=FinishedOut), 409: refused[409]},
+        summary="Release a moved instance's old copy once its new copy is up and the old one drained",
+    )
+    async def post_defrag_finish(body: FinishMoveBody) -> JSONResponse:
+        answer = await on_worker(state, service_defrag.finish, state, body.placement_id, body.replacement_id)
+        if answer.status == "not-found":
+            return not_found(body.placement_id)
+        if answer.status == "not-a-move":
+            fix = "book the move first (POST /v1/defrag with dry_run false); the old copy keeps serving"
+            return JSONResponse({"error": "conflict", "detail": answer.reason, "fix": fix}, status_code=409)
+        ids = {"placement_id": body.placement_id, "replacement_id": body.replacement_id}
+        return JSONResponse({**ids, "released": list(answer.released)})
 
     @router.get(
         "/alerts",

@@ -64,6 +64,14 @@ class ServiceConfig(BaseModel):
     """Seconds between background checks for other replicas' changes and new DomainMap versions."""
     replica: str = Field(default="", max_length=128)
     """Name of this replica in ledger owners (empty: host and process id)."""
+    defrag_max_moves: int = Field(default=4, ge=1, le=16)
+    """Most moves one defragmentation plan may use (the queue head's plans; POST /v1/defrag at most this)."""
+    defrag_moves_per_window: int = Field(default=8, ge=0, le=10_000)
+    """Most moves POST /v1/defrag may book within ``defrag_window_s`` (429 beyond; 0 turns booking off)."""
+    defrag_window_s: float = Field(default=3600.0, gt=0, le=7 * 24 * 3600)
+    """The sliding window of ``defrag_moves_per_window`` (seconds)."""
+    defrag_plan_interval_s: float = Field(default=10.0, gt=0, le=3600)
+    """Seconds before the admission queue's head gets a new defragmentation plan (the plan is shown, never run)."""
 
     @model_validator(mode="after")
     def _token_when_auth(self) -> ServiceConfig:

@@ -167,7 +167,7 @@ class StatsCollector(Collector):
             "toposched_sidecar_drift_reports", "Sidecar reports with topology drift.", value=stats.drift_reports
         )
         yield CounterMetricFamily(
-            "toposched_migrations_proposed", "Re-placements proposed on sidecar reports.",
+            "toposched_migrations_proposed", "Re-placements proposed on sidecar reports and defragmentation moves booked.",
             value=stats.migrations_proposed,
         )  # fmt: skip
         yield CounterMetricFamily(

@@ -5,10 +5,10 @@ from __future__ import annotations
 import json
 from typing import Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, field_validator
+from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
 from toposched.errors import UnknownNameError
-from toposched.names import ID_PATTERN
+from toposched.names import ID_PATTERN, PlacementId
 from toposched.service.config import PolicyName
 from toposched.solver.request import PlacementRequest
 from toposched.workload.catalog import ENTRIES, catalog_entry
@@ -49,8 +49,66 @@ class PlaceBody(PlacementRequest):
         return PlacementRequest.model_validate(data)
 
     def key(self) -> str:
-        """Canonical JSON of what was asked (without the id and the wait): equal keys are one request."""
-        return json.dumps(self.model_dump(mode="json", exclude={"id", "wait_s"}), sort_keys=True)
+        """Canonical JSON of what was asked (without the id and the wait): equal keys are one request.
+
+        ``allow_cross_domain`` is left out while false, so the keys of requests that do not ask for the
+        fallback are those booked before the field existed (and the admission queue's fallback retry,
+        which sets it on the solver's request only, keeps the key the client sent).
+        """
+        exclude = {"id", "wait_s"} | (set() if self.allow_cross_domain else {"allow_cross_domain"})
+        return json.dumps(self.model_dump(mode="json", exclude=exclude), sort_keys=True)
+
+
+class DefragBody(BaseModel):
+    """What to make room for: ``need_gpus`` free GPUs in one group, or the TP group of ``model`` (at ``tp``)."""
+
+    model_config = ConfigDict(allow_inf_nan=False, frozen=True, extra="forbid")
+
+    need_gpus: int | None = Field(default=None, ge=1, le=4096, description="free GPUs wanted in one group")
+    model: str | None = Field(
+        default=None,
+        min_length=1,
+        description="catalog model name: make room for its TP group (instead of need_gpus)",
+        json_schema_extra={"enum": [e.name for e in ENTRIES]},
+    )
+    tp: int | None = Field(default=None, ge=1, le=1024, description="tensor-parallel degree of model (a power of 2)")
+    level: Literal["nvlink", "node"] | None = Field(
+        default=None, description="group to free: an NVLink domain or a node (default: from the model, else nvlink)"
+    )
+    max_moves: int = Field(default=4, ge=1, le=16, description="most instances moved (the service's limit applies)")
+    dry_run: bool = Field(default=True, description="plan only; false books the replacements")
+
+    @field_validator("model")
+    @classmethod
+    def _catalog_model(cls, value: str | None) -> str | None:
+        if value is None:
+            return None
+        try:
+            return catalog_entry(value).name
+        except UnknownNameError as exc:
+            raise ValueError(exc.message) from None
+
+    @model_validator(mode="after")
+    def _one_target(self) -> DefragBody:
+        if (self.need_gpus is None) == (self.model is None):
+            raise ValueError("give need_gpus or model (one of them)")
+        if self.tp is not None and (self.model is None or self.tp & (self.tp - 1)):
+            raise ValueError(f"tp goes with model and is a power of 2 (got {self.tp})")
+        return self
+
+    def request(self) -> PlacementRequest:
+        """The placement request whose TP group the plan makes room for (``model`` given)."""
+        assert self.model is not None
+        return PlacementRequest(id="defrag", model=self.model, allowed_tp=None if self.tp is None else (self.tp,))
+
+
+class FinishMoveBody(BaseModel):
+    """A move whose new engine is up and whose old one is drained: release the old copy."""
+
+    model_config = ConfigDict(frozen=True, extra="forbid")
+
+    placement_id: PlacementId = Field(max_length=200, description="the old copy (the instance moved)")
+    replacement_id: PlacementId = Field(max_length=200, description="its booked replacement")
 
 
 class RenewBody(BaseModel):
@@ -139,6 +197,45 @@ class ReleasedOut(BaseModel):
     released: list[str] = Field(description="instance ids released")
 
 
+class MoveOut(BaseModel):
+    placement_id: str
+    replacement_id: str
+    from_gpus: list[str]
+    to_gpus: list[str]
+
+
+class DefragOut(BaseModel):
+    """A defragmentation plan: the group freed, its GPUs free afterwards, the moves in order."""
+
+    need_gpus: int
+    level: str
+    group: str
+    frees: list[str]
+    moves: list[MoveOut] = Field(description="in the order to start them; empty: the room is there already")
+    gpus_moved: int
+    dry_run: bool
+    booked: list[str] = Field(description="replacement ids booked (not a dry run)")
+
+
+class FinishedOut(BaseModel):
+    placement_id: str
+    replacement_id: str
+    released: list[str] = Field(description="the old copy, or nothing when it was released already")
+
+
+class QueueDefragOut(BaseModel):
+    """The queue head's defragmentation plan (shown, never run: the service cannot restart engines)."""
+
+    need_gpus: int
+    level: str
+    group: str | None
+    frees: list[str]
+    moves: list[MoveOut]
+    gpus_moved: int
+    reason: str | None = Field(default=None, description="why there is no plan")
+    planned_s_ago: float
+
+
 class QueueItemOut(BaseModel):
     id: str
     slo_class: str
@@ -146,6 +243,7 @@ class QueueItemOut(BaseModel):
     occupancy: float
     waited_s: float
     finish_tag: float
+    defrag: QueueDefragOut | None = Field(default=None, description="the head only, when its TP group finds no room")
 
 
 class QueueOut(BaseModel):

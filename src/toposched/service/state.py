@@ -43,11 +43,13 @@ from toposched.errors import InputError, LedgerConflict, StateError, ToposchedEr
 from toposched.ledger.base import Ledger, Reservation, capacities_from_cluster, open_ledger
 from toposched.ledger.etcd import split_url
 from toposched.service.config import ServiceConfig
+from toposched.service.defrag import HeadPlan, plan_head
 from toposched.service.ledger_guard import GuardedLedger
 from toposched.service.schemas import PlaceBody
+from toposched.solver.defrag import INSTANCE, MOVED_FROM, DefragLimiter
 from toposched.solver.queue import FairQueue, QueuedItem
-from toposched.solver.request import Placement, PlacementRequest, instance_ids
-from toposched.solver.scheduler import Scheduler
+from toposched.solver.request import SLO_CLASSES, Placement, PlacementRequest, instance_ids
+from toposched.solver.scheduler import DEFAULT_BUDGET_GBPS, Scheduler
 from toposched.topology.model import Cluster, Health
 from toposched.topology.sources import SourceRef, load_source
 from toposched.topology.store import StoredTopology, TopologyStore
@@ -87,7 +89,12 @@ class ServiceScheduler(Scheduler):
 
 @dataclass
 class Instance:
-    """One placed instance as the service keeps it (rebuilt from the ledger on resync)."""
+    """One placed instance as the service keeps it (rebuilt from the ledger on resync).
+
+    ``slot`` is the instance id of the request it serves (``instance_ids``): the placement id itself,
+    or, for a copy booked by a defragmentation move, the original's; ``moved_from`` names the copy a
+    replacement replaces. While a move is in flight a slot has two copies and the old one serves.
+    """
 
     placement: Placement
     request_id: str
@@ -96,6 +103,12 @@ class Instance:
     owner: str
     expires_at: float | None
     degraded: bool = False
+    slot: str = ""
+    moved_from: str | None = None
+
+    def __post_init__(self) -> None:
+        if not self.slot:
+            self.slot = self.placement.id
 
 
 @dataclass(frozen=True)
@@ -211,6 +224,9 @@ class ServiceState:
         self.topology: StoredTopology | None = None
         self.source: SourceRef | None = config.source
         self._seq = 0
+        self.defrag_limiter = DefragLimiter(config.defrag_moves_per_window, config.defrag_window_s)
+        self.head_plan: HeadPlan | None = None
+        """The queue head's defragmentation plan, recomputed at most every ``defrag_plan_interval_s``."""
 
     # ------------------------------------------------------------------ lifecycle
 
@@ -365,9 +381,10 @@ class ServiceState:
         stale_before = self.ledger_clock() - STALE_PARTIAL_S
         for (rid, key), booked in requests.items():
             replicas = _replicas_in(key)
-            if replicas is None or len(booked) >= replicas:
+            ids = {r.meta.get(INSTANCE, r.id) for r in booked}  # a moved instance's copy serves its slot
+            if replicas is None or len(ids) >= replicas:
                 continue  # complete (or not a request of ours to judge)
-            ids, expected = {r.id for r in booked}, set(instance_ids(rid, replicas))
+            expected = set(instance_ids(rid, replicas))
             if not ids < expected:
                 continue
             recorded = self.stranded.get(rid) == key
@@ -473,7 +490,7 @@ class ServiceState:
             self.counters.decisions[decision.status] += 1
             return decision
 
-    def _place(self, body: PlaceBody, rid: str) -> Decision:
+    def _place(self, body: PlaceBody, rid: str, *, cross_domain: bool = False) -> Decision:
         """Decide with retries; all or none: when the answer is no instance, none of ours stays booked.
 
         The same holds when anything raises on the way (the store fails, a bug): what this request
@@ -485,7 +502,7 @@ class ServiceState:
             del self.stranded[rid]  # this decision takes over what the failed one left: reuse, or release
         try:
             for _attempt in range(self.config.commit_retries):
-                decided = self._attempt(body, rid, key)
+                decided = self._attempt(body, rid, key, cross_domain=cross_domain)
                 if decided is not None:
                     return decided
                 self.counters.ledger_refusals += 1
@@ -529,12 +546,16 @@ class ServiceState:
         self._release_all(ours)
         self.resync()
 
-    def _attempt(self, body: PlaceBody, rid: str, key: str) -> Decision | None:
-        """One decision; None when the ledger refused a booking (the caller resyncs and retries)."""
+    def _attempt(self, body: PlaceBody, rid: str, key: str, *, cross_domain: bool = False) -> Decision | None:
+        """One decision; None when the ledger refused a booking (the caller resyncs and retries).
+
+        ``cross_domain``: the solver may use the cross-domain fallback (the admission queue's retry once
+        the head has waited its class's ``cross_domain_after_s``); the request's key is unchanged.
+        """
         scheduler, guard = self.scheduler, self.ledger
         existing = self._members(rid)
-        if existing and len(existing) == body.replicas and all(i.key == key for i in existing):
-            return Decision("existing", rid, tuple(existing))
+        if existing and _complete(existing) and existing[0].key == key:
+            return Decision("existing", rid, tuple(_serving(existing)))
         if any(i.key != key for i in existing):
             return Decision("conflict", rid, (), (f"id {rid} is already used by another request",))
         pids = instance_ids(rid, body.replicas)
@@ -542,8 +563,11 @@ class ServiceState:
         if clash:
             return Decision("conflict", rid, (), (f"instance id {clash[0]} belongs to another request",))
         meta = {"request": key, "request_id": rid, "owner": self.owner}
+        request = body.request(rid)
+        if cross_domain:
+            request = request.model_copy(update={"allow_cross_domain": True})
         try:
-            outcome = scheduler.place(body.request(rid), body.policy or self.config.policy, ttl_s=body.ttl_s, meta=meta)
+            outcome = scheduler.place(request, body.policy or self.config.policy, ttl_s=body.ttl_s, meta=meta)
         except LedgerConflict:
             return None
         if outcome.unplaced:
@@ -581,7 +605,7 @@ class ServiceState:
         release failed too) is not a placement: it is never shown as placed.
         """
         found = self._members(rid)
-        return found if _complete(found) else []
+        return _serving(found) if _complete(found) else []
 
     def lookup(self, rid: str) -> list[Instance]:
         """``group`` after a resync when this replica does not know the id (another replica placed it)."""
@@ -611,7 +635,7 @@ class ServiceState:
             found = self.lookup(rid)
             if not found:
                 return None
-            for instance in found:
+            for instance in self._members(rid):  # a replacement booked by a move in flight too
                 renewed = self.ledger.renew(instance.placement.id, ttl_s)
                 if renewed is None:
                     self.resync()
@@ -631,7 +655,7 @@ class ServiceState:
         for instance in self.instances.values():
             by_request.setdefault(instance.request_id, []).append(instance)
         groups = [sorted(v, key=lambda i: i.placement.id) for _k, v in sorted(by_request.items())]
-        return [g for g in groups if _complete(g)]
+        return [_serving(g) for g in groups if _complete(g)]
 
     # ------------------------------------------------------------------ the admission queue
 
@@ -669,23 +693,35 @@ class ServiceState:
         ``Scheduler.place_batch``'s order (priority, then fewest GPUs) is not used here on purpose: it would
         let a small request overtake a head that does not fit yet, which the fair queue forbids. Each
         request is decided alone through ``_place``, so all-or-none and the ledger retries hold per request.
+
+        A head that has waited its SLO class's ``cross_domain_after_s`` is decided with the cross-domain
+        fallback allowed (within the class's budget share and its SLO; counted as ``cross-domain-fallback``
+        when used). A head that still finds no room for its TP group gets a defragmentation plan
+        (``service.defrag.plan_head``), shown in the queue view; the service never runs it.
         """
         while True:
             with self.lock:
                 head: QueuedItem | None = self.queue.peek()
                 if head is None:
+                    self.head_plan = None
                     return
                 waiting = self.waiting.get(head.item_id)
                 if waiting is None:
                     self.queue.remove(head.item_id)
                     continue
                 self.follow()
+                after = SLO_CLASSES[head.slo_class].cross_domain_after_s
+                fallback = after is not None and self.clock() - head.enqueued_at >= after
                 try:
-                    decision = self._place(waiting.body, waiting.request_id)
+                    decision = self._place(waiting.body, waiting.request_id, cross_domain=fallback)
                 except InputError as exc:  # the request itself (its "near" was released): answer, go on
                     decision = Decision("rejected", waiting.request_id, (), (exc.message,))
                 if decision.status == "no-capacity":
+                    plan_head(self, head, waiting)
                     return
+                if any("cross-domain" in i.placement.fallbacks for i in decision.instances):
+                    self.counters.decisions["cross-domain-fallback"] += 1
+                self.head_plan = None
                 self.queue.pop()
                 self.waiting.pop(head.item_id, None)
                 self.counters.decisions[decision.status] += 1
@@ -694,8 +730,9 @@ class ServiceState:
     def queue_view(self) -> list[dict[str, Any]]:
         with self.lock:
             now = self.clock()
-            return [
-                {
+            items = []
+            for item in self.queue:
+                view: dict[str, Any] = {
                     "id": item.item_id,
                     "slo_class": item.slo_class,
                     "gpus": item.cost_gpus,
@@ -703,8 +740,11 @@ class ServiceState:
                     "waited_s": round(now - item.enqueued_at, 3),
                     "finish_tag": round(item.finish, 6),
                 }
-                for item in self.queue
-            ]
+                head = self.head_plan
+                if head is not None and head.item_id == item.item_id:
+                    view["defrag"] = head.to_json(now)
+                items.append(view)
+            return items
 
     # ------------------------------------------------------------------ sidecar reports
 
@@ -822,15 +862,28 @@ def _replicas_in(key: str) -> int | None:
     return replicas if isinstance(replicas, int) and 1 <= replicas <= 10_000 else None
 
 
+def _serving(members: list[Instance]) -> list[Instance]:
+    """One copy per instance slot, in slot order: the old copy while a move is in flight, else the only one."""
+    by_slot: dict[str, list[Instance]] = {}
+    for instance in members:
+        by_slot.setdefault(instance.slot, []).append(instance)
+    out = []
+    for _slot, copies in sorted(by_slot.items()):
+        ids = {c.placement.id for c in copies}
+        serving = [c for c in copies if c.moved_from not in ids] or copies
+        out.append(min(serving, key=lambda c: c.placement.id))
+    return out
+
+
 def _complete(members: list[Instance]) -> bool:
-    """Whether ``members`` (one request's booked instances) are all of the request's instances."""
+    """Whether ``members`` (one request's booked instances) hold every instance slot of the request."""
     if not members:
         return False
     first = members[0]
     replicas = _replicas_in(first.key)
-    if replicas is None or len(members) != replicas or any(i.key != first.key for i in members):
+    if replicas is None or any(i.key != first.key for i in members):
         return False
-    return [i.placement.id for i in members] == sorted(instance_ids(first.request_id, replicas))
+    return sorted({i.slot for i in members}) == sorted(instance_ids(first.request_id, replicas))
 
 
 def _instance_of(reservation: Reservation) -> Instance | None:
@@ -852,4 +905,37 @@ def _instance_of(reservation: Reservation) -> Instance | None:
         body=body,
         owner=reservation.owner or meta.get("owner", ""),
         expires_at=reservation.expires_at,
+        slot=meta.get(INSTANCE, placement.id),
+        moved_from=meta.get(MOVED_FROM),
     )
+
+
+def scheduler_from_ledger(
+    cluster: Cluster, ledger: Ledger, *, gpu: str | None = None, budget_gbps: float = DEFAULT_BUDGET_GBPS
+) -> tuple[ServiceScheduler, dict[str, Instance]]:
+    """A scheduler holding what ``ledger`` holds, and the service's instances in it; writes nothing.
+
+    For tools that act on a service's state without being a replica (``toposched defrag``): bookings
+    go through ``GuardedLedger`` (whole GPUs, as the service books) with the capacities the ledger has.
+    ``InputError`` when the ledger and the cluster disagree on the GPUs (another topology was given).
+    """
+    accounts = ledger.accounts()
+    refs = {f"{n.name}/{g.index}" for n in cluster.nodes for g in n.gpus}
+    if not accounts:
+        raise InputError("the state holds no GPUs: no `toposched serve` has used it", fix="give the service's --state")
+    stray = sorted(set(accounts) - refs)
+    if stray:
+        raise InputError(
+            f"the state's GPUs are not the cluster's ({len(stray)} unknown, e.g. {stray[0]})",
+            fix="give the topology the service was started with (or none: the one stored in the state)",
+        )
+    guard = GuardedLedger(ledger, {ref: a.capacity_bytes for ref, a in accounts.items()})
+    scheduler = ServiceScheduler(cluster, ledger=guard, gpu=gpu, budget_gbps=budget_gbps)
+    scheduler.guard = guard
+    instances: dict[str, Instance] = {}
+    for reservation in guard.reservations():
+        instance = _instance_of(reservation)
+        if instance is not None and set(instance.placement.gpu_refs) <= refs:
+            scheduler.adopt(instance.placement, str(instance.body.get("slo_class", "interactive")))
+            instances[reservation.id] = instance
+    return scheduler, instances

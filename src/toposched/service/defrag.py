@@ -1,0 +1,180 @@
+"""Defragmentation in the service: the queue head's plan, POST /v1/defrag and POST /v1/defrag/finish.
+
+The plans come from ``solver/defrag.py``. The service never runs a plan on its own: it cannot restart
+engines. It shows the admission queue's head a plan when the head's TP group finds no room
+(``plan_head``, in the queue view), books the replacements when an operator asks (``defrag`` with
+``dry_run`` false; all or none, rate-limited by ``DefragLimiter``, each move counted as a migration),
+and releases an old copy once its new engine is up and the old one drained (``finish``).
+
+Each function takes the ``ServiceState`` and runs where the state lives, under its lock.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any, Literal
+
+from toposched.errors import InputError, LedgerConflict, StateError
+from toposched.service.schemas import DefragBody
+from toposched.solver.defrag import DefragPlan, Move, defrag_need, finish_move, room_for, search_defrag, start_move
+from toposched.solver.queue import QueuedItem
+
+if TYPE_CHECKING:
+    from toposched.service.state import Instance, ServiceState, Waiting
+
+
+@dataclass(frozen=True)
+class HeadPlan:
+    """The defragmentation plan computed for the queue's head (shown in the queue view, never run)."""
+
+    item_id: str
+    at: float
+    need_gpus: int
+    level: str
+    plan: DefragPlan | None
+    reason: str
+
+    def to_json(self, now: float) -> dict[str, Any]:
+        empty: dict[str, Any] = {"group": None, "frees": [], "moves": [], "gpus_moved": 0}
+        plan = self.plan.to_json() if self.plan is not None else empty
+        return {
+            "need_gpus": self.need_gpus,
+            "level": self.level,
+            **plan,
+            "reason": self.reason or None,
+            "planned_s_ago": round(now - self.at, 3),
+        }
+
+
+@dataclass(frozen=True)
+class DefragAnswer:
+    """What POST /v1/defrag answers: a plan (booked or not), or why not."""
+
+    status: Literal["planned", "booked", "no-plan", "limited", "conflict"]
+    need_gpus: int = 0
+    level: str = ""
+    plan: DefragPlan | None = None
+    reason: str = ""
+    retry_after_s: float = 0.0
+
+
+@dataclass(frozen=True)
+class FinishAnswer:
+    """What POST /v1/defrag/finish answers."""
+
+    status: Literal["released", "not-found", "not-a-move"]
+    released: tuple[str, ...] = ()
+    reason: str = ""
+
+
+def plan_head(state: ServiceState, head: QueuedItem, waiting: Waiting) -> None:
+    """A plan for a head whose TP group finds no room, at most every ``defrag_plan_interval_s``.
+
+    Only the head gets one (it is the next to be served, and the queue lets nothing overtake it). It is
+    shown in the queue view and counted (``defrag-plan``); booking it is an operator's call (POST
+    /v1/defrag with ``dry_run: false``), since the engines must be restarted by whoever runs them.
+    """
+    now = state.clock()
+    seen = state.head_plan
+    if seen is not None and seen.item_id == head.item_id and now - seen.at < state.config.defrag_plan_interval_s:
+        return
+    state.head_plan = None
+    try:
+        need, level = defrag_need(state.scheduler, waiting.body.request(waiting.request_id))
+    except InputError:
+        return
+    if level not in ("nvlink", "node") or room_for(state.scheduler, need, level):
+        return  # its TP group has room: it waits for something else (budget, replicas, SLO)
+    plan, why = search_defrag(state.scheduler, need, level=level, max_moves=state.config.defrag_max_moves)
+    state.head_plan = HeadPlan(head.item_id, now, need, level, plan, why)
+    if plan is not None and plan.moves:
+        state.counters.decisions["defrag-plan"] += 1
+
+
+def defrag(state: ServiceState, body: DefragBody) -> DefragAnswer:
+    """Plan the fewest moves that make room; unless ``dry_run``, book the replacements (all or none).
+
+    Booking is rate-limited (``defrag_moves_per_window`` per ``defrag_window_s``) and each booked move
+    counts as a migration. The old copies stay booked until ``finish``.
+    """
+    with state.lock:
+        state.follow()
+        scheduler = state.scheduler
+        if body.model is not None:
+            need, level = defrag_need(scheduler, body.request())
+            level = body.level or level
+        else:
+            assert body.need_gpus is not None
+            need, level = body.need_gpus, body.level or "nvlink"
+        if level not in ("nvlink", "node"):
+            return DefragAnswer("no-plan", need, level, reason=f"a TP group of {need} GPUs needs level {level}")
+        max_moves = min(body.max_moves, state.config.defrag_max_moves)
+        plan, why = search_defrag(scheduler, need, level=level, max_moves=max_moves)
+        if plan is None:
+            return DefragAnswer("no-plan", need, level, reason=why)
+        if plan.moves:
+            state.counters.decisions["defrag-plan"] += 1
+        if body.dry_run or not plan.moves:
+            return DefragAnswer("planned", need, level, plan)
+        now = state.clock()
+        limiter = state.defrag_limiter
+        if not limiter.allow(now, len(plan.moves)):
+            config = state.config
+            reason = (
+                f"{len(plan.moves)} move(s) would pass the limit of {config.defrag_moves_per_window} "
+                f"per {config.defrag_window_s:g} s"
+            )
+            return DefragAnswer(
+                "limited", need, level, plan, reason, retry_after_s=limiter.retry_after(now, len(plan.moves))
+            )
+        booked: list[Move] = []
+        try:
+            for move in plan.moves:
+                ttl = lease_of(state.instances.get(move.placement_id))
+                start_move(scheduler, move, ttl_s=ttl, owner=state.owner, meta={"owner": state.owner})
+                state.ledger.booked.pop(move.replacement_id, None)
+                booked.append(move)
+        except (LedgerConflict, StateError) as exc:
+            for move in booked:
+                if not scheduler.release(move.replacement_id):
+                    state.ledger.release(move.replacement_id)
+            state.counters.ledger_refusals += isinstance(exc, LedgerConflict)
+            state.resync()
+            return DefragAnswer("conflict", need, level, plan, f"{exc.message}; nothing was booked")
+        limiter.record(now, len(booked))
+        state.counters.migrations_proposed += len(booked)
+        state.counters.decisions["defrag-move"] += len(booked)
+        state.resync()
+        return DefragAnswer("booked", need, level, plan)
+
+
+def finish(state: ServiceState, placement_id: str, replacement_id: str) -> FinishAnswer:
+    """Release a moved instance's old copy once its replacement is booked.
+
+    ``not-found`` when neither copy is known; ``not-a-move`` when the replacement is not a booked copy of
+    that instance (nothing is released); ``released`` lists the old copy, or nothing when it was gone
+    already. Frees GPUs, so the queue is served after.
+    """
+    with state.lock:
+        state.follow()
+        old, new = state.instances.get(placement_id), state.instances.get(replacement_id)
+        if old is None and new is None:
+            state.resync()
+            old, new = state.instances.get(placement_id), state.instances.get(replacement_id)
+        if old is None and new is None:
+            return FinishAnswer("not-found", reason=f"no placement {placement_id} or {replacement_id}")
+        if new is None or new.moved_from != placement_id:
+            return FinishAnswer("not-a-move", reason=f"{replacement_id} is not a booked replacement of {placement_id}")
+        if old is None:
+            return FinishAnswer("released")
+        move = Move(placement_id, replacement_id, old.placement.gpu_refs, new.placement.gpu_refs)
+        finish_move(state.scheduler, move)
+        state.instances.pop(placement_id, None)
+    state.drain()
+    return FinishAnswer("released", (placement_id,))
+
+
+def lease_of(instance: Instance | None) -> float | None:
+    """The lease (``ttl_s``) the instance's request asked for, given to the copy a move books; None: none."""
+    ttl = instance.body.get("ttl_s") if instance is not None else None
+    return float(ttl) if isinstance(ttl, int | float) and ttl > 0 else None
