@@ -1,10 +1,18 @@
-"""Simulator speed: wall time and events/s for seed-256 (4,096 requests) and large-16k (100k requests).
+"""Simulator benchmark: (a) speed on seed-256 and large-16k; (b) churn-128 against issue 15's targets.
 
-    .venv/bin/python benchmarks/sim_bench.py [--repeat N]
+    .venv/bin/python benchmarks/sim_bench.py                       # both parts
+    .venv/bin/python benchmarks/sim_bench.py --only speed --repeat 3
+    .venv/bin/python benchmarks/sim_bench.py --only churn --seeds 3 --policies slo,index-order,random
+    .venv/bin/python benchmarks/sim_bench.py --only churn --policies slo --occupancy 0.85,0.95 --no-defrag
 
-Wall time covers one policy's whole run: loading the cluster, placing the instances and the event
-loop (the targets: seed-256 <= 10 s, 16,384 GPUs with 100k requests <= 120 s on this 2-core machine).
-Medians over N runs (default 3).
+(a) Wall and CPU time of one policy's whole run (cluster, deployments, placements and the event
+loop; medians of ``--repeat`` runs), events and events per wall second. Targets: seed-256 <= 10 s,
+large-16k (16,384 GPUs, 100k requests) <= 120 s on one core.
+
+(b) churn-128 at offered occupancy 0.50 / 0.85 / 0.95 for each policy, medians over seeds 0..N-1 of:
+SLO met, SLO met on TP8 instances, GPU utilisation, share of instances that waited for NVLink room,
+migrations (as a share of instance arrivals), cross-domain fallback placements. Issue 15's targets
+at 0.85: SLO met >= 0.99, TP8 >= 0.95, utilisation within 2 points of index-order, migrations <= 1 %.
 """
 
 from __future__ import annotations
@@ -12,28 +20,86 @@ from __future__ import annotations
 import argparse
 import statistics
 import time
+from typing import Any
 
 from toposched.sim.run import make_arrivals, run_policy
 from toposched.sim.scenario import load_scenario
 
 
-def main() -> None:
-    parser = argparse.ArgumentParser()
-    parser.add_argument("--repeat", type=int, default=3)
-    args = parser.parse_args()
-    print(f"{'scenario':<11} {'policy':<12} {'requests':>9} {'events':>8} {'wall s':>7} {'events/s':>9}")
+def speed(repeat: int) -> None:
+    print(f"{'scenario':<10} {'policy':<12} {'requests':>9} {'events':>9} {'wall s':>7} {'cpu s':>7} {'events/s':>9}")
     for name, policies in (("seed-256", ("slo", "random", "index-order", "latency")), ("large-16k", ("slo", "random"))):
         scenario = load_scenario(name)
         arrivals = make_arrivals(scenario, 0)
         for policy in policies:
-            walls, events = [], 0
-            for _ in range(args.repeat):
-                start = time.perf_counter()
+            walls, cpus, events = [], [], 0
+            for _ in range(repeat):
+                start, cpu = time.perf_counter(), time.process_time()
                 result = run_policy(scenario, policy, arrivals=arrivals)
                 walls.append(time.perf_counter() - start)
+                cpus.append(time.process_time() - cpu)
                 events = result.events
-            wall = statistics.median(walls)
-            print(f"{name:<11} {policy:<12} {scenario.requests:>9} {events:>8} {wall:>7.2f} {events / wall:>9,.0f}")
+            wall, cpu_s = statistics.median(walls), statistics.median(cpus)
+            print(
+                f"{name:<10} {policy:<12} {len(arrivals):>9,} {events:>9,} {wall:>7.2f} {cpu_s:>7.2f} "
+                f"{events / wall:>9,.0f}",
+                flush=True,
+            )
+
+
+def churn(seeds: int, policies: list[str], occupancies: list[float], *, defrag: bool = True) -> None:
+    base = load_scenario("churn-128")
+    assert base.churn is not None
+    settings = base.churn
+    if not defrag:
+        base = base.model_copy(update={"admission": base.admission.model_copy(update={"defrag": False})})
+    head = (
+        f"{'occupancy':>9} {'policy':<12} {'SLO met':>8} {'TP8 SLO':>8} {'GPU util':>8} {'NVLink wait':>11} "
+        f"{'migrations':>10} {'fallbacks':>9} {'abandoned':>9} {'requests':>9} {'run s':>6}"
+    )
+    print(head)
+    for occupancy in occupancies:
+        scenario = base.model_copy(update={"churn": settings.model_copy(update={"occupancy": occupancy})})
+        for policy in policies:
+            runs: list[dict[str, Any]] = []
+            walls: list[float] = []
+            for seed in range(seeds):
+                start = time.perf_counter()
+                runs.append(run_policy(scenario, policy, seed=seed).metrics)
+                walls.append(time.perf_counter() - start)
+
+            def med(key: str, runs: list[dict[str, Any]] = runs) -> float:
+                return statistics.median(float(m[key]) for m in runs)
+
+            tp8 = statistics.median(
+                float(m["slo_attainment_by_tp"]["8"]) for m in runs if m["slo_attainment_by_tp"]["8"] is not None
+            )
+            moves = statistics.median(m["migrations"] / m["instance_arrivals"] for m in runs)
+            print(
+                f"{occupancy:>9.2f} {policy:<12} {med('slo_attainment'):>8.3f} {tp8:>8.3f} "
+                f"{med('gpu_utilization'):>8.3f} {med('queued_for_nvlink_rate'):>11.1%} "
+                f"{med('migrations'):>4.0f} ({moves:>4.1%}) {med('fallback_placements'):>9.0f} "
+                f"{med('instances_abandoned'):>9.0f} {med('requests'):>9,.0f} {statistics.median(walls):>6.1f}",
+                flush=True,
+            )
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--only", choices=("speed", "churn"), help="run one part only")
+    parser.add_argument("--repeat", type=int, default=3, help="speed: runs per policy (median)")
+    parser.add_argument("--seeds", type=int, default=3, help="churn: seeds 0..N-1 (median)")
+    parser.add_argument("--policies", default="slo,index-order", help="churn: comma-separated policies")
+    parser.add_argument("--occupancy", default="0.50,0.85,0.95", help="churn: comma-separated occupancies")
+    parser.add_argument("--no-defrag", action="store_true", help="churn: admission without defragmentation")
+    args = parser.parse_args()
+    if args.only in (None, "speed"):
+        speed(args.repeat)
+    if args.only in (None, "churn"):
+        if args.only is None:
+            print()
+        policies = [p.strip() for p in args.policies.split(",") if p.strip()]
+        churn(args.seeds, policies, [float(x) for x in args.occupancy.split(",")], defrag=not args.no_defrag)
 
 
 if __name__ == "__main__":

@@ -245,7 +245,7 @@ def run_model_config(case: Case, folder: Path) -> None:
 
 def run_scenario(case: Case, folder: Path) -> None:
     from toposched.sim.run import make_arrivals
-    from toposched.sim.scenario import load_cluster, load_scenario
+    from toposched.sim.scenario import expected_instance_arrivals, load_cluster, load_scenario
     from toposched.solver.request import PlacementRequest
     from toposched.workload.catalog import resolve_model
 
@@ -254,20 +254,25 @@ def run_scenario(case: Case, folder: Path) -> None:
     with chdir(folder):
         sc = load_scenario(str(path))
         cluster = load_cluster(sc.cluster)
-        resolve_model(sc.model)
-        make_arrivals(sc.model_copy(update={"requests": min(sc.requests, 200)}), 0)
-        PlacementRequest(
-            id="sim",
-            model=sc.model,
-            weight_dtype=sc.weight_dtype,
-            kv_dtype=sc.kv_dtype,
-            max_model_len=sc.input_len.mean + sc.output_len.mean,
-            concurrent_seqs=sc.batch,
-            input_len=sc.input_len.mean,
-            output_len=sc.output_len.mean,
-            slo_tpot_ms=sc.slo_ms,
+        for tenant in sc.tenant_list():
+            resolve_model(tenant.model)
+            PlacementRequest(
+                id="sim",
+                model=tenant.model,
+                weight_dtype=tenant.weight_dtype,
+                kv_dtype=tenant.kv_dtype,
+                max_model_len=tenant.max_model_len,
+                concurrent_seqs=tenant.batch,
+                input_len=tenant.input_len.mean,
+                output_len=tenant.output_len.mean,
+                slo_tpot_ms=tenant.slo_ms,
+            )
+        make_arrivals(sc.model_copy(update={"requests": min(sc.request_count, 200)}), 0)
+        # a churn run's work grows with its instance arrivals (one GPU each: the most there can be)
+        small_churn = sc.churn is None or (
+            expected_instance_arrivals(sc.churn, cluster.gpu_count, 1.0, sc.instance_startup_s) <= 500
         )
-        if cluster.gpu_count <= 32:
+        if cluster.gpu_count <= 32 and small_churn:
             cli("simulate", "--scenario", path, "--policies", "slo", "--requests", "12", "--json")
 
 

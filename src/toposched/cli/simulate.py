@@ -10,7 +10,7 @@ from rich.progress import BarColumn, Progress, TextColumn
 from toposched.cli._common import console, err_console, print_json
 from toposched.errors import InputError
 from toposched.sim.engine import Simulation
-from toposched.sim.report import result_json, result_table, write_report
+from toposched.sim.report import LATENCY, result_json, result_table, write_report
 from toposched.sim.run import check_scenario_fits
 from toposched.sim.run import simulate as run_simulation
 from toposched.sim.scenario import MAX_REQUESTS, SCENARIOS, load_cluster, load_scenario
@@ -25,7 +25,12 @@ def simulate(
     scenario: str = typer.Option(..., "--scenario", help=f"Built-in ({', '.join(SCENARIOS.names())}) or a YAML file."),
     policies: str = typer.Option("index-order,random,latency,slo", "--policies", help="Comma-separated policies."),
     seed: int = typer.Option(0, "--seed", help="Seed for the workload and the random policy."),
-    requests: int | None = typer.Option(None, "--requests", help="Override the scenario's request count."),
+    requests: int | None = typer.Option(
+        None, "--requests", help="Override the scenario's request count (churn: the most requests drawn)."
+    ),
+    occupancy: float | None = typer.Option(
+        None, "--occupancy", help="Churn scenarios: offered occupancy (share of the cluster's GPU time), 0-2."
+    ),
     json_out: bool = typer.Option(False, "--json", help="Print one JSON object."),
     out: Path | None = typer.Option(None, "--out", help="Write PNG plots and report.md/report.html here."),
 ) -> None:
@@ -50,6 +55,14 @@ def simulate(
         if not 1 <= requests <= MAX_REQUESTS:
             raise InputError(f"--requests must be from 1 to {MAX_REQUESTS:,} (got {requests})")
         sc = sc.model_copy(update={"requests": requests})
+    if occupancy is not None:
+        if sc.churn is None:
+            raise InputError(
+                f"--occupancy: scenario {sc.name!r} has no churn", fix="use a churn scenario, e.g. --scenario churn-128"
+            )
+        if not (0 < occupancy <= 2):
+            raise InputError(f"--occupancy must be above 0 and at most 2 (got {occupancy:g})")
+        sc = sc.model_copy(update={"churn": sc.churn.model_copy(update={"occupancy": occupancy})})
     if json_out:
         results = run_simulation(sc, names, seed=seed)
     else:
@@ -57,18 +70,20 @@ def simulate(
             TextColumn("{task.description}"), BarColumn(), TextColumn("{task.completed:,.0f}/{task.total:,.0f}"),
             console=err_console, transient=True,
         ) as bar:  # fmt: skip
-            tasks = {n: bar.add_task(f"policy {n}", total=sc.requests) for n in names}
+            churn = sc.churn
+            total = churn.duration_s if churn is not None else float(sc.request_count)
+            tasks = {n: bar.add_task(f"policy {n}", total=total) for n in names}
 
             def progress(name: str, sim: Simulation) -> None:
-                finished = sum(1 for r in sim.requests.values() if r.state in ("done", "timed_out"))
-                bar.update(tasks[name], completed=finished)
+                done = sim.now if churn is not None else len(sim.requests)  # simulated seconds, or arrivals
+                bar.update(tasks[name], completed=min(done, total))
 
             results = run_simulation(sc, names, seed=seed, progress=progress)
     if json_out:
         print_json(result_json(sc, seed, results))
     else:
         console.print(result_table(sc, results))
-        console.print("latency = per-token: (last token - arrival) / output tokens, queueing included")
+        console.print(f"latency = {LATENCY}")
     if out is not None:
         for path in write_report(out, sc, seed, results):
             err_console.print(f"wrote {path}", markup=False)

@@ -26,8 +26,8 @@ from prometheus_client import CollectorRegistry, Histogram
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
 from prometheus_client.registry import Collector
 
+from toposched.perf.step import COMPRESSION_RATIO
 from toposched.service.state import ServiceState, Stats
-from toposched.solver.place import COMPRESSION_RATIO
 from toposched.solver.request import Placement
 
 SIGNALS: tuple[tuple[str, str], ...] = (
@@ -167,7 +167,8 @@ class StatsCollector(Collector):
             "toposched_sidecar_drift_reports", "Sidecar reports with topology drift.", value=stats.drift_reports
         )
         yield CounterMetricFamily(
-            "toposched_migrations_proposed", "Re-placements proposed on sidecar reports and defragmentation moves booked.",
+            "toposched_migrations_proposed",
+            "Re-placements proposed on sidecar reports and defragmentation moves booked.",
             value=stats.migrations_proposed,
         )  # fmt: skip
         yield CounterMetricFamily(

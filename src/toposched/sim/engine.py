@@ -1,34 +1,54 @@
 """Discrete-event cluster simulator driving the real scheduler, ledger and cost model on a fake clock.
 
-Entities: ``SimRequest`` (one inference request), ``SimInstance`` (one placed model instance with
-``batch`` slots). Events are classes with ``apply(sim) -> list[Event]``; the loop pops them from a
-heap keyed ``(time, priority, seq)``. Randomness comes from one seeded ``random.Random``.
+Entities: ``SimRequest`` (one inference request), ``Unit`` (one logical model instance of a
+deployment, with its lifetime and request stream) and ``SimInstance`` (one placed copy of a unit:
+a booking in the ledger and a continuous-batching engine, ``sim/batching.py``; a unit has two copies
+while a defragmentation move runs). Events (``sim/events.py``) are classes with ``apply(sim) ->
+list[Event]``; the loop pops them from a heap keyed ``(time, priority, seq)``. Randomness comes from seeded
+``random.Random`` objects: one for the instance arrivals, one per unit for its request stream, so
+every policy sees the same instances and, while they are up, the same requests.
 
-Service model (deliberately simple, stated in docs/simulator.md):
-
-* an instance serves up to ``batch`` requests at once; a request's prefill takes the instance's
-  predicted TTFT for a full batch divided by the batch (prefill is compute-bound, so its time is
-  close to linear in tokens), then each further output token takes the predicted TPOT at the design
-  batch, over the links the placement really uses (NVLink, PCIe or InfiniBand);
-* a request goes to an instance with a free slot whose predicted per-token latency meets its SLO,
-  else to any instance with a free slot, else it waits in a weighted fair queue by SLO class (and,
-  with autoscaling, asks for one more instance); it times out after ``timeout_s`` in the queue;
-* a failed GPU takes its instance down at once: its requests return to the queue (counted as
-  migrations) and a replacement instance is placed.
+* Requests go to the deployment's live instance with the fewest unfinished requests
+  (``sim/deployment.py``), or wait in the deployment's queue while none is up. Each instance steps
+  its batch with the placement's step cost (``solver/stepcost.py``: the links it really uses).
+* Instances are placed by the policy under test; one that cannot be placed waits, may fall back
+  across domains, may trigger defragmentation, or is abandoned (``sim/admission.py``).
+* A failed GPU takes its instances down at once: their requests start again elsewhere (counted as
+  requeued) and the instance is placed again. ``nvlink-down`` rewrites the topology instead.
+* Departure (end of lifetime, or the end of a churn run): the instance takes no new requests,
+  hands back those it never started, finishes the others, then releases its GPUs.
 """
 
 from __future__ import annotations
 
 import heapq
 import itertools
+import math
 import random
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, ClassVar, cast
+from typing import TYPE_CHECKING, cast
 
-from toposched.solver.queue import FairQueue
+from toposched.sim.admission import Admission, MoveRun
+from toposched.sim.batching import Batcher
+from toposched.sim.deployment import Deployment
+from toposched.sim.events import (
+    AdmissionTimer,
+    Arrival,
+    Departure,
+    EndOfArrivals,
+    Event,
+    GpuFailure,
+    InstanceArrival,
+    InstanceUp,
+    StepEnd,
+    StreamArrival,
+)
+from toposched.sim.workload import SimRequest
 from toposched.solver.request import Placement, PlacementRequest, SloClass
 from toposched.solver.scheduler import Scheduler
+from toposched.solver.stepcost import step_cost
 from toposched.topology.model import Health, LinkKind, nominal_link
+from toposched.workload.memory import MemoryConfig
 
 if TYPE_CHECKING:
     from collections.abc import Callable
@@ -36,207 +56,412 @@ if TYPE_CHECKING:
     from toposched.sim.scenario import Scenario
 
 
-@dataclass
-class SimRequest:
+@dataclass(eq=False)
+class Unit:
+    """One logical instance of a deployment: arrives, is placed (perhaps again), serves, departs."""
+
     id: int
+    deployment: Deployment
+    lifetime_s: float
     arrival_s: float
-    input_len: int
-    output_len: int
-    slo_class: str
-    state: str = "new"  # new | queued | running | done | timed_out | rejected
-    start_s: float = 0.0
-    ttft_s: float = 0.0
-    finish_s: float = 0.0
-    instance: str | None = None
-    in_domain: bool = False
-    migrations: int = 0
+    state: str = "new"  # pending | active | draining | done | abandoned | unplaced
+    copy: SimInstance | None = None  # the copy that serves (or will, once up)
+    copies: set[SimInstance] = field(default_factory=set)  # booked copies (two while a move runs)
+    departs_at: float = math.inf
+    up_since: float = -1.0
+    attempts: int = 0
+    waits: int = 0  # times it has waited for placement (stale timers check it)
+    pending_since: float = 0.0
+    cross_ok: bool = False
+    waited_nvlink: bool = False
+    placed: bool = False
+    placed_s: float = -1.0  # first booked
+    stream: random.Random | None = None
+    stream_version: int = 0
+
+    def next_id(self) -> str:
+        self.attempts += 1
+        return f"{self.deployment.tenant.name}.{self.id}-{self.attempts}"
 
 
-@dataclass
+@dataclass(eq=False)
 class SimInstance:
+    """One placed copy: its booking, its batching engine and where it is in its life."""
+
     placement: Placement
-    batch: int
-    prefill_s: float  # one request's prefill
-    tpot_s: float
+    request: PlacementRequest
+    unit: Unit
+    batcher: Batcher
     in_domain: bool
-    active: set[int] = field(default_factory=set)
-    up: bool = True
+    state: str = "starting"  # starting | up | draining | gone
+    version: int = 0
+    move: MoveRun | None = None
 
     @property
-    def per_token_ms(self) -> float:
-        return self.tpot_s * 1000
+    def id(self) -> str:
+        return self.placement.id
 
-
-class Event:
-    priority: ClassVar[int] = 5
-
-    def __init__(self, time: float) -> None:
-        self.time = time
-
-    def apply(self, sim: Simulation) -> list[Event]:
-        raise NotImplementedError
-
-
-class Arrival(Event):
-    priority = 3
-
-    def __init__(self, time: float, request: SimRequest) -> None:
-        super().__init__(time)
-        self.request = request
-
-    def apply(self, sim: Simulation) -> list[Event]:
-        req = self.request
-        sim.requests[req.id] = req
-        started = sim.try_start(req)
-        if started is not None:
-            return [started]
-        req.state = "queued"
-        sim.queue.push(str(req.id), cast(SloClass, req.slo_class), 1.0, 0.0)
-        follow: list[Event] = [Timeout(self.time + sim.scenario.timeout_s, req)]
-        follow.extend(sim.autoscale())
-        return follow
-
-
-class Finish(Event):
-    priority = 1  # free slots before same-instant arrivals
-
-    def __init__(self, time: float, request: SimRequest, instance: str) -> None:
-        super().__init__(time)
-        self.request = request
-        self.instance = instance
-
-    def apply(self, sim: Simulation) -> list[Event]:
-        req = self.request
-        if req.state != "running" or req.instance != self.instance:
-            return []  # the instance failed and the request moved
-        inst = sim.instances.get(self.instance)
-        req.state = "done"
-        req.finish_s = self.time
-        if inst is not None:
-            inst.active.discard(req.id)
-            sim.mark_free(inst)
-        return sim.drain_queue()
-
-
-class Timeout(Event):
-    priority = 2
-
-    def __init__(self, time: float, request: SimRequest) -> None:
-        super().__init__(time)
-        self.request = request
-
-    def apply(self, sim: Simulation) -> list[Event]:
-        if self.request.state == "queued" and sim.queue.remove(str(self.request.id)):
-            self.request.state = "timed_out"
-        return []
-
-
-class InstanceUp(Event):
-    priority = 0
-
-    def __init__(self, time: float, instance: SimInstance) -> None:
-        super().__init__(time)
-        self.instance = instance
-
-    def apply(self, sim: Simulation) -> list[Event]:
-        if self.instance.placement.id not in sim.scheduler.placements:
-            return []  # taken down by a failure before it came up
-        sim.instances[self.instance.placement.id] = self.instance
-        sim.mark_free(self.instance)
-        return sim.drain_queue()
-
-
-class GpuFailure(Event):
-    priority = 0
-
-    def __init__(self, time: float, gpu: str, kind: str) -> None:
-        super().__init__(time)
-        self.gpu = gpu
-        self.kind = kind
-
-    def apply(self, sim: Simulation) -> list[Event]:
-        follow: list[Event] = []
-        victims = sim.nvlink_down(self.gpu) if self.kind == "nvlink-down" else sim.scheduler.fail_gpu(self.gpu)
-        for pid in victims:
-            inst = sim.instances.pop(pid, None)
-            sim.free.pop(pid, None)
-            sim.free_slo.pop(pid, None)
-            sim.scheduler.release(pid)
-            sim.replacements += 1
-            if inst is None:
-                continue
-            for rid in sorted(inst.active):
-                req = sim.requests[rid]
-                req.state = "queued"
-                req.instance = None
-                req.migrations += 1
-                sim.migrations += 1
-                sim.queue.push(str(rid), cast(SloClass, req.slo_class), 1.0, 0.0)
-            follow.extend(sim.place_instances(1))
-        follow.extend(sim.drain_queue())
-        return follow
+    @property
+    def gpus(self) -> int:
+        return len(self.placement.ranks)
 
 
 class Simulation:
     """One run of one policy over one workload."""
 
     def __init__(
-        self, scenario: Scenario, scheduler: Scheduler, request: PlacementRequest, policy: str, seed: int
+        self,
+        scenario: Scenario,
+        scheduler: Scheduler,
+        deployments: list[Deployment],
+        policy: str,
+        seed: int,
+        *,
+        jump: bool = True,
     ) -> None:
         self.scenario = scenario
         self.scheduler = scheduler
-        self.template = request
+        self.deployments = deployments
         self.policy = policy
-        self.rng = random.Random(seed)
+        self.seed = seed
+        self.jump = jump
         self.now = 0.0
-        self.requests: dict[int, SimRequest] = {}
-        self.instances: dict[str, SimInstance] = {}
-        self.free: dict[str, None] = {}  # instances with a free slot
-        self.free_slo: dict[str, None] = {}  # ... whose per-token latency meets the SLO
-        self.queue = FairQueue()
+        self.requests: list[SimRequest] = []
+        self.request_cap = scenario.request_count
+        self.capped = False
+        self.units: list[Unit] = []
+        self.copies: dict[str, SimInstance] = {}
+        self.placed_history: list[Placement] = []
+        self.admission = Admission(self)
+        self.closed = False
+        self.retry = False  # GPUs were freed: waiting instances get another try after this event
         self.events_done = 0
-        self.migrations = 0
+        self.requeued_requests = 0
         self.replacements = 0
-        self._ids = itertools.count()
+        self.gpu_failures = 0
+        self.gpus_total = len(scheduler.index.info)
+        self.gpus_available = self.gpus_total - len(scheduler.failed)
+        self.gpus_held = 0
+        self.hbm_held = 0
+        # (time s, GPUs held, cross-domain GB/s of the bookings, GPUs available, HBM bytes held), at every change
+        self.gpu_series: list[tuple[float, int, float, int, int]] = [(0.0, 0, 0.0, self.gpus_available, 0)]
+        self.timeline: list[tuple[float, int, int]] = []  # (time s, waiting requests, running), ~400 samples
+        self.end_s = 0.0
         self._heap: list[tuple[float, int, int, Event]] = []
         self._seq = itertools.count()
-        self._full = False  # the last placement attempt found no room (reset when GPUs free up)
-        self.placed_history: list[Placement] = []
-        self.timeline: list[tuple[float, int, int]] = []  # (time s, queued, running), ~200 samples
+        self._arrivals: list[SimRequest] = []
+        self._next_arrival = 0
+        self._instances: list[Unit] = []
+        self._next_instance = 0
+        self._unit_ids = itertools.count()
+        self._sample_every = 1.0
+        self._full = False  # fixed instances: the last placement found no room (reset when GPUs free up)
+        cfg = MemoryConfig()
+        self._batched_tokens = cfg.max_num_batched_tokens
+        self._checkpoint_tokens = cfg.checkpoint_batched_tokens
 
-    # --------------------------------------------------------------------- instances
+    # --------------------------------------------------------------------- copies
 
-    def _instance(self, p: Placement) -> SimInstance:
-        batch = self.scenario.batch
-        return SimInstance(
-            placement=p,
-            batch=batch,
-            prefill_s=p.ttft_ms / 1000 / batch,
-            tpot_s=p.tpot_ms / 1000,
-            in_domain=all(c.held for c in p.constraints if c.name == "domain-affinity") and p.level == "nvlink",
+    def new_copy(self, unit: Unit, placement: Placement, request: PlacementRequest) -> SimInstance:
+        """A booked placement becomes a copy of ``unit`` (starting); its GPUs count as held."""
+        tenant = unit.deployment.tenant
+        # vLLM's max_num_batched_tokens: the serving default, or what the activation-checkpointing
+        # fallback sized the activations for (binding/engine_args.py uses the same two values)
+        tokens = self._checkpoint_tokens if "activation-checkpointing" in placement.fallbacks else self._batched_tokens
+        batcher = Batcher(
+            step_cost(self.scheduler, request, placement),
+            max_seqs=tenant.batch,
+            max_batched_tokens=tokens,
+            kv_capacity=placement.kv_tokens_capacity,
+            timeout_s=self.scenario.timeout_s,
+            jump=self.jump,
         )
+        affinity = all(c.held for c in placement.constraints if c.name == "domain-affinity")
+        in_domain = placement.tp == 1 or (affinity and placement.level == "nvlink")
+        inst = SimInstance(placement, request, unit, batcher, in_domain)
+        self.copies[inst.id] = inst
+        unit.copies.add(inst)
+        unit.placed = True
+        self.placed_history.append(placement)
+        self.gpus_held += inst.gpus
+        self.hbm_held += inst.gpus * placement.hbm_per_gpu.total
+        self.record_gpus()
+        return inst
 
-    def place_instances(self, count: int | None) -> list[Event]:
-        """Place up to ``count`` instances (None: as many as fit); returns their InstanceUp events."""
-        events: list[Event] = []
-        while count is None or len(events) < count:
-            # a known count is one batch (``Scheduler.place_batch``);
-            # "as many as fit" goes one at a time until the first refusal
-            n = 1 if count is None else count - len(events)
-            batch = [self.template.model_copy(update={"id": f"i{next(self._ids)}", "replicas": 1}) for _ in range(n)]
-            out = self.scheduler.place_batch(batch, self.policy)
-            for p in out.placements:
-                self.placed_history.append(p)
-                events.append(InstanceUp(self.now + self.scenario.instance_startup_s, self._instance(p)))
-            if out.unplaced or not out.placements:
-                self._full = True
+    def release(self, inst: SimInstance, *, booked: bool = True) -> None:
+        """The copy is gone; its booking is released unless ``booked`` is False (released already)."""
+        inst.state = "gone"
+        inst.version += 1
+        inst.unit.deployment.router.remove(inst)
+        if booked:
+            self.scheduler.release(inst.id)
+        self.copies.pop(inst.id, None)
+        inst.unit.copies.discard(inst)
+        self.gpus_held -= inst.gpus
+        self.hbm_held -= inst.gpus * inst.placement.hbm_per_gpu.total
+        self.record_gpus()
+        self.retry = True
+        self._full = False
+        unit = inst.unit
+        if unit.state == "draining" and not unit.copies:
+            unit.state = "done"
+
+    def record_gpus(self) -> None:
+        cross = sum(self.scheduler.cross_used.values())
+        self.gpu_series.append((self.now, self.gpus_held, cross, self.gpus_available, self.hbm_held))
+
+    def instance_up(self, inst: SimInstance) -> list[Event]:
+        if inst.state != "starting":
+            return []  # cancelled or failed before it came up
+        inst.state = "up"
+        unit = inst.unit
+        dep = unit.deployment
+        follow: list[Event] = []
+        if inst.move is not None and inst.move.new is inst:
+            self.admission.replacement_up(inst.move)
+        else:
+            unit.copy = inst
+            dep.router.add(inst)
+            if unit.up_since < 0:
+                unit.up_since = self.now
+                if math.isfinite(unit.lifetime_s):
+                    unit.departs_at = self.now + unit.lifetime_s
+                    follow.append(Departure(unit.departs_at, unit))
+            if unit.stream is not None:
+                follow.extend(self.next_stream(unit))
+        follow.extend(self.serve_queue(dep))
+        return follow
+
+    def drain(self, inst: SimInstance, *, hand_back: bool) -> list[Event]:
+        """No new requests for this copy; it finishes what it started, then releases its GPUs."""
+        if inst.state == "starting":
+            if inst.move is not None:
+                self.admission.copy_gone(inst.move, inst)
+            self.release(inst)
+            return []
+        if inst.state != "up":
+            return []
+        inst.state = "draining"
+        dep = inst.unit.deployment
+        dep.router.remove(inst)
+        follow: list[Event] = []
+        if hand_back:
+            for req in inst.batcher.unstarted():
+                follow.extend(self.route(req))
+        if not inst.batcher.busy and not inst.batcher.load:
+            self.drained(inst)
+        return follow
+
+    def drained(self, inst: SimInstance) -> None:
+        if inst.move is not None and inst.move.old is inst:
+            self.admission.old_drained(inst.move)
+        else:
+            self.release(inst)
+
+    def depart(self, unit: Unit, *, hand_back: bool) -> None:
+        if unit.state == "pending":
+            self.admission.withdraw(unit)
+            unit.state = "done" if not self.closed else "unplaced"
+            return
+        if unit.state != "active":
+            return
+        unit.state = "draining"
+        unit.stream_version += 1
+        for inst in sorted(unit.copies, key=lambda c: c.id):
+            for follow in self.drain(inst, hand_back=hand_back):
+                self.push(follow)
+        if not unit.copies:
+            unit.state = "done"
+
+    def fail(self, inst: SimInstance) -> list[Event]:
+        """A GPU under this copy failed: it stops now, its requests start again elsewhere."""
+        requests = inst.batcher.evict()
+        self.release(inst)
+        unit = inst.unit
+        successor = None
+        if inst.move is not None:
+            successor = self.admission.copy_gone(inst.move, inst)
+        follow: list[Event] = []
+        if unit.copy is inst and unit.state == "active":
+            if successor is not None:
+                unit.copy = successor
+            else:
+                unit.copy = None
+                unit.stream_version += 1
+                self.replacements += 1
+                follow.extend(self.admission.submit(unit, self.now))
+        for req in requests:
+            req.computed = req.generated = 0
+            req.requeued += 1
+            self.requeued_requests += 1
+            follow.extend(self.route(req))
+        return follow
+
+    # --------------------------------------------------------------------- requests
+
+    def add_request(self, req: SimRequest) -> None:
+        self.requests.append(req)
+        for follow in self.route(req):
+            self.push(follow)
+
+    def route(self, req: SimRequest) -> list[Event]:
+        dep = self.deployments[req.tenant]
+        if req.input_len + req.output_len > dep.template.max_model_len:
+            req.state = "rejected"  # longer than the context the instances reserve (vLLM refuses it)
+            return []
+        inst = dep.router.best()
+        if inst is None:
+            req.state = "queued"
+            dep.queue.push(str(req.id), cast(SloClass, req.slo_class), 1.0, 0.0)
+            return []
+        full = inst.batcher.load >= inst.batcher.max_seqs
+        follow = self.give(inst, req)
+        if full and self.scenario.autoscale and self.scenario.churn is None and not self._full:
+            follow.extend(self.place_fixed(1, dep))
+        return follow
+
+    def give(self, inst: SimInstance, req: SimRequest) -> list[Event]:
+        req.instance = inst.id
+        req.in_domain = inst.in_domain
+        req.tp = inst.placement.tp
+        req.state = "waiting"
+        batcher = inst.batcher
+        if batcher.busy:
+            end = batcher.interrupt(self.now)
+            batcher.waiting.append(req)
+        else:
+            batcher.waiting.append(req)
+            end = batcher.compose(self.now, self.timed_out)
+        inst.unit.deployment.router.update(inst)
+        return [] if end is None else [self.step_event(inst, end)]
+
+    def serve_queue(self, dep: Deployment) -> list[Event]:
+        """Requests that waited for a live instance go to one now (timed out ones drop)."""
+        follow: list[Event] = []
+        while len(dep.queue) and len(dep.router):
+            item = dep.queue.pop()
+            if item is None:
                 break
-        return events
+            req = self.requests[int(item.item_id)]
+            if not req.started and self.now - req.arrival_s > self.scenario.timeout_s:
+                self.timed_out(req)
+                continue
+            inst = dep.router.best()
+            assert inst is not None
+            follow.extend(self.give(inst, req))
+        return follow
+
+    def idle(self) -> bool:
+        """No more requests will come and none is unfinished (the end of a run with lasting instances)."""
+        if self.scenario.churn is not None:
+            return self.closed
+        if self._next_arrival < len(self._arrivals):
+            return False
+        return all(r.state in ("done", "timed_out", "rejected") for r in self.requests)
+
+    def timed_out(self, req: SimRequest) -> None:
+        req.state = "timed_out"
+
+    def up_event(self, inst: SimInstance, at: float) -> Event:
+        return InstanceUp(at, inst)
+
+    def timer_event(self, at: float, unit: Unit, kind: str) -> Event:
+        return AdmissionTimer(at, unit, kind, unit.waits)
+
+    def step_event(self, inst: SimInstance, end: float) -> StepEnd:
+        inst.version += 1
+        return StepEnd(end, inst, inst.version)
+
+    def next_arrival(self) -> list[Event]:
+        if self._next_arrival >= len(self._arrivals):
+            return []
+        req = self._arrivals[self._next_arrival]
+        self._next_arrival += 1
+        return [Arrival(req.arrival_s, req)]
+
+    def next_stream(self, unit: Unit) -> list[Event]:
+        dep = unit.deployment
+        assert unit.stream is not None
+        churn = self.scenario.churn
+        load = dep.tenant.load if dep.tenant.load is not None else (churn.load if churn is not None else 1.0)
+        t = self.now + unit.stream.expovariate(load * dep.capacity_rps)
+        return [StreamArrival(t, unit, unit.stream_version)] if t < self.end_s else []
+
+    def next_instance(self) -> list[Event]:
+        if self._next_instance >= len(self._instances):
+            return []
+        unit = self._instances[self._next_instance]
+        self._next_instance += 1
+        return [InstanceArrival(unit.arrival_s, unit)]
+
+    # --------------------------------------------------------------------- instances at the start
+
+    def new_unit(self, dep: Deployment, arrival_s: float, lifetime_s: float) -> Unit:
+        unit = Unit(id=next(self._unit_ids), deployment=dep, lifetime_s=lifetime_s, arrival_s=arrival_s)
+        dep.units += 1
+        return unit
+
+    def place_fixed(self, count: int | None, only: Deployment | None = None) -> list[Event]:
+        """Place up to ``count`` lasting instances now (None: as many as fit); their InstanceUp events.
+
+        With several tenants, instances go to the tenant furthest below its weight's share.
+        """
+        follow: list[Event] = []
+        deps = [only] if only is not None else list(self.deployments)
+        placed = 0
+        while deps and (count is None or placed < count):
+            total = sum(d.tenant.weight for d in deps)
+            dep = min(deps, key=lambda d: (d.units / (d.tenant.weight / total), d.index))
+            unit = self.new_unit(dep, self.now, math.inf)
+            ev = self.admission.place_now(unit, self.now)
+            if ev is None:
+                dep.units -= 1
+                deps.remove(dep)
+                self._full = True
+                continue
+            self.units.append(unit)
+            follow.extend(ev)
+            placed += 1
+        return follow
+
+    def start_churn(self) -> list[Event]:
+        """Pre-draw the churn instances (the same for every policy) and place those up at the start."""
+        churn = self.scenario.churn
+        assert churn is not None
+        rng = random.Random(f"{self.seed}:instances")
+        weights = [d.tenant.weight for d in self.deployments]
+        mean_gpus = sum(d.ref_gpus * w for d, w in zip(self.deployments, weights, strict=True)) / sum(weights)
+        startup = self.scenario.instance_startup_s
+        rate = churn.occupancy * self.gpus_total / (mean_gpus * (churn.mean_lifetime_s + startup))
+
+        def draw(arrival_s: float) -> Unit:
+            dep = rng.choices(self.deployments, weights)[0]
+            unit = self.new_unit(dep, arrival_s, rng.expovariate(1.0 / churn.mean_lifetime_s))
+            if self.scenario.trace is None:  # with a trace, the trace is the traffic
+                unit.stream = random.Random(f"{self.seed}:stream:{unit.id}")
+            return unit
+
+        follow: list[Event] = []
+        if churn.start_full:  # the steady state of an M/M/inf system: Poisson(rate x lifetime) up
+            initial = _poisson(rng, rate * churn.mean_lifetime_s)
+            for _ in range(initial):
+                unit = draw(0.0)
+                self.units.append(unit)
+                ev = self.admission.place_now(unit, 0.0, startup_s=0.0)
+                follow.extend(ev if ev is not None else self.admission.submit(unit, 0.0))
+        t = rng.expovariate(rate)
+        while t < churn.duration_s:
+            self._instances.append(draw(t))
+            t += rng.expovariate(rate)
+        follow.extend(self.next_instance())
+        return follow
+
+    # --------------------------------------------------------------------- topology changes
 
     def nvlink_down(self, ref: str) -> list[str]:
         """A GPU loses its NVLinks: it leaves its NVLink domain (the DomainMap changes) but can still
         serve alone. Its peers now reach it over PCIe (NODE within its NUMA node, SYS across).
-        Returns the instances whose TP group used NVLink to it (they must drain and move)."""
+        Returns the instances whose TP group used NVLink to it (they stop and are placed again)."""
         node_name, _, index_text = ref.rpartition("/")
         index = int(index_text)
         cluster = self.scheduler.cluster
@@ -263,84 +488,94 @@ class Simulation:
             and any(ref in [f"{r.node}/{r.gpu}" for r in p.ranks if r.stage == stage] for stage in range(p.pp))
         ]
 
-    def autoscale(self) -> list[Event]:
-        if not self.scenario.autoscale or self._full:
-            return []
-        return self.place_instances(1)
-
-    def mark_free(self, inst: SimInstance) -> None:
-        pid = inst.placement.id
-        if len(inst.active) < inst.batch and pid in self.instances:
-            self.free[pid] = None
-            if inst.per_token_ms <= self.scenario.slo_ms:
-                self.free_slo[pid] = None
-
-    # --------------------------------------------------------------------- requests
-
-    def try_start(self, req: SimRequest) -> Event | None:
-        pool = self.free_slo or self.free
-        if not pool:
-            return None
-        pid = next(iter(pool))
-        inst = self.instances[pid]
-        inst.active.add(req.id)
-        if len(inst.active) >= inst.batch:
-            self.free.pop(pid, None)
-            self.free_slo.pop(pid, None)
-        req.state = "running"
-        req.instance = pid
-        req.in_domain = inst.in_domain
-        req.start_s = self.now
-        req.ttft_s = self.now + inst.prefill_s - req.arrival_s
-        done = self.now + inst.prefill_s + (req.output_len - 1) * inst.tpot_s
-        return Finish(done, req, pid)
-
-    def drain_queue(self) -> list[Event]:
-        events: list[Event] = []
-        while len(self.queue) and (self.free_slo or self.free):
-            item = self.queue.pop()
-            if item is None:
-                break
-            req = self.requests[int(item.item_id)]
-            started = self.try_start(req)
-            if started is not None:
-                events.append(started)
-        return events
-
     # --------------------------------------------------------------------- loop
 
     def push(self, event: Event) -> None:
         heapq.heappush(self._heap, (event.time, event.priority, next(self._seq), event))
 
+    def sample(self, time: float) -> None:
+        waiting = sum(len(d.queue) for d in self.deployments)
+        running = 0
+        for inst in self.copies.values():
+            running += len(inst.batcher.running)
+            waiting += len(inst.batcher.waiting)
+        self.timeline.append((time, waiting, running))
+
     def run(self, arrivals: list[SimRequest], progress: Callable[[Simulation], None] | None = None) -> None:
-        for ev in self.place_instances(None if self.scenario.instances == "max" else int(self.scenario.instances)):
+        """The whole run: instances and traffic set up, events until none is left, then teardown."""
+        self.start(arrivals)
+        self.loop(progress)
+
+    def start(self, arrivals: list[SimRequest]) -> None:
+        """Place the instances present at the start and queue the first arrivals and the failures."""
+        churn = self.scenario.churn
+        self._arrivals = arrivals
+        if churn is not None:
+            self.end_s = churn.duration_s
+            for ev in self.start_churn():
+                self.push(ev)
+            self.push(EndOfArrivals(churn.duration_s))
+        else:
+            self.end_s = math.inf
+            count = self.scenario.instances
+            for ev in self.place_fixed(None if count == "max" else int(count)):
+                self.push(ev)
+            self._full = False
+        for ev in self.next_arrival():
             self.push(ev)
-        self._full = False
-        for req in arrivals:
-            self.push(Arrival(req.arrival_s, req))
         for failure in self.scenario.failures:
             self.push(GpuFailure(failure.at_s, failure.gpu, failure.kind))
-        span = max((r.arrival_s for r in arrivals), default=1.0) * 1.5 or 1.0
-        sample_every = span / 200
+        span = churn.duration_s if churn is not None else max((r.arrival_s for r in arrivals), default=1.0) * 1.5
+        self._sample_every = (span or 1.0) / 400
+
+    def loop(self, progress: Callable[[Simulation], None] | None = None) -> None:
+        """Apply events in (time, priority, seq) order until none is left; then tear down."""
         next_sample = 0.0
-        while self._heap:
-            time, _, _, event = heapq.heappop(self._heap)
+        heap = self._heap
+        while heap:
+            time, _, _, event = heapq.heappop(heap)
             self.now = time
-            if time >= next_sample:
-                running = sum(len(i.active) for i in self.instances.values())
-                self.timeline.append((time, len(self.queue), running))
-                next_sample = time + sample_every
+            if next_sample <= time <= self.end_s:
+                self.sample(time)
+                next_sample = time + self._sample_every
             for follow in event.apply(self):
                 self.push(follow)
+            if self.retry:
+                self.retry = False
+                for follow in self.admission.retry(time):
+                    self.push(follow)
             self.events_done += 1
-            if isinstance(event, GpuFailure):
-                self._full = False  # the failed instance's healthy GPUs are free again
-            if progress is not None and self.events_done % 2048 == 0:
+            if progress is not None and self.events_done % 4096 == 0:
                 progress(self)
-        # end of run: every instance is torn down and its reservation released
-        for pid in list(self.instances):
-            self.scheduler.release(pid)
-        self.instances.clear()
-        for req in self.requests.values():
-            if req.state in ("queued", "new"):
+        self.teardown()
+
+    def teardown(self) -> None:
+        """End of run: every copy is released, the ledger emptied; what never ran is counted."""
+        if self.scenario.churn is None:
+            done = [r.finish_s for r in self.requests if r.state == "done"]
+            self.end_s = max(done, default=self.now)
+        self.admission.close()
+        for inst in sorted(self.copies.values(), key=lambda c: c.id):
+            self.release(inst)
+        for unit in self.units:
+            if unit.state in ("active", "draining"):
+                unit.state = "done"
+        for req in self.requests:
+            if req.state in ("queued", "new", "waiting"):
                 req.state = "rejected"
+
+
+def _poisson(rng: random.Random, mean: float) -> int:
+    """A Poisson draw (Knuth's product of uniforms, in chunks so a large mean does not underflow)."""
+    count = 0
+    while mean > 0:
+        step = min(mean, 30.0)
+        mean -= step
+        limit, product = math.exp(-step), rng.random()
+        while product > limit:
+            count += 1
+            product *= rng.random()
+    return count
+
+
+__all__ = ["Event", "SimInstance", "SimRequest", "Simulation", "Unit"]

@@ -1,10 +1,15 @@
-"""Simulation output: the JSON document, a Rich table, PNG plots and a Markdown/HTML report."""
+"""Simulation output: the JSON document, a Rich table, PNG plots and a Markdown/HTML report.
+
+Plots are step functions (``drawstyle="steps-post"``: a CDF or a count holds its value until the
+next sample, nothing is interpolated), one panel per policy wherever lines of several policies
+would lie on top of each other.
+"""
 
 from __future__ import annotations
 
 import html
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from rich.table import Table
 
@@ -12,24 +17,52 @@ from toposched.errors import InputError
 from toposched.sim.run import PolicyResult
 from toposched.sim.scenario import Scenario
 
+if TYPE_CHECKING:
+    from matplotlib.figure import Figure
+
+LATENCY = "per-token: (last token time - arrival time) / output tokens, queueing included"
+
 COLUMNS = (
+    ("slo_attainment", "SLO met"),
+    ("slo_tp8", "TP8 SLO"),
     ("p50_ms", "p50"),
     ("p99_ms", "p99"),
+    ("ttft_p50_ms", "TTFT p50"),
     ("ttft_p99_ms", "TTFT p99"),
-    ("slo_attainment", "SLO met"),
+    ("tpot_p50_ms", "TPOT p50"),
+    ("tpot_p99_ms", "TPOT p99"),
+    ("gpu_utilization", "GPU util"),
+    ("queued_for_nvlink_rate", "NVLink wait"),
+    ("migrations", "moves"),
+    ("fallback_placements", "x-domain"),
     ("intra_domain_rate", "in domain"),
     ("completed", "done"),
     ("timed_out", "t/o"),
-    ("instances", "inst"),
 )
+
+TABLE_COLUMNS = ("slo_attainment", "slo_tp8", "p99_ms", "ttft_p99_ms", "tpot_p99_ms", "gpu_utilization",
+                 "queued_for_nvlink_rate", "migrations", "completed", "timed_out")  # fmt: skip
+"""The terminal table's columns (the reports have all of ``COLUMNS``)."""
+
+
+def _cell(metrics: dict[str, Any], key: str) -> Any:
+    if key == "slo_tp8":
+        return metrics.get("slo_attainment_by_tp", {}).get("8")
+    return metrics.get(key)
 
 
 def result_json(scenario: Scenario, seed: int, results: dict[str, PolicyResult]) -> dict[str, Any]:
+    tenants = scenario.tenant_list()
+    first = next(iter(results.values()), None)
     return {
         "scenario": scenario.name,
         "seed": seed,
-        "latency": "per-token: (last token time - arrival time) / output tokens, queueing included",
-        "slo_ms": scenario.slo_ms,
+        "latency": LATENCY,
+        "slo_ms": round(first.metrics["tenants"][tenants[0].name]["slo_ms"], 3)
+        if first is not None and len(tenants) == 1
+        else None,
+        "occupancy": scenario.churn.occupancy if scenario.churn is not None else None,
+        "tenants": first.metrics["tenants"] if first is not None else {},
         "policies": {name: r.metrics for name, r in results.items()},
     }
 
@@ -42,96 +75,164 @@ def _fmt(value: Any) -> str:
     return str(value)
 
 
+def _title(scenario: Scenario, results: dict[str, PolicyResult]) -> str:
+    first = next(iter(results.values()), None)
+    count = first.metrics["requests"] if first is not None else 0
+    tenants = scenario.tenant_list()
+    slo = ""
+    if first is not None and len(tenants) == 1:
+        slo = f", SLO {first.metrics['tenants'][tenants[0].name]['slo_ms']:g} ms/token"
+    churn = f", churn at occupancy {scenario.churn.occupancy:g}" if scenario.churn is not None else ""
+    return f"{scenario.name}: {count:,} requests, {len(tenants)} tenant(s){slo}{churn} (latencies in ms)"
+
+
 def result_table(scenario: Scenario, results: dict[str, PolicyResult]) -> Table:
-    table = Table(
-        title=f"{scenario.name}: {scenario.requests} requests, SLO {scenario.slo_ms:g} ms/token (latencies in ms)"
-    )
+    table = Table(title=_title(scenario, results))
     table.add_column("policy")
-    for _, label in COLUMNS:
-        table.add_column(label, justify="right")
+    labels = dict(COLUMNS)
+    for key in TABLE_COLUMNS:
+        table.add_column(labels[key], justify="right")
     for name, r in results.items():
-        table.add_row(name, *(_fmt(r.metrics.get(key)) for key, _ in COLUMNS))
+        table.add_row(name, *(_fmt(_cell(r.metrics, key)) for key in TABLE_COLUMNS))
     return table
 
 
-def write_report(out: Path, scenario: Scenario, seed: int, results: dict[str, PolicyResult]) -> list[Path]:
-    """PNG plots (latency CDF; queue and running requests over time) and report.md / report.html."""
-    try:
-        import matplotlib
+def _cdf(ax: Any, values: list[float], label: str) -> None:
+    ordered = sorted(values)
+    if ordered:
+        n = len(ordered)
+        ax.plot(ordered, [(i + 1) / n for i in range(n)], drawstyle="steps-post", label=label)
 
-        matplotlib.use("Agg")
+
+def figures(scenario: Scenario, results: dict[str, PolicyResult]) -> dict[str, Figure]:
+    """The report's figures by file name (matplotlib; ImportError when it is missing)."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    names = list(results)
+    rows = max(1, len(names))
+    slos = sorted({t["slo_ms"] for r in results.values() for t in r.metrics["tenants"].values()})
+    out: dict[str, Figure] = {}
+
+    fig, axes = plt.subplots(rows, 1, figsize=(7, 2.4 * rows), sharex=True, squeeze=False)
+    for ax, name in zip(axes[:, 0], names, strict=True):
+        _cdf(ax, results[name].per_token_ms, "per-token latency")
+        for slo in slos:
+            ax.axvline(slo, color="grey", linestyle="--", linewidth=0.8)
+        ax.set_ylabel("share done")
+        ax.set_title(f"{name}: per-token latency CDF (dashed: tenant SLOs)", fontsize=9)
+    axes[-1, 0].set_xlabel("per-token latency (ms)")
+    fig.tight_layout()
+    out["latency_cdf.png"] = fig
+
+    fig, axes = plt.subplots(rows, 2, figsize=(9, 2.4 * rows), squeeze=False)
+    for (ttft_ax, tpot_ax), name in zip(axes, names, strict=True):
+        _cdf(ttft_ax, results[name].ttft_ms, "TTFT")
+        _cdf(tpot_ax, results[name].tpot_ms, "TPOT")
+        ttft_ax.set_xscale("symlog", linthresh=100)
+        ttft_ax.set_title(f"{name}: TTFT CDF", fontsize=9)
+        tpot_ax.set_title(f"{name}: TPOT CDF", fontsize=9)
+        ttft_ax.set_ylabel("share done")
+    axes[-1, 0].set_xlabel("TTFT (ms)")
+    axes[-1, 1].set_xlabel("TPOT (ms)")
+    fig.tight_layout()
+    out["ttft_tpot_cdf.png"] = fig
+
+    fig, axes = plt.subplots(rows, 1, figsize=(7, 2.4 * rows), sharex=True, squeeze=False)
+    for ax, name in zip(axes[:, 0], names, strict=True):
+        timeline = results[name].timeline
+        times = [t for t, _, _ in timeline]
+        ax.plot(times, [w for _, w, _ in timeline], drawstyle="steps-post", label="waiting")
+        ax.plot(times, [n for _, _, n in timeline], drawstyle="steps-post", label="running")
+        ax.set_ylabel("requests")
+        ax.set_title(f"{name}: requests waiting and running", fontsize=9)
+        ax.legend(fontsize=8, loc="upper right")
+    axes[-1, 0].set_xlabel("simulated time (s)")
+    fig.tight_layout()
+    out["queue_over_time.png"] = fig
+
+    fig, axes = plt.subplots(rows, 1, figsize=(7, 2.4 * rows), sharex=True, squeeze=False)
+    for ax, name in zip(axes[:, 0], names, strict=True):
+        series = results[name].gpu_series
+        times = [s[0] for s in series]
+        ax.plot(times, [s[1] for s in series], drawstyle="steps-post", label="held by instances")
+        ax.plot(times, [s[3] for s in series], drawstyle="steps-post", label="healthy", linestyle="--")
+        ax.set_ylabel("GPUs")
+        ax.set_title(f"{name}: GPUs held", fontsize=9)
+        ax.legend(fontsize=8, loc="lower right")
+    axes[-1, 0].set_xlabel("simulated time (s)")
+    fig.tight_layout()
+    out["gpus_over_time.png"] = fig
+    return out
+
+
+def _rows(results: dict[str, PolicyResult]) -> list[list[str]]:
+    return [[name, *(_fmt(_cell(r.metrics, key)) for key, _ in COLUMNS)] for name, r in results.items()]
+
+
+def _by_tp(results: dict[str, PolicyResult]) -> tuple[list[str], list[list[str]]]:
+    sizes = sorted({k for r in results.values() for k in r.metrics["slo_attainment_by_tp"]}, key=int)
+    rows = [[name, *(_fmt(r.metrics["slo_attainment_by_tp"].get(k)) for k in sizes)] for name, r in results.items()]
+    return [f"TP{k}" for k in sizes], rows
+
+
+def write_report(out: Path, scenario: Scenario, seed: int, results: dict[str, PolicyResult]) -> list[Path]:
+    """PNG plots (latency, TTFT/TPOT CDFs; requests and GPUs over time) and report.md / report.html."""
+    try:
         import matplotlib.pyplot as plt
+
+        figs = figures(scenario, results)
     except ImportError as exc:
         raise InputError("--out needs matplotlib", fix="pip install 'toposched[plots]'") from exc
     out.mkdir(parents=True, exist_ok=True)
     written: list[Path] = []
-    fig, ax = plt.subplots(figsize=(7, 4))
-    for name, r in results.items():
-        values = sorted(r.per_token_ms)
-        if values:
-            ax.plot(values, [(i + 1) / len(values) for i in range(len(values))], label=name)
-    ax.axvline(scenario.slo_ms, color="grey", linestyle="--", label=f"SLO {scenario.slo_ms:g} ms")
-    ax.set_xlabel("per-token latency (ms)")
-    ax.set_ylabel("share of completed requests")
-    ax.set_title(f"{scenario.name}: latency CDF")
-    ax.legend()
-    cdf = out / "latency_cdf.png"
-    fig.tight_layout()
-    fig.savefig(cdf, dpi=110)
-    plt.close(fig)
-    written.append(cdf)
-    fig, (q_ax, r_ax) = plt.subplots(2, 1, figsize=(7, 5), sharex=True)
-    for name, r in results.items():
-        if r.timeline:
-            times = [t for t, _, _ in r.timeline]
-            q_ax.plot(times, [q for _, q, _ in r.timeline], label=name)
-            r_ax.plot(times, [n for _, _, n in r.timeline], label=name)
-    q_ax.set_ylabel("queued requests")
-    r_ax.set_ylabel("running requests")
-    r_ax.set_xlabel("simulated time (s)")
-    q_ax.legend()
-    fig.tight_layout()
-    over_time = out / "queue_over_time.png"
-    fig.savefig(over_time, dpi=110)
-    plt.close(fig)
-    written.append(over_time)
+    for name, fig in figs.items():
+        path = out / name
+        fig.savefig(path, dpi=110)
+        plt.close(fig)
+        written.append(path)
 
-    keys = [k for k, _ in COLUMNS]
-    head = "| policy | " + " | ".join(label for _, label in COLUMNS) + " |"
-    rows = [f"| {n} | " + " | ".join(_fmt(r.metrics.get(k)) for k in keys) + " |" for n, r in results.items()]
+    labels = [label for _, label in COLUMNS]
+    tp_labels, tp_rows = _by_tp(results)
+    title = _title(scenario, results)
     md = [
         f"# Simulation: {scenario.name} (seed {seed})",
         "",
-        f"{scenario.requests} requests on `{scenario.cluster}`, model `{Path(scenario.model).name}`, "
-        f"per-token SLO {scenario.slo_ms:g} ms. Per-token latency = (last token - arrival) / output tokens.",
+        f"{title}. Cluster `{scenario.cluster}`. Latency = {LATENCY}.",
         "",
-        head,
-        "|" + "---|" * (len(keys) + 1),
-        *rows,
+        "| policy | " + " | ".join(labels) + " |",
+        "|" + "---|" * (len(labels) + 1),
+        *("| " + " | ".join(row) + " |" for row in _rows(results)),
         "",
-        "![latency CDF](latency_cdf.png)",
+        "SLO met by the TP size of the serving instance:",
         "",
-        "![queue over time](queue_over_time.png)",
+        "| policy | " + " | ".join(tp_labels) + " |",
+        "|" + "---|" * (len(tp_labels) + 1),
+        *("| " + " | ".join(row) + " |" for row in tp_rows),
         "",
+        *(f"![{name}]({name})\n" for name in figs),
     ]
     report_md = out / "report.md"
     report_md.write_text("\n".join(md))
     written.append(report_md)
-    cells = "".join(
-        "<tr><td>"
-        + html.escape(n)
-        + "</td>"
-        + "".join(f"<td>{html.escape(_fmt(r.metrics.get(k)))}</td>" for k in keys)
-        + "</tr>"
-        for n, r in results.items()
-    )
+
+    def table(head: list[str], rows: list[list[str]]) -> str:
+        cells = "".join("<tr>" + "".join(f"<td>{html.escape(c)}</td>" for c in row) + "</tr>" for row in rows)
+        return (
+            "<table border='1' cellpadding='4'><tr>"
+            + "".join(f"<th>{html.escape(h)}</th>" for h in head)
+            + f"</tr>{cells}</table>"
+        )
+
     page = (
         f"<!doctype html><meta charset='utf-8'><title>{html.escape(scenario.name)}</title>"
-        f"<h1>Simulation: {html.escape(scenario.name)} (seed {seed})</h1>"
-        "<table border='1' cellpadding='4'><tr><th>policy</th>"
-        + "".join(f"<th>{html.escape(label)}</th>" for _, label in COLUMNS)
-        + f"</tr>{cells}</table>"
-        "<p><img src='latency_cdf.png'></p><p><img src='queue_over_time.png'></p>"
+        f"<h1>Simulation: {html.escape(scenario.name)} (seed {seed})</h1><p>{html.escape(title)}</p>"
+        + table(["policy", *labels], _rows(results))
+        + "<p>SLO met by the TP size of the serving instance:</p>"
+        + table(["policy", *tp_labels], tp_rows)
+        + "".join(f"<p><img src='{html.escape(name)}'></p>" for name in figs)
     )
     report_html = out / "report.html"
     report_html.write_text(page)

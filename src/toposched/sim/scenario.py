@@ -1,15 +1,25 @@
-"""Simulation scenarios: the cluster, the model, the traffic and the failures, as one validated value.
+"""Simulation scenarios: the cluster, the tenants, the traffic, churn and failures, as one validated value.
+
+A scenario has one or more **tenants** (a model with its dtypes, TP, SLO class, batch, request
+lengths and per-token SLO); all instances of a tenant form one deployment. Instances are either a
+fixed set placed at the start (``instances``: a count or ``max``, as many as fit), or come and go
+(``churn``): Poisson instance arrivals, exponential lifetimes, each instance serving its own request
+stream while it is up. A scenario with one tenant may give the tenant's fields at the top level
+(``model``, ``batch``, ``input_len``, ``slo_ms`` ...), as the scenarios before issue 15 did.
 
 Built-in scenarios (``SCENARIOS``):
 
 * ``seed-256`` — seed 000's setting: 32 x HGX H100 (256 GPUs) over 8 x 400G InfiniBand; an FP8
   175B-class dense model (``data/scenarios/dense-175b-class.json``: GPT-3 175B's shape); 4,096
   requests of sequence length 2,048 (1,024 in, 1,024 out); instances with batch 32; per-token SLO
-  100 ms. The seed gives no arrival rate; we use Poisson arrivals at 36 requests/s, about 90 % of
-  what the topology-aware placement can serve (32 instances x 32 slots / ~25.6 s per request).
+  100 ms; Poisson arrivals at 36 requests/s (unchanged since before issue 15).
 * ``small`` — 4 HGX H100 nodes, Llama-3.1-70B, 400 requests: for tests and quick looks.
 * ``large-16k`` — 2,048 HGX H100 nodes (16,384 GPUs), Llama-3.1-70B, 100,000 requests: the
   performance scenario.
+* ``churn-128`` — issue 15's busy cluster: 16 x HGX H100, tenants of TP 1/2/4/8 (weights 4:3:2:1),
+  exponential lifetimes (mean 300 s), requests at 70 % of each instance's in-domain capacity, three
+  GPU failures, SLO = 1.25 x the in-domain per-token latency, offered occupancy 0.85.
+* ``churn-tiny`` — a two-node churn scenario for tests.
 
 A scenario file (YAML) has the same fields; see docs/simulator.md. Every field is bounded (at most
 ``MAX_REQUESTS`` requests, durations up to ``MAX_SECONDS``, finite numbers only), so a damaged or
@@ -18,6 +28,7 @@ hostile file gets one error naming the file and the key, never an unbounded run.
 
 from __future__ import annotations
 
+import math
 import re
 from importlib import resources
 from pathlib import Path
@@ -27,17 +38,24 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_valida
 
 from toposched.errors import InputError, SpecError
 from toposched.inputs import load_yaml, read_text
-from toposched.names import node_name_problem
+from toposched.names import ObjectId, node_name_problem
 from toposched.registry import Registry
+from toposched.solver.request import SloClass
 from toposched.topology.model import Cluster, Fabric
 from toposched.topology.presets import load_preset, preset_node
 from toposched.topology.spec import MAX_NODES, load_cluster_spec
 
 MAX_REQUESTS = 1_000_000
-"""Most requests one scenario or trace may hold (10x the largest built-in scenario)."""
+"""Most requests one scenario or trace may hold (10x the largest fixed scenario)."""
+
+MAX_INSTANCES = 100_000
+"""Most instance arrivals one churn run may generate (checked against the cluster before a run)."""
 
 MAX_SECONDS = 1e7
 """Longest duration (rate period, SLO, timeout, start-up) a scenario may give: about 115 days."""
+
+MAX_TOKENS = 1_000_000
+"""Longest input or output of one request."""
 
 MAX_SCENARIO_BYTES = 128 * 1024
 """Largest scenario file read (a scenario is a few fields and at most ``MAX_FAILURES`` failures)."""
@@ -45,8 +63,13 @@ MAX_SCENARIO_BYTES = 128 * 1024
 MAX_FAILURES = 1000
 """Most scheduled failures one scenario may list."""
 
+MAX_TENANTS = 64
+"""Most tenants (deployments) in one scenario."""
+
 MAX_REF = 4096
 """Longest cluster / model / trace reference (a name or a path)."""
+
+SLO_CLASS_NAMES = ("realtime", "interactive", "standard", "batch")
 
 Ref = Annotated[str, Field(min_length=1, max_length=MAX_REF, pattern=r"^[^\x00]+$")]
 Seconds = Annotated[float, Field(ge=0, le=MAX_SECONDS)]
@@ -57,7 +80,7 @@ class _Value(BaseModel):
 
 
 class Arrivals(_Value):
-    """How requests arrive (ignored when a trace is given)."""
+    """How requests arrive in a scenario with a fixed set of instances (ignored with a trace or churn)."""
 
     kind: Literal["poisson", "bursty"] = "poisson"
     rate_per_s: float = Field(default=10.0, gt=0, le=1e6, description="mean arrival rate")
@@ -67,9 +90,30 @@ class Arrivals(_Value):
 
 
 class Lengths(_Value):
-    dist: Literal["fixed", "uniform"] = "fixed"
-    mean: int = Field(default=1024, ge=1, le=1_000_000)
+    """A distribution of token counts (prompt or output)."""
+
+    dist: Literal["fixed", "uniform", "lognormal"] = "fixed"
+    mean: int = Field(default=1024, ge=1, le=MAX_TOKENS)
     spread: float = Field(default=0.5, ge=0, lt=1, description="uniform: +/- this fraction of the mean")
+    sigma: float = Field(default=0.5, gt=0, le=3, description="lognormal: sigma of the underlying normal")
+    max: int | None = Field(
+        default=None, ge=1, le=MAX_TOKENS, description="lognormal: longest draw (default 4 x mean); draws are clipped"
+    )
+
+    @property
+    def upper(self) -> int:
+        """The longest value a draw can take (sizes the instances' max model length)."""
+        if self.dist == "fixed":
+            return self.mean
+        if self.dist == "uniform":
+            return max(1, round(self.mean * (1 + self.spread)))
+        return self.max or min(4 * self.mean, MAX_TOKENS)
+
+    @model_validator(mode="after")
+    def _check(self) -> Lengths:
+        if self.dist == "lognormal" and self.max is not None and self.max < self.mean:
+            raise ValueError(f"max {self.max} is below the mean {self.mean}")
+        return self
 
 
 def gpu_ref_problem(ref: str) -> str | None:
@@ -95,16 +139,101 @@ class Failure(_Value):
         return value
 
 
-class Scenario(_Value):
-    """Everything one simulation run needs; every field has a default except the cluster and model."""
+def _check_mix(mix: dict[str, float], what: str) -> None:
+    bad = [c for c in mix if c not in SLO_CLASS_NAMES]
+    if bad:
+        raise ValueError(f"{what} has unknown classes {bad}; use realtime, interactive, standard, batch")
+    if not mix or min(mix.values()) < 0 or sum(mix.values()) <= 0:
+        raise ValueError(f"{what} needs non-negative shares with a positive sum")
 
-    name: str = Field(default="scenario", min_length=1, max_length=200, pattern=r"^[^\x00-\x1f\x7f]+$")
-    cluster: Ref = Field(description="preset name, 'NxPRESET' (N nodes of a one-node preset) or cluster spec path")
+
+class Tenant(_Value):
+    """One deployment: a model served by any number of identical instances."""
+
+    name: ObjectId = Field(max_length=40, description="the deployment's name (instance ids derive from it)")
     model: Ref = Field(description="catalog name, Hugging Face id or config.json path")
     weight_dtype: str | None = Field(default=None, max_length=40)
     kv_dtype: str | None = Field(default=None, max_length=40)
-    requests: int = Field(default=1000, ge=1, le=MAX_REQUESTS)
-    arrivals: Arrivals = Arrivals()
+    tp: int | Literal["auto"] = Field(default="auto", description="the TP degree of every instance, or auto")
+    slo_class: SloClass = Field(default="interactive", description="the instances' class (admission, budget share)")
+    slo_mix: dict[str, float] | None = Field(
+        default=None, max_length=4, description="shares of request classes; default: all in slo_class"
+    )
+    batch: int = Field(default=32, ge=1, le=4096, description="max_num_seqs: sequences one instance runs at once")
+    input_len: Lengths = Lengths()
+    output_len: Lengths = Lengths(mean=256)
+    slo_ms: float | None = Field(
+        default=None, gt=0, le=MAX_SECONDS, description="per-token latency SLO (end-to-end / output tokens)"
+    )
+    slo_factor: float | None = Field(
+        default=None,
+        gt=0,
+        le=1000,
+        description="per-token SLO as this factor x the in-domain predicted per-token latency at the design batch",
+    )
+    weight: float = Field(default=1.0, gt=0, le=1e6, description="churn: share of instance arrivals")
+    load: float | None = Field(
+        default=None, gt=0, le=10, description="churn: requests per instance as a fraction of its capacity"
+    )
+
+    @field_validator("tp")
+    @classmethod
+    def _tp(cls, value: int | str) -> int | str:
+        if isinstance(value, int) and (value < 1 or value > 1024 or value & (value - 1)):
+            raise ValueError(f"tp must be 'auto' or a power of two from 1 to 1024, got {value}")
+        return value
+
+    @model_validator(mode="after")
+    def _check(self) -> Tenant:
+        if self.slo_mix is not None:
+            _check_mix(self.slo_mix, "slo_mix")
+        if (self.slo_ms is None) == (self.slo_factor is None):
+            raise ValueError("give exactly one of slo_ms (milliseconds per token) and slo_factor")
+        return self
+
+    @property
+    def max_model_len(self) -> int:
+        """The context the instances reserve KV for: the longest prompt plus the longest output."""
+        return self.input_len.upper + self.output_len.upper
+
+
+class Churn(_Value):
+    """Instances arriving and leaving (issue 15): the offered occupancy sets the arrival rate.
+
+    rate = occupancy x GPUs / (mean GPUs per instance x (mean lifetime + start-up)): an instance
+    holds its GPUs from booking (start-up) to departure, so offered occupancy is the share of GPU
+    time the instances would hold if every one were placed at once.
+    """
+
+    occupancy: float = Field(default=0.85, gt=0, le=2, description="offered share of the cluster's GPU time")
+    duration_s: float = Field(default=1800.0, gt=0, le=MAX_SECONDS, description="instance and request arrivals stop")
+    mean_lifetime_s: float = Field(default=300.0, gt=0, le=MAX_SECONDS, description="exponential, from when up")
+    load: float = Field(default=0.7, gt=0, le=10, description="requests per instance / its in-domain capacity")
+    start_full: bool = Field(
+        default=True, description="start at the steady state: Poisson(rate x lifetime) instances already up"
+    )
+
+
+class Admission(_Value):
+    """How instances that cannot be placed wait, fall back across domains and trigger defragmentation."""
+
+    abandon_after_s: float = Field(default=600.0, gt=0, le=MAX_SECONDS, description="a waiting instance gives up")
+    cross_domain: bool = Field(default=True, description="retry with allow_cross_domain after the class's wait")
+    defrag: bool = Field(default=True, description="an instance needing a whole NVLink domain may trigger moves")
+    defrag_max_moves: int = Field(default=4, ge=1, le=64, description="most moves of one defragmentation plan")
+    defrag_moves_per_window: int = Field(default=4, ge=1, le=10_000, description="rate limit: moves ...")
+    defrag_window_s: float = Field(default=300.0, gt=0, le=MAX_SECONDS, description="... per this many seconds")
+
+
+class Scenario(_Value):
+    """Everything one simulation run needs; every field has a default except the cluster and the model(s)."""
+
+    name: str = Field(default="scenario", min_length=1, max_length=200, pattern=r"^[^\x00-\x1f\x7f]+$")
+    cluster: Ref = Field(description="preset name, 'NxPRESET' (N nodes of a one-node preset) or cluster spec path")
+    # one-tenant shorthand (the tenant is named "default")
+    model: Ref | None = Field(default=None, description="catalog name, Hugging Face id or config.json path")
+    weight_dtype: str | None = Field(default=None, max_length=40)
+    kv_dtype: str | None = Field(default=None, max_length=40)
     input_len: Lengths = Lengths()
     output_len: Lengths = Lengths(mean=256)
     slo_ms: float = Field(
@@ -112,16 +241,25 @@ class Scenario(_Value):
     )
     slo_mix: dict[str, float] = Field(default_factory=lambda: {"interactive": 1.0}, max_length=4)
     batch: int = Field(default=32, ge=1, le=4096, description="sequences one instance serves at once")
+    # several tenants
+    tenants: tuple[Tenant, ...] = Field(default=(), max_length=MAX_TENANTS)
+    # traffic and instances
+    requests: int | None = Field(
+        default=None, ge=1, le=MAX_REQUESTS, description="requests (fixed instances; default 1,000) or a cap (churn)"
+    )
+    arrivals: Arrivals = Arrivals()
     instances: int | Literal["max"] = Field(
         default="max", description="instances placed at the start (at most MAX_REQUESTS; checked against the GPUs)"
     )
     autoscale: bool = True
+    churn: Churn | None = None
+    admission: Admission = Admission()
     instance_startup_s: Seconds = 0.0
     timeout_s: float = Field(
-        default=600.0, gt=0, le=MAX_SECONDS, description="a request waiting longer than this times out"
+        default=600.0, gt=0, le=MAX_SECONDS, description="a request not started this long after arrival times out"
     )
     failures: tuple[Failure, ...] = Field(default=(), max_length=MAX_FAILURES)
-    trace: Ref | None = Field(default=None, description="CSV: timestamp,model,input_len,output_len,slo_class")
+    trace: Ref | None = Field(default=None, description="CSV: timestamp,input_len,output_len[,slo_class][,tenant]")
     budget_gbps: float = Field(default=256.0, gt=0, le=1e9)
 
     @field_validator("instances")
@@ -133,12 +271,41 @@ class Scenario(_Value):
 
     @model_validator(mode="after")
     def _check(self) -> Scenario:
-        bad = [c for c in self.slo_mix if c not in ("realtime", "interactive", "standard", "batch")]
-        if bad:
-            raise ValueError(f"slo_mix has unknown classes {bad}; use realtime, interactive, standard, batch")
-        if not self.slo_mix or min(self.slo_mix.values()) < 0 or sum(self.slo_mix.values()) <= 0:
-            raise ValueError("slo_mix needs non-negative shares with a positive sum")
+        _check_mix(self.slo_mix, "slo_mix")
+        if self.tenants and self.model is not None:
+            raise ValueError("give either model (one tenant) or tenants, not both")
+        if not self.tenants and self.model is None:
+            raise ValueError("give a model (one tenant) or a list of tenants")
+        names = [t.name for t in self.tenants]
+        if len(set(names)) != len(names):
+            raise ValueError(f"tenant names must be unique (got {names})")
         return self
+
+    @property
+    def request_count(self) -> int:
+        """Requests to generate (fixed instances) or the most to generate (churn)."""
+        if self.requests is not None:
+            return self.requests
+        return MAX_REQUESTS if self.churn is not None else 1000
+
+    def tenant_list(self) -> tuple[Tenant, ...]:
+        """The tenants; the one-tenant shorthand becomes a tenant named ``default``."""
+        if self.tenants:
+            return self.tenants
+        assert self.model is not None  # checked by the validator
+        return (
+            Tenant(
+                name="default",
+                model=self.model,
+                weight_dtype=self.weight_dtype,
+                kv_dtype=self.kv_dtype,
+                slo_mix=self.slo_mix,
+                batch=self.batch,
+                input_len=self.input_len,
+                output_len=self.output_len,
+                slo_ms=self.slo_ms,
+            ),
+        )
 
 
 def _dense_175b() -> str:
@@ -192,6 +359,58 @@ SCENARIOS.register(
     ),
 )
 
+# Request lengths of the churn scenarios: lognormal (sigma 0.6) around 1,024 prompt and 256 output
+# tokens, clipped at 4x the mean. Our choice, of the order of chat workloads; not a measured trace.
+_CHAT_IN = Lengths(dist="lognormal", mean=1024, sigma=0.6)
+_CHAT_OUT = Lengths(dist="lognormal", mean=256, sigma=0.6)
+_CHURN_TENANTS = (
+    # TP 1/2/4/8 with weights 4:3:2:1 (issue 15); each model needs exactly that degree on H100 80 GB
+    # for batch 32 at this context: 8B BF16 fits one GPU, 70B FP8 two, 70B BF16 four, 405B FP8 eight.
+    Tenant(name="llama8b-tp1", model="llama-3.1-8b", tp=1, batch=32, weight=4, slo_factor=1.25,
+           input_len=_CHAT_IN, output_len=_CHAT_OUT),
+    Tenant(name="llama70b-fp8-tp2", model="llama-3.1-70b", weight_dtype="fp8", tp=2, batch=32, weight=3,
+           slo_factor=1.25, input_len=_CHAT_IN, output_len=_CHAT_OUT),
+    Tenant(name="llama70b-tp4", model="llama-3.1-70b", tp=4, batch=32, weight=2, slo_factor=1.25,
+           input_len=_CHAT_IN, output_len=_CHAT_OUT),
+    Tenant(name="llama405b-fp8-tp8", model="llama-3.1-405b", weight_dtype="fp8", tp=8, batch=32, weight=1,
+           slo_factor=1.25, input_len=_CHAT_IN, output_len=_CHAT_OUT),
+)  # fmt: skip
+SCENARIOS.register(
+    "churn-128",
+    Scenario(
+        name="churn-128",
+        cluster="16xhgx-h100",
+        tenants=_CHURN_TENANTS,
+        # five mean lifetimes: long enough for fragmentation to settle, short enough for ~20 s per run
+        churn=Churn(occupancy=0.85, duration_s=1500.0, mean_lifetime_s=300.0, load=0.7),
+        # vLLM loads a checkpoint and captures CUDA graphs before serving; 30 s is our assumption
+        # for a warm node (weights in the page cache), not a measurement.
+        instance_startup_s=30.0,
+        failures=(
+            Failure(at_s=375.0, gpu="hgx-h100-03/5"),
+            Failure(at_s=750.0, gpu="hgx-h100-08/2"),
+            Failure(at_s=1125.0, gpu="hgx-h100-13/7"),
+        ),
+    ),
+)
+SCENARIOS.register(
+    "churn-tiny",
+    Scenario(
+        name="churn-tiny",
+        cluster="2xhgx-h100",
+        tenants=(
+            Tenant(name="small-tp1", model="llama-3.1-8b", tp=1, batch=8, weight=3, slo_factor=1.25,
+                   input_len=Lengths(dist="uniform", mean=256), output_len=Lengths(dist="uniform", mean=32)),
+            Tenant(name="big-tp4", model="llama-3.1-70b", tp=4, batch=8, weight=1, slo_factor=1.25,
+                   slo_class="standard", input_len=Lengths(dist="uniform", mean=256),
+                   output_len=Lengths(dist="uniform", mean=32)),
+        ),
+        churn=Churn(occupancy=0.85, duration_s=120.0, mean_lifetime_s=30.0, load=0.7),
+        instance_startup_s=2.0,
+        failures=(Failure(at_s=40.0, gpu="hgx-h100-1/3"),),
+    ),
+)  # fmt: skip
+
 
 def _exists(ref: str) -> bool:
     """Whether ``ref`` names an existing file; False for names the OS cannot hold."""
@@ -205,6 +424,13 @@ def _check_ref(ref: str, what: str) -> None:
     if not ref or len(ref) > MAX_REF or "\x00" in ref:
         shown = repr(ref) if len(ref) <= 60 else repr(ref[:57]) + "..."
         raise InputError(f"{what} {shown} is not a name or a path", fix=f"at most {MAX_REF} characters, no NUL byte")
+
+
+def _relative(raw: dict[str, object], key: str, base: Path) -> None:
+    """A relative path in ``raw[key]`` becomes relative to the scenario file's folder when it exists there."""
+    value = raw.get(key)
+    if isinstance(value, str) and value and len(value) <= MAX_REF and _exists(str(base / value)):
+        raw[key] = str(base / value)
 
 
 def load_scenario(ref: str) -> Scenario:
@@ -230,9 +456,13 @@ def load_scenario(ref: str) -> Scenario:
     if not isinstance(raw, dict):
         raise SpecError(source, "", "a scenario file is a mapping of fields")
     for key in ("model", "cluster", "trace"):  # relative paths are relative to the scenario file
-        value = raw.get(key)
-        if isinstance(value, str) and value and len(value) <= MAX_REF and _exists(str(path.parent / value)):
-            raw[key] = str(path.parent / value)
+        _relative(raw, key, path.parent)
+    tenants = raw.get("tenants")
+    if isinstance(tenants, list):
+        raw["tenants"] = [dict(t) if isinstance(t, dict) else t for t in tenants]
+        for tenant in raw["tenants"]:
+            if isinstance(tenant, dict):
+                _relative(tenant, "model", path.parent)
     try:
         return Scenario.model_validate(raw)
     except ValidationError as exc:
@@ -261,3 +491,10 @@ def load_cluster(ref: str) -> Cluster:
     if _exists(ref):
         return load_cluster_spec(ref)
     return load_preset(ref)
+
+
+def expected_instance_arrivals(churn: Churn, gpus: int, mean_gpus: float, startup_s: float) -> float:
+    """Mean instance arrivals of a churn run (start-full instances included)."""
+    rate = churn.occupancy * gpus / (mean_gpus * (churn.mean_lifetime_s + startup_s))
+    initial = rate * churn.mean_lifetime_s if churn.start_full else 0.0
+    return rate * churn.duration_s + initial if math.isfinite(rate) else math.inf

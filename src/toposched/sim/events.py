@@ -1,0 +1,193 @@
+"""The simulator's events: one class each, ``apply(sim)`` returning the follow-up events.
+
+The loop (``Simulation.loop``) pops them from a heap keyed ``(time, priority, seq)``; at one instant
+lower priorities go first: failures and instances coming up, then step ends (free batch slots
+before same-instant arrivals), departures and admission timers, arrivals, the end of arrivals.
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, ClassVar
+
+from toposched.sim.workload import draw_request
+
+if TYPE_CHECKING:
+    from toposched.sim.engine import SimInstance, Simulation, Unit
+    from toposched.sim.workload import SimRequest
+
+
+class Event:
+    priority: ClassVar[int] = 5
+
+    def __init__(self, time: float) -> None:
+        self.time = time
+
+    def apply(self, sim: Simulation) -> list[Event]:
+        raise NotImplementedError
+
+
+class Arrival(Event):
+    """A request known before the run (drawn or from a trace); chains the next one."""
+
+    priority = 3
+
+    def __init__(self, time: float, request: SimRequest) -> None:
+        super().__init__(time)
+        self.request = request
+
+    def apply(self, sim: Simulation) -> list[Event]:
+        sim.add_request(self.request)
+        return sim.next_arrival()
+
+
+class StreamArrival(Event):
+    """The next request of a unit's own stream (churn), while the unit is up."""
+
+    priority = 3
+
+    def __init__(self, time: float, unit: Unit, version: int) -> None:
+        super().__init__(time)
+        self.unit = unit
+        self.version = version
+
+    def apply(self, sim: Simulation) -> list[Event]:
+        unit = self.unit
+        if self.version != unit.stream_version or sim.closed or unit.stream is None:
+            return []
+        if len(sim.requests) >= sim.request_cap:
+            sim.capped = True
+            return []
+        dep = unit.deployment
+        sim.add_request(draw_request(unit.stream, dep.tenant, dep.index, len(sim.requests), self.time))
+        return sim.next_stream(unit)
+
+
+class StepEnd(Event):
+    priority = 1  # finish steps (free batch slots) before same-instant arrivals
+
+    def __init__(self, time: float, instance: SimInstance, version: int) -> None:
+        super().__init__(time)
+        self.instance = instance
+        self.version = version
+
+    def apply(self, sim: Simulation) -> list[Event]:
+        inst = self.instance
+        if inst.version != self.version or inst.state == "gone":
+            return []
+        batcher = inst.batcher
+        for req in batcher.finish(self.time):
+            req.state = "done"
+        end = batcher.compose(self.time, sim.timed_out)
+        follow: list[Event] = [] if end is None else [sim.step_event(inst, end)]
+        if inst.state == "up":
+            inst.unit.deployment.router.update(inst)
+        elif inst.state == "draining" and end is None:
+            sim.drained(inst)
+        return follow
+
+
+class InstanceUp(Event):
+    priority = 0
+
+    def __init__(self, time: float, instance: SimInstance) -> None:
+        super().__init__(time)
+        self.instance = instance
+
+    def apply(self, sim: Simulation) -> list[Event]:
+        return sim.instance_up(self.instance)
+
+
+class Departure(Event):
+    priority = 2
+
+    def __init__(self, time: float, unit: Unit) -> None:
+        super().__init__(time)
+        self.unit = unit
+
+    def apply(self, sim: Simulation) -> list[Event]:
+        sim.depart(self.unit, hand_back=True)
+        return []
+
+
+class AdmissionTimer(Event):
+    """A waiting instance may now fall back across domains, or gives up."""
+
+    priority = 2
+
+    def __init__(self, time: float, unit: Unit, kind: str, waits: int) -> None:
+        super().__init__(time)
+        self.unit = unit
+        self.kind = kind
+        self.waits = waits
+
+    def apply(self, sim: Simulation) -> list[Event]:
+        return sim.admission.timer(self.unit, self.kind, self.waits, self.time)
+
+
+class InstanceArrival(Event):
+    """A churn instance arrives and asks for GPUs; chains the next arrival."""
+
+    priority = 2
+
+    def __init__(self, time: float, unit: Unit) -> None:
+        super().__init__(time)
+        self.unit = unit
+
+    def apply(self, sim: Simulation) -> list[Event]:
+        if sim.closed:
+            return []
+        sim.units.append(self.unit)
+        return [*sim.admission.submit(self.unit, self.time), *sim.next_instance()]
+
+
+class GpuFailure(Event):
+    priority = 0
+
+    def __init__(self, time: float, gpu: str, kind: str) -> None:
+        super().__init__(time)
+        self.gpu = gpu
+        self.kind = kind
+
+    def apply(self, sim: Simulation) -> list[Event]:
+        sim.gpu_failures += 1
+        if self.kind == "nvlink-down":
+            victims = sim.nvlink_down(self.gpu)
+        else:
+            healthy = self.gpu not in sim.scheduler.failed
+            victims = sim.scheduler.fail_gpu(self.gpu)
+            sim.gpus_available -= int(healthy)
+        follow: list[Event] = []
+        for pid in victims:
+            inst = sim.copies.get(pid)
+            if inst is not None:
+                follow.extend(sim.fail(inst))
+        sim.record_gpus()
+        sim.retry = True
+        return follow
+
+
+class EndOfArrivals(Event):
+    """Churn: instance and request arrivals stop; every instance drains, nothing waits any more."""
+
+    priority = 4
+
+    def apply(self, sim: Simulation) -> list[Event]:
+        sim.closed = True
+        sim.admission.close()
+        for unit in sim.units:
+            sim.depart(unit, hand_back=False)
+        return []
+
+
+__all__ = [
+    "AdmissionTimer",
+    "Arrival",
+    "Departure",
+    "EndOfArrivals",
+    "Event",
+    "GpuFailure",
+    "InstanceArrival",
+    "InstanceUp",
+    "StepEnd",
+    "StreamArrival",
+]

@@ -1,0 +1,226 @@
+"""What a run measured: latency distributions, SLO attainment, utilisation, admission and the seed's signals.
+
+Definitions (docs/simulator.md has the full list):
+
+* **per-token latency** of a request = (its last token's time - its arrival) / output tokens,
+  queueing included (seed 000 reports one P99 per run against a per-token SLO); ``p50_ms`` ...
+  ``p99_ms`` are percentiles over completed requests. **TTFT** = first token - arrival; **TPOT** =
+  (last token - first token) / (output tokens - 1).
+* ``slo_attainment`` = requests whose per-token latency met their tenant's SLO / all requests
+  (timed out and rejected ones count as misses); ``slo_attainment_by_tp`` the same per TP size of
+  the instance that served the request (a request never served counts under its tenant's TP).
+* ``gpu_utilization`` = GPU-seconds held by instances (booked: starting, serving, draining, and
+  both copies during a move) / GPU-seconds of healthy GPUs, over the run's window (a churn run's
+  duration; else until the last request finished). ``hbm_utilization`` the same for HBM bytes.
+* ``queued_for_nvlink_rate`` = instances that waited for NVLink room (a topology-aware policy could
+  not place them although enough GPUs were free in all) / instance arrivals; ``migrations`` = moves
+  started by defragmentation; ``requeued_requests`` = requests restarted after a failure.
+* signals (seed 000's): ``nvlink_affinity_ratio`` = completed requests served by an instance whose
+  TP groups each sit in one NVLink domain / completed requests; ``cross_domain_budget_ratio_peak`` /
+  ``_mean`` = cross-domain GB/s of the booked instances / the budget, at its peak and time-weighted;
+  ``compression_ratio`` = cross-domain GB/s after compression / before, over the instances placed
+  across domains; ``p99_gap_ms`` = p99 per-token latency of requests served across domains minus
+  that of requests served in one domain; ``migration_ratio`` = migrations / instances placed.
+"""
+
+from __future__ import annotations
+
+import math
+from collections import Counter
+from collections.abc import Sequence
+from typing import TYPE_CHECKING, Any
+
+from toposched.perf.step import COMPRESSION_RATIO
+
+if TYPE_CHECKING:
+    from toposched.sim.engine import Simulation
+    from toposched.sim.workload import SimRequest
+
+TP_KEYS = ("1", "2", "4", "8")
+"""TP sizes always present in ``slo_attainment_by_tp`` (null when no request was served at that size)."""
+
+
+def pct(values: list[float], q: float) -> float | None:
+    """The ``q`` quantile (nearest rank), rounded to 3 places; None for no values."""
+    if not values:
+        return None
+    ordered = sorted(values)
+    k = max(0, min(len(ordered) - 1, math.ceil(q * len(ordered)) - 1))
+    return round(ordered[k], 3)
+
+
+def per_token_ms(req: SimRequest) -> float:
+    return 1000.0 * (req.finish_s - req.arrival_s) / req.output_len
+
+
+def time_mean(series: Sequence[tuple[float, ...]], column: int, start: float, end: float) -> float:
+    """Integral of a step function (value ``column`` from each change's time on) over [start, end]."""
+    total = 0.0
+    for (t, *values), nxt in zip(series, [*series[1:], (math.inf,)], strict=True):
+        lo, hi = max(t, start), min(nxt[0], end)
+        if hi > lo:
+            total += values[column - 1] * (hi - lo)
+    return total
+
+
+def _int_key(kv: tuple[str, object]) -> int:
+    return int(kv[0])
+
+
+def _ratio(a: float, b: float, places: int = 4) -> float | None:
+    return round(a / b, places) if b > 0 else None
+
+
+def compute(sim: Simulation) -> dict[str, Any]:
+    """The metrics of a finished run (``Simulation.run`` returned)."""
+    reqs = sim.requests
+    deps = sim.deployments
+    states = Counter(r.state for r in reqs)
+    done = [r for r in reqs if r.state == "done"]
+    per_token = [per_token_ms(r) for r in done]
+    ttft = [1000.0 * r.ttft_s for r in done]
+    tpot = [1000.0 * (r.finish_s - r.first_token_s) / (r.output_len - 1) for r in done if r.output_len > 1]
+    waits = [1000.0 * (r.start_s - r.arrival_s) for r in done]
+    met_of = [r.state == "done" and per_token_ms(r) <= deps[r.tenant].slo_ms for r in reqs]
+    met = sum(met_of)
+    by_tp: dict[str, list[int]] = {k: [0, 0] for k in TP_KEYS}
+    for r, ok in zip(reqs, met_of, strict=True):
+        key = str(r.tp or deps[r.tenant].ref_tp)
+        cell = by_tp.setdefault(key, [0, 0])
+        cell[0] += ok
+        cell[1] += 1
+    start, end = 0.0, max(sim.end_s, 1e-9)
+    series = sim.gpu_series
+    held = time_mean(series, 1, start, end)
+    available = time_mean(series, 3, start, end)
+    hbm_held = time_mean(series, 4, start, end)
+    hbm_total = sum(a.capacity_bytes for a in sim.scheduler.ledger.accounts().values())
+    cross = [v[2] for v in series if start <= v[0] <= end] or [0.0]
+    budget = sim.scheduler.budget_gbps
+    inside = [per_token_ms(r) for r in done if r.in_domain]
+    across = [per_token_ms(r) for r in done if not r.in_domain]
+    p99_in, p99_across = pct(inside, 0.99), pct(across, 0.99)
+    spread = [p for p in sim.placed_history if p.cross_domain_gbps > 0]
+    sent = sum(p.cross_domain_gbps for p in spread)
+    raw = sum(p.cross_domain_gbps / (COMPRESSION_RATIO if p.compression else 1.0) for p in spread)
+    units = sim.units
+    unit_states = Counter(u.state for u in units)
+    placed_units = sum(1 for u in units if u.placed)
+    adm = sim.admission
+    span = max((r.finish_s for r in done), default=0.0) or 1.0
+    return {
+        "requests": len(reqs),
+        "completed": states.get("done", 0),
+        "timed_out": states.get("timed_out", 0),
+        "rejected": states.get("rejected", 0),
+        "running_at_end": sum(states.get(s, 0) for s in ("new", "queued", "waiting", "running")),
+        "p50_ms": pct(per_token, 0.50),
+        "p90_ms": pct(per_token, 0.90),
+        "p99_ms": pct(per_token, 0.99),
+        "ttft_p50_ms": pct(ttft, 0.50),
+        "ttft_p99_ms": pct(ttft, 0.99),
+        "tpot_p50_ms": pct(tpot, 0.50),
+        "tpot_p99_ms": pct(tpot, 0.99),
+        "queue_wait_p50_ms": pct(waits, 0.50),
+        "queue_wait_p99_ms": pct(waits, 0.99),
+        "slo_attainment": round(met / len(reqs), 4) if reqs else 0.0,
+        "slo_attainment_by_tp": {
+            k: (round(v[0] / v[1], 4) if v[1] else None) for k, v in sorted(by_tp.items(), key=_int_key)
+        },
+        "goodput_rps": round(met / span, 3),
+        "intra_domain_rate": round(len(inside) / len(done), 4) if done else 0.0,
+        "gpu_utilization": round(held / available, 4) if available > 0 else 0.0,
+        "hbm_utilization": round(hbm_held / (hbm_total * (end - start)), 4) if hbm_total else 0.0,
+        "instances": len(sim.placed_history),
+        "tp_distribution": dict(sorted(Counter(str(p.tp) for p in sim.placed_history).items(), key=_int_key)),
+        "instance_arrivals": len(units),
+        "instances_placed": placed_units,
+        "instances_done": unit_states.get("done", 0),
+        "instances_abandoned": unit_states.get("abandoned", 0),
+        "instances_unplaced_at_end": unit_states.get("unplaced", 0),
+        "instances_waited_for_nvlink": adm.waited_nvlink,
+        "queued_for_nvlink_rate": round(adm.waited_nvlink / len(units), 4) if units else 0.0,
+        "fallback_placements": adm.fallback_placements,
+        "migrations": adm.migrations,
+        "defrag_plans": adm.plans,
+        "replacements": sim.replacements,
+        "requeued_requests": sim.requeued_requests,
+        "preemptions": sum(r.preempted for r in reqs),
+        "gpu_failures": sim.gpu_failures,
+        "cross_domain_gbps_peak": round(max(cross), 3),
+        "cross_domain_budget_gbps": budget,
+        "signals": {
+            "nvlink_affinity_ratio": round(len(inside) / len(done), 4) if done else None,
+            "cross_domain_budget_ratio_peak": round(max(cross) / budget, 4),
+            "cross_domain_budget_ratio_mean": round(time_mean(series, 2, start, end) / (budget * (end - start)), 4),
+            "compression_ratio": _ratio(sent, raw),
+            "p99_gap_ms": round(p99_across - p99_in, 3) if p99_in is not None and p99_across is not None else None,
+            "migration_ratio": _ratio(adm.migrations, placed_units),
+        },
+        "admission_by_tp": _admission_by_tp(sim),
+        "tenants": {d.tenant.name: _tenant(d.index, reqs, met_of, d.slo_ms, d.capacity_rps, d.ref_tp) for d in deps},
+        "simulated_s": round(end - start, 3),
+        "events": sim.events_done,
+    }
+
+
+def _admission_by_tp(sim: Simulation) -> dict[str, dict[str, Any]]:
+    """Per TP size of the tenants: instance arrivals, how many waited for NVLink room, how long they
+    waited for their first placement (arrival to booking), and how many were never placed."""
+    out: dict[str, dict[str, Any]] = {}
+    for tp in sorted({u.deployment.ref_tp for u in sim.units}):
+        units = [u for u in sim.units if u.deployment.ref_tp == tp]
+        waits = [u.placed_s - u.arrival_s for u in units if u.placed_s >= 0]
+        out[str(tp)] = {
+            "arrivals": len(units),
+            "waited_for_nvlink": sum(1 for u in units if u.waited_nvlink),
+            "wait_p50_s": pct(waits, 0.5),
+            "wait_p99_s": pct(waits, 0.99),
+            "never_placed": sum(1 for u in units if u.placed_s < 0),
+        }
+    return out
+
+
+def _tenant(
+    index: int, reqs: list[SimRequest], met_of: list[bool], slo_ms: float, capacity: float, tp: int
+) -> dict[str, Any]:
+    mine = [(r, ok) for r, ok in zip(reqs, met_of, strict=True) if r.tenant == index]
+    done = [per_token_ms(r) for r, _ in mine if r.state == "done"]
+    return {
+        "tp": tp,
+        "slo_ms": round(slo_ms, 3),
+        "capacity_rps": round(capacity, 3),
+        "requests": len(mine),
+        "completed": len(done),
+        "slo_attainment": round(sum(ok for _, ok in mine) / len(mine), 4) if mine else None,
+        "p50_ms": pct(done, 0.5),
+        "p99_ms": pct(done, 0.99),
+    }
+
+
+def check_conservation(sim: Simulation) -> list[str]:
+    """What is wrong at the end of a run (empty when everything is accounted for)."""
+    problems = []
+    bad = [r.id for r in sim.requests if r.state not in ("done", "timed_out", "rejected")]
+    if bad:
+        problems.append(f"{len(bad)} requests neither completed, rejected nor timed out (e.g. {bad[:5]})")
+    stuck = [u.id for u in sim.units if u.state not in ("done", "abandoned", "unplaced")]
+    if stuck:
+        problems.append(f"{len(stuck)} instances neither done, abandoned nor unplaced (e.g. {stuck[:5]})")
+    if sim.copies or sim.gpus_held:
+        problems.append(f"{len(sim.copies)} instance copies ({sim.gpus_held} GPUs) still held")
+    if sim.scheduler.placements:
+        problems.append(f"{len(sim.scheduler.placements)} placements still held")
+    held = sim.scheduler.ledger.reservations()
+    if held:
+        problems.append(f"{len(held)} reservations left in the ledger")
+    if any(a.reserved_bytes for a in sim.scheduler.ledger.accounts().values()):
+        problems.append("the ledger is not back to empty")
+    index = sim.scheduler.index
+    lost = set(index.info) - index.free - sim.scheduler.failed
+    if lost:
+        problems.append(f"{len(lost)} healthy GPUs not free after teardown (e.g. {sorted(lost)[:3]})")
+    return problems
+
+
+__all__ = ["TP_KEYS", "check_conservation", "compute", "pct", "per_token_ms", "time_mean"]

@@ -1,0 +1,172 @@
+"""Churn and instance admission: conservation, macro steps, waiting, cross-domain fallback, defragmentation."""
+
+from __future__ import annotations
+
+import math
+
+import pytest
+
+from toposched.sim.engine import Simulation, Unit
+from toposched.sim.metrics import check_conservation, compute
+from toposched.sim.run import deployments_for, run_policy
+from toposched.sim.scenario import Admission, Churn, Failure, Lengths, Scenario, Tenant, load_scenario
+from toposched.sim.workload import SimRequest
+from toposched.solver.scheduler import Scheduler
+
+TINY = load_scenario("churn-tiny")
+assert TINY.churn is not None
+CHURN = TINY.churn
+
+
+@pytest.mark.parametrize("policy", ["slo", "index-order", "random", "latency"])
+def test_churn_with_failures_conserves_requests_instances_and_the_ledger(policy: str) -> None:
+    scenario = TINY.model_copy(
+        update={
+            "failures": (
+                Failure(at_s=10.0, gpu="hgx-h100-0/0"),
+                Failure(at_s=12.0, gpu="hgx-h100-1/4", kind="nvlink-down"),
+                Failure(at_s=14.0, gpu="hgx-h100-1/3"),
+            )
+        }
+    )
+    m = run_policy(scenario, policy, seed=5).metrics  # raises AssertionError when conservation breaks
+    assert m["requests"] == m["completed"] + m["timed_out"] + m["rejected"] > 1000
+    assert m["instance_arrivals"] == m["instances_done"] + m["instances_abandoned"] + m["instances_unplaced_at_end"]
+    assert m["gpu_failures"] == 3 and m["replacements"] >= 1 and m["requeued_requests"] >= 1
+    assert 0.2 < m["gpu_utilization"] <= 1.0
+    if policy in ("index-order", "random"):
+        assert m["queued_for_nvlink_rate"] == 0.0 and m["migrations"] == 0 and m["fallback_placements"] == 0
+
+
+def test_churn_instances_are_the_same_for_every_policy() -> None:
+    a = run_policy(TINY, "slo", seed=3).metrics
+    b = run_policy(TINY, "index-order", seed=3).metrics
+    c = run_policy(TINY, "slo", seed=4).metrics
+    assert a["instance_arrivals"] == b["instance_arrivals"] != c["instance_arrivals"]
+
+
+def test_occupancy_sets_the_instance_arrival_rate() -> None:
+    low = run_policy(TINY.model_copy(update={"churn": CHURN.model_copy(update={"occupancy": 0.3})}), "slo")
+    high = run_policy(TINY.model_copy(update={"churn": CHURN.model_copy(update={"occupancy": 0.9})}), "slo")
+    assert low.metrics["instance_arrivals"] * 2 < high.metrics["instance_arrivals"]
+    assert low.metrics["gpu_utilization"] < high.metrics["gpu_utilization"]
+
+
+def test_macro_steps_equal_step_by_step_in_a_whole_churn_run() -> None:
+    scenario = TINY.model_copy(update={"churn": CHURN.model_copy(update={"duration_s": 40.0})})
+    jumped = run_policy(scenario, "slo", seed=1)
+    stepped = run_policy(scenario, "slo", seed=1, jump=False)
+    assert jumped.finish_s.keys() == stepped.finish_s.keys() and len(jumped.finish_s) > 500
+    worst = max(abs(jumped.finish_s[k] - stepped.finish_s[k]) for k in jumped.finish_s)
+    assert worst < 1e-6
+    assert jumped.events * 1.5 < stepped.events  # short outputs here (32 tokens): long ones save far more
+
+
+# ---------------------------------------------------------------- crafted admission cases
+
+
+def _lengths(mean: int) -> Lengths:
+    return Lengths(mean=mean)
+
+
+def _crafted(**admission: object) -> Scenario:
+    return Scenario(
+        name="crafted",
+        cluster="2xhgx-h100",
+        tenants=(
+            Tenant(name="small", model="llama-3.1-8b", tp=1, batch=8, slo_ms=100.0, input_len=_lengths(128),
+                   output_len=_lengths(16)),
+            Tenant(name="big", model="llama-3.1-70b", tp=8, batch=8, slo_ms=1000.0, slo_class="batch",
+                   input_len=_lengths(128), output_len=_lengths(16)),
+        ),
+        instances=1,
+        budget_gbps=100_000.0,
+        admission=Admission.model_validate(admission),
+    )  # fmt: skip
+
+
+def _scattered(scenario: Scenario, policy: str = "slo") -> tuple[Simulation, Unit]:
+    """16 small instances fill both nodes, 4 leave each node: 8 GPUs free, no domain with 8; then a TP8 arrives."""
+    scheduler = Scheduler(_cluster(scenario), budget_gbps=scenario.budget_gbps)
+    sim = Simulation(scenario, scheduler, deployments_for(scenario, scheduler), policy, 0)
+    small, big = sim.deployments
+    sim.end_s = math.inf
+    for event in sim.place_fixed(16, only=small):
+        sim.push(event)
+    assert sim.gpus_held == 16
+    by_node: dict[str, list[Unit]] = {}
+    for unit in sim.units:
+        assert unit.copy is not None
+        by_node.setdefault(unit.copy.placement.ranks[0].node, []).append(unit)
+    for units in by_node.values():
+        for unit in units[::2]:
+            sim.depart(unit, hand_back=True)
+    assert sim.gpus_held == 8
+    unit = sim.new_unit(big, 0.0, math.inf)
+    sim.units.append(unit)
+    for event in sim.admission.submit(unit, 0.0):
+        sim.push(event)
+    # keep the run busy past the waits: one request per second to the small tenant
+    sim._arrivals = [SimRequest(i, float(i), 64, 8, "interactive", tenant=0) for i in range(120)]
+    for event in sim.next_arrival():
+        sim.push(event)
+    return sim, unit
+
+
+def _cluster(scenario: Scenario):  # type: ignore[no-untyped-def]
+    from toposched.sim.scenario import load_cluster
+
+    return load_cluster(scenario.cluster)
+
+
+def test_a_large_instance_waits_for_nvlink_room_then_defragmentation_frees_a_domain() -> None:
+    sim, unit = _scattered(_crafted(cross_domain=False))
+    assert unit.state == "pending" and unit.waited_nvlink
+    sim.loop()
+    assert check_conservation(sim) == []
+    m = compute(sim)
+    assert m["migrations"] == 4 and m["defrag_plans"] == 1  # four TP1 instances moved, one plan
+    assert m["instances_waited_for_nvlink"] == 1 and m["fallback_placements"] == 0
+    big = [p for p in sim.placed_history if p.tp == 8]
+    assert len(big) == 1 and big[0].level == "nvlink" and len({r.node for r in big[0].ranks}) == 1
+    assert unit.state == "done"
+    assert m["signals"]["migration_ratio"] == pytest.approx(4 / m["instances_placed"], abs=1e-4)
+
+
+def test_the_cross_domain_fallback_places_after_the_class_wait() -> None:
+    sim, unit = _scattered(_crafted(defrag=False))
+    sim.loop()
+    assert check_conservation(sim) == []
+    m = compute(sim)
+    assert m["fallback_placements"] == 1 and m["migrations"] == 0
+    big = next(p for p in sim.placed_history if p.tp == 8)
+    assert "cross-domain" in big.fallbacks and len({r.node for r in big.ranks}) == 2
+    assert big.compression == "fp8"  # the batch class allows compression
+    # the class (batch) waits 5 s for a whole domain before the fallback
+    assert unit.up_since == pytest.approx(5.0)
+    assert m["signals"]["compression_ratio"] == pytest.approx(0.5)
+
+
+def test_blind_policies_place_across_nodes_at_once() -> None:
+    sim, unit = _scattered(_crafted(), policy="index-order")
+    assert unit.state == "active" and not unit.waited_nvlink
+    sim.loop()
+    m = compute(sim)
+    assert m["queued_for_nvlink_rate"] == 0.0 and m["fallback_placements"] == 0 and m["migrations"] == 0
+
+
+def test_an_instance_waiting_too_long_is_abandoned() -> None:
+    sim, unit = _scattered(_crafted(defrag=False, cross_domain=False, abandon_after_s=30.0))
+    sim.loop()
+    assert check_conservation(sim) == []
+    m = compute(sim)
+    assert unit.state == "abandoned" and m["instances_abandoned"] == 1
+    assert not any(p.tp == 8 for p in sim.placed_history)
+
+
+def test_churn_bound_on_instance_arrivals_is_one_error() -> None:
+    from toposched.errors import InputError
+
+    scenario = TINY.model_copy(update={"churn": Churn(occupancy=2.0, duration_s=1e7, mean_lifetime_s=1.0)})
+    with pytest.raises(InputError, match="instance arrivals"):
+        run_policy(scenario, "slo")
