@@ -170,3 +170,41 @@ def test_churn_bound_on_instance_arrivals_is_one_error() -> None:
     scenario = TINY.model_copy(update={"churn": Churn(occupancy=2.0, duration_s=1e7, mean_lifetime_s=1.0)})
     with pytest.raises(InputError, match="instance arrivals"):
         run_policy(scenario, "slo")
+
+
+def test_demand_runs_from_the_ready_time_whether_or_not_the_unit_is_placed() -> None:
+    """A unit the scheduler makes wait still brings its requests (they queue in its deployment) and
+    its lifetime ends on time: waiting costs SLO attainment, and the unit is abandoned when its
+    lifetime is over before it gets GPUs."""
+    import random
+
+    sim, unit = _scattered(_crafted(defrag=False, cross_domain=False))
+    unit.stream = random.Random("demand")
+    unit.lifetime_s = 40.0
+    unit.ready_s = 0.0
+    for event in sim.begin_demand(unit):
+        sim.push(event)
+    assert sim.begin_demand(unit) == []  # scheduled once
+    sim.loop()
+    assert check_conservation(sim) == []
+    assert unit.state == "abandoned" and compute(sim)["instances_abandoned"] == 1
+    big = [r for r in sim.requests if r.tenant == 1]
+    assert big and all(0.0 < r.arrival_s < 40.0 for r in big)  # its stream ran from ready time to departure
+    assert all(r.state != "done" for r in big)  # nothing served them: every one is an SLO miss
+
+
+def test_a_unit_placed_late_keeps_its_departure() -> None:
+    """Lifetime counts from the ready time: a unit placed after waiting leaves when it would have."""
+    import random
+
+    sim, unit = _scattered(_crafted(defrag=False))  # the batch class falls back across domains after 5 s
+    unit.stream = random.Random("late")
+    unit.lifetime_s = 30.0
+    for event in sim.begin_demand(unit):
+        sim.push(event)
+    sim.loop()
+    assert check_conservation(sim) == []
+    assert unit.up_since == pytest.approx(5.0) and unit.departs_at == pytest.approx(30.0)
+    big = [r for r in sim.requests if r.tenant == 1]
+    early = [r for r in big if r.arrival_s < 5.0]
+    assert early and all(r.state == "done" and r.start_s >= 5.0 for r in early)  # they waited for the unit

@@ -134,6 +134,8 @@ class Admission:
         after = SLO_CLASSES[slo_class].cross_domain_after_s
         if self.aware and self.cfg.cross_domain and after is not None:
             follow.append(self.sim.timer_event(now + after, unit, "cross-domain"))
+        if self.cfg.defrag_after_s > 0:
+            follow.append(self.sim.timer_event(now + self.cfg.defrag_after_s, unit, "defrag"))
         follow.extend(self._maybe_defrag(unit, now))
         return follow
 
@@ -150,8 +152,11 @@ class Admission:
                 return []  # the run's work is done: it stays waiting (unplaced at the end), not abandoned
             self.withdraw(unit)
             unit.state = "abandoned"
+            unit.stream_version += 1  # the tenant gives up: no more requests
             self.abandoned += 1
             return []
+        if kind == "defrag":
+            return self._maybe_defrag(unit, now)
         unit.cross_ok = True
         placed = self._try(unit, now)
         if placed is None:
@@ -204,6 +209,7 @@ class Admission:
             or self.closed
             or self.defrag is not None
             or not unit.waited_nvlink
+            or now - unit.pending_since < self.cfg.defrag_after_s - 1e-9  # a departure may free room first
             or dep.ref_tp < self.domain_size  # only an instance needing a whole NVLink domain
             or len(self.sim.scheduler.index.free) < dep.ref_gpus
         ):

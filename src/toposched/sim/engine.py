@@ -6,7 +6,7 @@ a booking in the ledger and a continuous-batching engine, ``sim/batching.py``; a
 while a defragmentation move runs). Events (``sim/events.py``) are classes with ``apply(sim) ->
 list[Event]``; the loop pops them from a heap keyed ``(time, priority, seq)``. Randomness comes from seeded
 ``random.Random`` objects: one for the instance arrivals, one per unit for its request stream, so
-every policy sees the same instances and, while they are up, the same requests.
+every policy sees the same instances and the same requests.
 
 * Requests go to the deployment's live instance with the fewest unfinished requests
   (``sim/deployment.py``), or wait in the deployment's queue while none is up. Each instance steps
@@ -78,6 +78,10 @@ class Unit:
     placed_s: float = -1.0  # first booked
     stream: random.Random | None = None
     stream_version: int = 0
+    ready_s: float = 0.0
+    """Churn: when the tenant's demand starts (arrival + start-up: when an instance placed at once
+    would serve) and its lifetime starts counting; waiting for GPUs does not move it."""
+    demand: bool = False  # the demand window (requests, departure) has been scheduled
 
     def next_id(self) -> str:
         self.attempts += 1
@@ -224,11 +228,7 @@ class Simulation:
             dep.router.add(inst)
             if unit.up_since < 0:
                 unit.up_since = self.now
-                if math.isfinite(unit.lifetime_s):
-                    unit.departs_at = self.now + unit.lifetime_s
-                    follow.append(Departure(unit.departs_at, unit))
-            if unit.stream is not None:
-                follow.extend(self.next_stream(unit))
+            follow.extend(self.begin_demand(unit))
         follow.extend(self.serve_queue(dep))
         return follow
 
@@ -261,7 +261,12 @@ class Simulation:
     def depart(self, unit: Unit, *, hand_back: bool) -> None:
         if unit.state == "pending":
             self.admission.withdraw(unit)
-            unit.state = "done" if not self.closed else "unplaced"
+            unit.stream_version += 1
+            if self.closed:
+                unit.state = "unplaced"
+            else:  # its demand window ended before it got GPUs
+                unit.state = "abandoned"
+                self.admission.abandoned += 1
             return
         if unit.state != "active":
             return
@@ -286,8 +291,7 @@ class Simulation:
             if successor is not None:
                 unit.copy = successor
             else:
-                unit.copy = None
-                unit.stream_version += 1
+                unit.copy = None  # its demand goes on: requests wait in the deployment's queue
                 self.replacements += 1
                 follow.extend(self.admission.submit(unit, self.now))
         for req in requests:
@@ -379,12 +383,34 @@ class Simulation:
         self._next_arrival += 1
         return [Arrival(req.arrival_s, req)]
 
-    def next_stream(self, unit: Unit) -> list[Event]:
+    def begin_demand(self, unit: Unit) -> list[Event]:
+        """Schedule a unit's demand window once: its requests from ``ready_s`` on and its departure
+        ``lifetime_s`` later, whether or not it has GPUs by then.
+
+        The demand belongs to the tenant, not to the placement: a unit the scheduler makes wait
+        (for NVLink room, a defragmentation, a failed GPU's replacement) has requests queueing in
+        its deployment from ``ready_s`` (served by the tenant's other instances if any, else timed
+        out after ``timeout_s``), and holds its GPUs for what is left of its lifetime. So waiting
+        costs SLO attainment and utilisation, as it would cost a real tenant; the start-up time that
+        every policy pays is not counted against any.
+        """
+        if unit.demand:
+            return []
+        unit.demand = True
+        follow: list[Event] = []
+        if math.isfinite(unit.lifetime_s):
+            unit.departs_at = max(self.now, unit.ready_s + unit.lifetime_s)
+            follow.append(Departure(unit.departs_at, unit))
+        if unit.stream is not None:
+            follow.extend(self.next_stream(unit, after=max(self.now, unit.ready_s)))
+        return follow
+
+    def next_stream(self, unit: Unit, after: float | None = None) -> list[Event]:
         dep = unit.deployment
         assert unit.stream is not None
         churn = self.scenario.churn
         load = dep.tenant.load if dep.tenant.load is not None else (churn.load if churn is not None else 1.0)
-        t = self.now + unit.stream.expovariate(load * dep.capacity_rps)
+        t = (self.now if after is None else after) + unit.stream.expovariate(load * dep.capacity_rps)
         return [StreamArrival(t, unit, unit.stream_version)] if t < self.end_s else []
 
     def next_instance(self) -> list[Event]:
@@ -434,9 +460,10 @@ class Simulation:
         startup = self.scenario.instance_startup_s
         rate = churn.occupancy * self.gpus_total / (mean_gpus * (churn.mean_lifetime_s + startup))
 
-        def draw(arrival_s: float) -> Unit:
+        def draw(arrival_s: float, startup_s: float) -> Unit:
             dep = rng.choices(self.deployments, weights)[0]
             unit = self.new_unit(dep, arrival_s, rng.expovariate(1.0 / churn.mean_lifetime_s))
+            unit.ready_s = arrival_s + startup_s
             if self.scenario.trace is None:  # with a trace, the trace is the traffic
                 unit.stream = random.Random(f"{self.seed}:stream:{unit.id}")
             return unit
@@ -445,13 +472,14 @@ class Simulation:
         if churn.start_full:  # the steady state of an M/M/inf system: Poisson(rate x lifetime) up
             initial = _poisson(rng, rate * churn.mean_lifetime_s)
             for _ in range(initial):
-                unit = draw(0.0)
+                unit = draw(0.0, 0.0)
                 self.units.append(unit)
                 ev = self.admission.place_now(unit, 0.0, startup_s=0.0)
                 follow.extend(ev if ev is not None else self.admission.submit(unit, 0.0))
+                follow.extend(self.begin_demand(unit))
         t = rng.expovariate(rate)
         while t < churn.duration_s:
-            self._instances.append(draw(t))
+            self._instances.append(draw(t, startup))
             t += rng.expovariate(rate)
         follow.extend(self.next_instance())
         return follow

@@ -41,7 +41,7 @@ class Arrival(Event):
 
 
 class StreamArrival(Event):
-    """The next request of a unit's own stream (churn), while the unit is up."""
+    """The next request of a unit's own stream (churn), from its ``ready_s`` to its departure."""
 
     priority = 3
 
@@ -137,7 +137,7 @@ class InstanceArrival(Event):
         if sim.closed:
             return []
         sim.units.append(self.unit)
-        return [*sim.admission.submit(self.unit, self.time), *sim.next_instance()]
+        return [*sim.admission.submit(self.unit, self.time), *sim.begin_demand(self.unit), *sim.next_instance()]
 
 
 class GpuFailure(Event):

@@ -3,8 +3,9 @@
 A scenario has one or more **tenants** (a model with its dtypes, TP, SLO class, batch, request
 lengths and per-token SLO); all instances of a tenant form one deployment. Instances are either a
 fixed set placed at the start (``instances``: a count or ``max``, as many as fit), or come and go
-(``churn``): Poisson instance arrivals, exponential lifetimes, each instance serving its own request
-stream while it is up. A scenario with one tenant may give the tenant's fields at the top level
+(``churn``): Poisson instance arrivals, exponential lifetimes, each instance bringing its own request
+stream from its ready time (arrival + start-up) to its departure, placed or not. A scenario with
+one tenant may give the tenant's fields at the top level
 (``model``, ``batch``, ``input_len``, ``slo_ms`` ...), as the scenarios before issue 15 did.
 
 Built-in scenarios (``SCENARIOS``):
@@ -207,7 +208,7 @@ class Churn(_Value):
 
     occupancy: float = Field(default=0.85, gt=0, le=2, description="offered share of the cluster's GPU time")
     duration_s: float = Field(default=1800.0, gt=0, le=MAX_SECONDS, description="instance and request arrivals stop")
-    mean_lifetime_s: float = Field(default=300.0, gt=0, le=MAX_SECONDS, description="exponential, from when up")
+    mean_lifetime_s: float = Field(default=300.0, gt=0, le=MAX_SECONDS, description="exponential, from ready time")
     load: float = Field(default=0.7, gt=0, le=10, description="requests per instance / its in-domain capacity")
     start_full: bool = Field(
         default=True, description="start at the steady state: Poisson(rate x lifetime) instances already up"
@@ -220,6 +221,12 @@ class Admission(_Value):
     abandon_after_s: float = Field(default=600.0, gt=0, le=MAX_SECONDS, description="a waiting instance gives up")
     cross_domain: bool = Field(default=True, description="retry with allow_cross_domain after the class's wait")
     defrag: bool = Field(default=True, description="an instance needing a whole NVLink domain may trigger moves")
+    # 60 s: on churn-128 (a departure every ~7 s) a wait of 60 s lets departures free a domain
+    # for most waiting TP=8 instances; moving at once (0 s) or after 30 s made 6-7 moves per run
+    # where 60 s made 1-3, at the same utilisation (docs/simulator.md has the measured sweep).
+    defrag_after_s: float = Field(
+        default=60.0, ge=0, le=MAX_SECONDS, description="wait this long for a departure before moving instances"
+    )
     defrag_max_moves: int = Field(default=4, ge=1, le=64, description="most moves of one defragmentation plan")
     defrag_moves_per_window: int = Field(default=4, ge=1, le=10_000, description="rate limit: moves ...")
     defrag_window_s: float = Field(default=300.0, gt=0, le=MAX_SECONDS, description="... per this many seconds")
