@@ -244,9 +244,9 @@ def run_model_config(case: Case, folder: Path) -> None:
 
 
 def run_scenario(case: Case, folder: Path) -> None:
+    from toposched.sim.deployment import placement_template
     from toposched.sim.run import make_arrivals
     from toposched.sim.scenario import expected_instance_arrivals, load_cluster, load_scenario
-    from toposched.solver.request import PlacementRequest
     from toposched.workload.catalog import resolve_model
 
     path = folder / case.name
@@ -256,17 +256,7 @@ def run_scenario(case: Case, folder: Path) -> None:
         cluster = load_cluster(sc.cluster)
         for tenant in sc.tenant_list():
             resolve_model(tenant.model)
-            PlacementRequest(
-                id="sim",
-                model=tenant.model,
-                weight_dtype=tenant.weight_dtype,
-                kv_dtype=tenant.kv_dtype,
-                max_model_len=tenant.max_model_len,
-                concurrent_seqs=tenant.batch,
-                input_len=tenant.input_len.mean,
-                output_len=tenant.output_len.mean,
-                slo_tpot_ms=tenant.slo_ms,
-            )
+            placement_template(tenant, tenant.slo_ms)
         make_arrivals(sc.model_copy(update={"requests": min(sc.request_count, 200)}), 0)
         # a churn run's work grows with its instance arrivals (one GPU each: the most there can be)
         small_churn = sc.churn is None or (

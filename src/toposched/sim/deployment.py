@@ -103,7 +103,8 @@ class Deployment:
     units: int = 0
 
 
-def _template(tenant: Tenant, slo_tpot_ms: float | None) -> PlacementRequest:
+def placement_template(tenant: Tenant, slo_tpot_ms: float | None) -> PlacementRequest:
+    """The placement request of a tenant's instances (its id is replaced per instance)."""
     return PlacementRequest(
         id=tenant.name,
         model=tenant.model,
@@ -121,7 +122,7 @@ def _template(tenant: Tenant, slo_tpot_ms: float | None) -> PlacementRequest:
 
 def build_deployment(index: int, tenant: Tenant, scheduler: Scheduler, *, where: str) -> Deployment:
     """The tenant's deployment on this cluster; InputError when its model fits no degree here."""
-    probe = _template(tenant, tenant.slo_ms)
+    probe = placement_template(tenant, tenant.slo_ms)
     try:
         cands, dropped = scheduler.candidates(probe)
     except InputError as exc:  # an unknown model, a context longer than the model's
@@ -146,7 +147,7 @@ def build_deployment(index: int, tenant: Tenant, scheduler: Scheduler, *, where:
     per_token = (cost.prefill_ms(batch, inp) + (out - 1) * tpot) / out
     if tenant.slo_factor is not None:
         slo_ms = tenant.slo_factor * per_token
-        template = _template(tenant, tenant.slo_factor * tpot)
+        template = placement_template(tenant, tenant.slo_factor * tpot)
     else:
         assert tenant.slo_ms is not None  # one of the two, checked by Tenant
         slo_ms = tenant.slo_ms
