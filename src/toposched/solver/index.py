@@ -110,6 +110,11 @@ class LevelIndex:
     def largest_group(self) -> int:
         return self.max_size
 
+    def with_free(self) -> list[int]:
+        """Ids of the groups with at least one free GPU, in cluster order (from the buckets: no scan
+        of the groups without room, which on a busy cluster are most of them)."""
+        return sorted(g for count in range(1, self.max_size + 1) for g in (*self.buckets[count], *self.whole[count]))
+
 
 class ClusterIndex:
     """Free GPUs and groups of every level for one cluster snapshot."""

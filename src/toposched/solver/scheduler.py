@@ -593,11 +593,11 @@ def _blind(
         if not cand.options.meets_slo(est) and cand is not cands[-1]:
             continue
         accept = s.group_filter(request, cand.nodes, replica_nodes)
-        usable = [
-            (group, nodes.free_count[i])
-            for i, group in enumerate(nodes.groups)
-            if nodes.free_count[i] and accept(group)
-        ]
+        ids = nodes.with_free()
+        if _unconstrained(s, request, cand.nodes):  # every node may be used: no filter to call
+            usable = [(nodes.groups[i], nodes.free_count[i]) for i in ids]
+        else:
+            usable = [(nodes.groups[i], nodes.free_count[i]) for i in ids if accept(nodes.groups[i])]
         if sum(count for _, count in usable) < option.gpus:
             continue
         chosen = pick(usable, option.gpus)
@@ -607,6 +607,18 @@ def _blind(
             required_level=s.index.resolve_level(request.affinity, option.tp), budget_left_gbps=float("inf"),
         )  # fmt: skip
     return Unplaced(request_id=request.id, replica=0, status="queued", reasons=(*dropped, "not enough free GPUs"))
+
+
+def _unconstrained(s: Scheduler, request: PlacementRequest, nodes: frozenset[str]) -> bool:
+    """Whether ``group_filter`` would accept every node for this request (so it need not be called)."""
+    return (
+        not request.node_selector
+        and request.racks is None
+        and request.zones is None
+        and not request.spread_replicas
+        and not request.near
+        and len(nodes) == len(s.index.nodes)
+    )
 
 
 def _lowest_indices(s: Scheduler, usable: list[tuple[Group, int]], n: int) -> list[str]:
