@@ -231,3 +231,33 @@ def test_a_queued_request_that_became_invalid_is_rejected_and_the_queue_goes_on(
         assert state.sync() and state.last_error is None
     finally:
         state.close()
+
+
+def test_background_sync_parses_the_stored_topology_only_when_a_newer_version_exists(tmp_path: Path) -> None:
+    """Issue 17: the tick compares version numbers; parsing the stored DomainMap happens only on change."""
+    url = f"sqlite:{tmp_path / 's.db'}"
+    state = make_state(url)
+    other = make_state(url)  # another replica on the same state
+    try:
+        store = state._store
+        assert store is not None and state.topology is not None
+        parsed: list[int] = []
+        real_latest = store.latest
+
+        def counting_latest() -> Any:
+            parsed.append(1)
+            return real_latest()
+
+        store.latest = counting_latest  # type: ignore[method-assign]
+        for _ in range(3):
+            assert state.sync()
+        assert parsed == []  # nothing changed: no DomainMap parsed
+        before = state.topology.version
+        assert other.topology is not None
+        other._save(other.topology.cluster, other.topology.source)  # a newer stored version
+        assert state.sync()
+        assert parsed == [1] and state.topology.version > before
+        assert state.sync() and parsed == [1]
+    finally:
+        state.close()
+        other.close()

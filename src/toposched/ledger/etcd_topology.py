@@ -142,6 +142,11 @@ class EtcdTopologyStore:
         self.client.txn([], [delete_op(self._blob(blob), prefix=True)])
         raise StateError(f"etcd {self.client.endpoint}: lost {MAX_ATTEMPTS} races saving a DomainMap")
 
+    def latest_version(self) -> int | None:
+        """The newest stored version number (one small read, no blob), or None when empty."""
+        kvs, _rev = self.client.range(f"{self.prefix}latest")
+        return int(kvs[0].value) if kvs else None
+
     def latest(self) -> StoredTopology | None:
         """The newest stored version, or None when nothing was stored yet."""
         kvs, _rev = self.client.range(f"{self.prefix}latest")

@@ -71,6 +71,8 @@ class TopologyStoreLike(Protocol):
 
     def latest(self) -> StoredTopology | None: ...
 
+    def latest_version(self) -> int | None: ...
+
 
 class ServiceScheduler(Scheduler):
     """The solver's scheduler plus what a replica needs: placement records on bookings, adopt/forget."""
@@ -421,7 +423,13 @@ class ServiceState:
                 self.scheduler.update_topology(loaded.cluster)
                 self.topology = self._save(loaded.cluster, loaded.source)
                 return self.topology
-            stored = self._store.latest() if self._store is not None else None
+            # compare version numbers first: parsing a stored DomainMap costs ~0.1 ms per GPU, and
+            # nothing changed on almost every background tick
+            newest = self._store.latest_version() if self._store is not None else None
+            current = self.topology.version if self.topology is not None else None
+            stored = None
+            if newest is not None and (current is None or newest > current):
+                stored = self._store.latest() if self._store is not None else None
             if stored is not None and self.topology is not None and stored.version > self.topology.version:
                 self.scheduler.update_topology(stored.cluster)
                 self.topology = stored

@@ -92,6 +92,14 @@ class TopologyStore:
             version = int(cur.lastrowid or 0)
         return StoredTopology(version, created, source, cluster, domain_map)
 
+    def latest_version(self) -> int | None:
+        """The newest stored version number (one indexed read, no parsing), or None when empty."""
+        if not self.path.exists():
+            return None
+        with self._connect() as conn:
+            row = conn.execute("SELECT MAX(version) FROM domain_maps").fetchone()
+        return None if row is None or row[0] is None else int(row[0])
+
     def latest(self) -> StoredTopology | None:
         """The newest stored version, or None when nothing was stored yet."""
         if not self.path.exists():
