@@ -261,3 +261,33 @@ def test_background_sync_parses_the_stored_topology_only_when_a_newer_version_ex
     finally:
         state.close()
         other.close()
+
+
+def test_instance_table_keeps_its_request_index_in_step() -> None:
+    """Issue 17: a request's instances come from an index, not a scan; every way of changing the table
+    keeps the index right (compared with a scan after a random sequence of changes)."""
+    import random
+
+    from toposched.service.state import Instance, InstanceTable
+
+    state = make_state("memory")
+    decision = state.place(body("seed"))
+    template = decision.instances[0]
+    table = InstanceTable()
+    rng = random.Random(7)
+    for step in range(2000):
+        pid = f"p{rng.randrange(40)}"
+        roll = rng.random()
+        if roll < 0.5:
+            table[pid] = Instance(**{**template.__dict__, "request_id": f"r{rng.randrange(8)}"})
+        elif roll < 0.75:
+            table.pop(pid, None)
+        elif roll < 0.9 and pid in table:
+            del table[pid]
+        elif roll < 0.91:
+            table.clear()
+        for rid in (f"r{k}" for k in range(8)):
+            scan = sorted(p for p, i in table.items() if i.request_id == rid)
+            assert sorted(id(i) for i in table.of_request(rid)) == sorted(id(table[p]) for p in scan), step
+    with pytest.raises(KeyError):
+        table.pop("absent")

@@ -113,6 +113,51 @@ class Instance:
             self.slot = self.placement.id
 
 
+class InstanceTable(dict[str, Instance]):
+    """Live instances by placement id, with a second index by request id kept in step on every change,
+    so finding a request's instances (``ServiceState._members``) does not scan every instance."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self._by_request: dict[str, dict[str, Instance]] = {}
+
+    def __setitem__(self, pid: str, instance: Instance) -> None:
+        old = self.get(pid)
+        if old is not None:
+            self._unindex(pid, old)
+        super().__setitem__(pid, instance)
+        self._by_request.setdefault(instance.request_id, {})[pid] = instance
+
+    def __delitem__(self, pid: str) -> None:
+        instance = self[pid]
+        super().__delitem__(pid)
+        self._unindex(pid, instance)
+
+    def pop(self, pid: str, *default: Any) -> Any:
+        if pid in self:
+            instance = self[pid]
+            del self[pid]
+            return instance
+        if default:
+            return default[0]
+        raise KeyError(pid)
+
+    def clear(self) -> None:
+        super().clear()
+        self._by_request.clear()
+
+    def _unindex(self, pid: str, instance: Instance) -> None:
+        members = self._by_request.get(instance.request_id)
+        if members is not None:
+            members.pop(pid, None)
+            if not members:
+                del self._by_request[instance.request_id]
+
+    def of_request(self, rid: str) -> list[Instance]:
+        """The instances of request ``rid`` (any order)."""
+        return list(self._by_request.get(rid, {}).values())
+
+
 @dataclass(frozen=True)
 class Decision:
     status: Literal["placed", "existing", "no-capacity", "rejected", "conflict"]
@@ -209,7 +254,7 @@ class ServiceState:
         """Run on the caller's thread (the event loop) instead of ``worker``."""
         self.queue = FairQueue()
         self.waiting: dict[str, Waiting] = {}
-        self.instances: dict[str, Instance] = {}
+        self.instances = InstanceTable()
         self.counters = Counters()
         self.clock = clock
         self.ready = False
@@ -603,7 +648,7 @@ class ServiceState:
 
     def _members(self, rid: str) -> list[Instance]:
         """The booked instances of request ``rid``, in replica order, whether or not all are booked."""
-        found = [i for i in self.instances.values() if i.request_id == rid]
+        found = self.instances.of_request(rid)
         return sorted(found, key=lambda i: i.placement.id)
 
     def group(self, rid: str) -> list[Instance]:
