@@ -1,0 +1,95 @@
+"""Scale: building the scheduler and deciding one placement, from 64 to 65,536 GPUs (issue 17).
+
+    .venv/bin/python benchmarks/scale_bench.py [--sizes 64,256,...] [--decisions N] [--fill 0.6]
+
+For each size: N x HGX H100 nodes (``NxPRESET``, racks of 8, 8 x 400G InfiniBand), then
+
+* build: CPU time of ``load_cluster`` + ``Scheduler(cluster)`` (DomainMap, indexes, ledger) and the
+  Python memory it allocated (tracemalloc peak), per GPU;
+* fill: a seeded mix of instances (TP 1/2/4/8 of Llama-3.1-8B/70B and Mixtral-8x22B) placed until
+  ``--fill`` of the GPUs are held;
+* decide: N single placements with the ``slo`` policy, each timed alone in CPU time
+  (``time.process_time`` around ``Scheduler.place``) and released again, so the fill stays; p50 and
+  p99. The same for ``random`` (the blind baseline), as a ratio to ``slo``'s p50.
+
+CPU time, not wall time: the development machine has 2 cores shared with other work.
+"""
+
+from __future__ import annotations
+
+import argparse
+import random
+import statistics
+import time
+import tracemalloc
+
+from toposched.sim.scenario import load_cluster
+from toposched.solver.request import PlacementRequest
+from toposched.solver.scheduler import Scheduler
+
+MIX = [("llama-3.1-8b", (1,)), ("llama-3.1-8b", (2,)), ("llama-3.1-70b", (4,)), ("mixtral-8x22b", (8,))]
+
+
+def _request(rng: random.Random, n: int) -> PlacementRequest:
+    model, tps = rng.choice(MIX)
+    return PlacementRequest(id=f"r{n}", model=model, allowed_tp=tps, max_model_len=8192, concurrent_seqs=8)
+
+
+def _pct(values: list[float], q: float) -> float:
+    ordered = sorted(values)
+    return ordered[min(len(ordered) - 1, int(q * len(ordered)))]
+
+
+def _decide(scheduler: Scheduler, policy: str, rng: random.Random, decisions: int) -> list[float]:
+    times = []
+    for n in range(decisions):
+        request = _request(rng, 10_000_000 + n)
+        start = time.process_time()
+        out = scheduler.place(request, policy)
+        times.append(time.process_time() - start)
+        for p in out.placements:
+            scheduler.release(p.id)
+    return times
+
+
+def run(gpus: int, decisions: int, fill: float) -> None:
+    nodes = max(1, gpus // 8)
+    tracemalloc.start()
+    start = time.process_time()
+    cluster = load_cluster(f"{nodes}xhgx-h100")
+    scheduler = Scheduler(cluster, seed=0)
+    build = time.process_time() - start
+    _current, peak = tracemalloc.get_traced_memory()
+    tracemalloc.stop()
+    rng = random.Random(0)
+    n = 0
+    misses = 0
+    while len(scheduler.index.free) > gpus * (1 - fill) and misses < 50:
+        out = scheduler.place(_request(rng, n), "slo")
+        n += 1
+        misses = 0 if out.placements else misses + 1
+    slo = _decide(scheduler, "slo", rng, decisions)
+    blind = _decide(scheduler, "random", rng, decisions)
+    p50, p99 = _pct(slo, 0.5) * 1e3, _pct(slo, 0.99) * 1e3
+    ratio = statistics.median(blind) / statistics.median(slo)
+    print(
+        f"{gpus:>7,} {build:>8.2f} {peak / gpus / 1024:>9.2f} {1 - len(scheduler.index.free) / gpus:>6.2f} "
+        f"{p50:>9.3f} {p99:>9.3f} {ratio:>12.2f}",
+        flush=True,
+    )
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser()
+    parser.add_argument("--sizes", default="64,256,1024,4096,16384,65536")
+    parser.add_argument("--decisions", type=int, default=300)
+    parser.add_argument("--fill", type=float, default=0.6)
+    args = parser.parse_args()
+    print(f"{'GPUs':>7} {'build s':>8} {'KiB/GPU':>9} {'held':>6} {'slo p50':>9} {'slo p99':>9} {'random/slo':>12}")
+    print(f"{'':>7} {'(CPU)':>8} {'(peak)':>9} {'':>6} {'ms CPU':>9} {'ms CPU':>9} {'p50 ratio':>12}")
+    for size in (int(s) for s in args.sizes.split(",")):
+        run(size, args.decisions, args.fill)
+
+
+if __name__ == "__main__":
+    main()
