@@ -5,11 +5,13 @@ each placement) and ``parse_plan`` reads one back into a ``PlanDoc``; ``launch -
 launch in one step) goes through both, so every launch starts from a document that passed the same
 checks.
 
-The document is self-contained (it embeds the topology snapshot and the request), so a launch plan
-can be made on another machine than the one that planned. That also makes it an input from outside: a
-plan may have been edited, forged or made by an older toposched, and its ids and node names end up in
-scripts, file names and Kubernetes objects. ``parse_plan`` refuses, with one line naming the file and
-the key path:
+The document is self-contained (it embeds the request and the part of the topology snapshot its
+placements use: those nodes, the fabric and the cliques among them, plus ``cluster_summary`` with the
+whole cluster's name, size and SHA-256 fingerprint), so a launch plan can be made on another machine
+than the one that planned, and one instance on a 65,536-GPU cluster is a few kilobytes, not 130 MB.
+That also makes it an input from outside: a plan may have been edited, forged or made by an older
+toposched, and its ids and node names end up in scripts, file names and Kubernetes objects.
+``parse_plan`` refuses, with one line naming the file and the key path:
 
 * keys the schema does not have (a misspelt ``tp_size`` would otherwise be ignored);
 * names that break the rules of ``toposched.names`` (the cluster through the topology model, the
@@ -27,6 +29,7 @@ the key path:
 
 from __future__ import annotations
 
+import hashlib
 import math
 from dataclasses import dataclass
 from pathlib import Path
@@ -46,7 +49,9 @@ PLAN_SCHEMA_VERSION = 1
 _FIX = "pass the output of `toposched plan --json` unedited, or plan again"
 _GIB = 2**30
 
-_TOP_KEYS = frozenset({"schema_version", "policy", "source", "placements", "unplaced", "request", "cluster"})
+_TOP_KEYS = frozenset(
+    {"schema_version", "policy", "source", "placements", "unplaced", "request", "cluster", "cluster_summary"}
+)
 _PLACEMENT_KEYS = frozenset(Placement.model_fields) | {"predicted"}
 _RANK_KEYS = frozenset({"rank", "node", "gpu", "stage", "tp_rank"})
 _HBM_KEYS = frozenset(HbmShare.model_fields) | {"total"}
@@ -92,8 +97,31 @@ def plan_json(
         "placements": [placement_json(p) for p in placements],
         "unplaced": [u.model_dump(mode="json") for u in unplaced],
         "request": request.model_dump(mode="json"),
-        "cluster": cluster.model_dump(mode="json"),
+        "cluster": used_cluster(cluster, placements).model_dump(mode="json"),
+        "cluster_summary": cluster_summary(cluster),
     }
+
+
+def used_cluster(cluster: Cluster, placements: list[Placement] | tuple[Placement, ...]) -> Cluster:
+    """The part of ``cluster`` the placements use: their nodes (in cluster order; the first node when
+    nothing was placed, so the snapshot stays a valid cluster), the fabric, the cliques among them."""
+    used = {r.node for p in placements for r in p.ranks}
+    nodes = tuple(n for n in cluster.nodes if n.name in used) or cluster.nodes[:1]
+    if len(nodes) == len(cluster.nodes):
+        return cluster
+    kept = {n.name for n in nodes}
+    cliques = tuple(
+        c.model_copy(update={"nodes": tuple(n for n in c.nodes if n in kept)})
+        for c in cluster.cliques
+        if any(n in kept for n in c.nodes)
+    )
+    return cluster.model_copy(update={"nodes": nodes, "cliques": cliques})
+
+
+def cluster_summary(cluster: Cluster) -> dict[str, Any]:
+    """Name, size and fingerprint (SHA-256 of the snapshot's canonical JSON) of the whole cluster."""
+    digest = hashlib.sha256(cluster.model_dump_json().encode()).hexdigest()
+    return {"name": cluster.name, "nodes": len(cluster.nodes), "gpus": cluster.gpu_count, "sha256": digest}
 
 
 # --- reading --------------------------------------------------------------------------------------
