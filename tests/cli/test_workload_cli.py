@@ -153,3 +153,49 @@ def test_absurd_lengths_are_refused_by_the_flags(run_cli: Run) -> None:
     res = run_cli("estimate", "--model", "llama-3.1-8b", "--gpu", "H100-SXM", "--tp", "1", "--batch", "1",
                   "--input-len", "99999999999", "--output-len", "1")  # fmt: skip
     assert res.exit_code == 2 and "--input-len" in res.stderr and "Traceback" not in res.stderr
+
+
+H100_REPORTED = round(79.19 * 1024**3)
+
+
+def test_fit_engine_settings_and_usable_memory(run_cli: Run) -> None:
+    base = ("fit", "-m", "llama-3.1-8b", "-g", "H100-SXM", "--tp", "1", "--pp", "1", "--json")
+    doc = json.loads(run_cli(*base).stdout)
+    # the driver-reported total, and vLLM 0.33's defaults for an H100-class GPU
+    assert doc["usable_memory_bytes"] == H100_REPORTED and doc["engine"] == "vllm"
+    assert (doc["max_num_seqs"], doc["max_num_batched_tokens"]) == (1024, 8192)
+    assert doc["budget_bytes_per_gpu"] == -(-H100_REPORTED * 92 // 100)
+    over = json.loads(run_cli(*base, "--usable-memory-gib", "70", "--max-num-seqs", "256").stdout)
+    assert over["usable_memory_bytes"] == 70 * 1024**3 and over["max_num_seqs"] == 256
+    assert over["budget_bytes_per_gpu"] == -(-70 * 1024**3 * 92 // 100)
+    # fewer sampler rows: a smaller activation peak than the default run
+    assert over["options"][0]["activation_bytes_per_gpu"] < doc["options"][0]["activation_bytes_per_gpu"]
+    sg = json.loads(run_cli(*base, "--engine", "sglang", "--mem-fraction-static", "0.8").stdout)
+    assert sg["engine"] == "sglang" and sg["mem_fraction_static"] == 0.8 and sg["gpu_memory_utilization"] is None
+    assert sg["options"][0]["activation_bytes_per_gpu"] == 0
+    text = run_cli(*base[:-1], "--engine", "sglang").stdout
+    assert "sglang sizing, mem_fraction_static default" in text and "79.19 GiB usable" in text
+
+
+def test_engine_flags_that_do_not_belong_are_refused(run_cli: Run) -> None:
+    base = ("fit", "-m", "llama-3.1-8b", "-g", "H100-SXM", "--tp", "1")
+    _one_line_error(run_cli(*base, "--engine", "tgi"), "unknown engine 'tgi'")
+    _one_line_error(run_cli(*base, "--engine", "sglang", "--gpu-memory-utilization", "0.9"), "vLLM's setting")
+    _one_line_error(run_cli(*base, "--mem-fraction-static", "0.8"), "SGLang's setting")
+    _one_line_error(run_cli(*base, "--usable-memory-gib", "0"), "--usable-memory-gib must be in")
+
+
+def test_estimate_prints_latency_with_its_batch_and_lengths(run_cli: Run, tmp_path: Path) -> None:
+    args = ("estimate", "-m", "llama-3.1-8b", "-g", "H100-SXM", "--tp", "1", "--batch", "4",
+            "--input-len", "512", "--output-len", "64")  # fmt: skip
+    res = run_cli(*args)
+    assert res.exit_code == 0, res.stderr
+    assert "for a batch of 4 x 512 prompt tokens" in res.stdout
+    assert "at batch 4, context 544 (512 in + 64 out / 2)" in res.stdout
+    path = tmp_path / "mine.json"
+    path.write_text(json.dumps({"version": 1, "name": "mine", "entries": []}))
+    doc = json.loads(run_cli(*args, "--profile", str(path), "--max-num-batched-tokens", "1024", "--json").stdout)
+    assert doc["profile"] == "mine" and doc["max_num_batched_tokens"] == 1024
+    assert (doc["batch"], doc["input_len"], doc["output_len"], doc["tpot_context_len"]) == (4, 512, 64, 544)
+    path.write_text(json.dumps({"version": 1, "name": ""}))
+    _one_line_error(run_cli(*args, "--profile", str(path)), "profile")

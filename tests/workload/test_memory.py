@@ -130,14 +130,14 @@ def test_does_not_fit_reports_why() -> None:
 def test_fallbacks_in_order_with_savings() -> None:
     spec = resolve_model("llama-3.1-70b")
     cfg = MemoryConfig(allow_int4_kv=True)
-    fbs = capacity_fallbacks(spec, gpu_memory_bytes=H100, tp=2, max_model_len=65_536, config=cfg)
+    fbs = capacity_fallbacks(spec, gpu_memory_bytes=H100, tp=2, max_model_len=49_152, config=cfg)
     assert [f.name for f in fbs] == ["fp8-kv", "int4-kv", "activation-checkpointing"]
     # fp8 halves 163,840 B/token for the 65,536 tokens of one max-length sequence
-    assert fbs[0].saves_bytes == (163_840 - 81_920) * 65_536
-    assert fbs[1].saves_bytes == (81_920 - 40_960) * 65_536
+    assert fbs[0].saves_bytes == (163_840 - 81_920) * 49_152
+    assert fbs[1].saves_bytes == (81_920 - 40_960) * 49_152
     assert fbs[0].kv_tokens_capacity < fbs[1].kv_tokens_capacity < fbs[2].kv_tokens_capacity
     assert fbs[2].saves_bytes > 0
-    base = estimate_memory(spec, gpu_memory_bytes=H100, tp=2, max_model_len=65_536, config=cfg)
+    base = estimate_memory(spec, gpu_memory_bytes=H100, tp=2, max_model_len=49_152, config=cfg)
     assert not fbs[0].fits and fbs[1].fits
     assert first_fit(base, fbs) is fbs[1]
     no_int4 = capacity_fallbacks(spec, gpu_memory_bytes=H100, tp=2)

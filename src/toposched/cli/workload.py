@@ -14,14 +14,23 @@ from rich import box
 from rich.table import Table
 
 from toposched.cli._common import console, print_json
-from toposched.errors import InfeasibleError
+from toposched.errors import InfeasibleError, InputError
 from toposched.perf.hardware import GpuSpec, get_gpu
 from toposched.perf.latency import LatencyEstimate, StepTime, predict_latency
 from toposched.perf.links import get_link
+from toposched.perf.profile import load_profile, use_profile
 from toposched.workload.catalog import resolve_model
 from toposched.workload.dtypes import parse_kv_dtype, parse_weight_dtype
 from toposched.workload.fallbacks import Fallback, capacity_fallbacks
-from toposched.workload.memory import GIB, MemoryConfig, MemoryEstimate, estimate_memory
+from toposched.workload.memory import (
+    ENGINES,
+    GIB,
+    MemoryConfig,
+    MemoryEstimate,
+    estimate_memory,
+    sglang_chunked_prefill,
+    vllm_batch_defaults,
+)
 from toposched.workload.parallel import DEFAULT_PPS, DEFAULT_TPS, check_degrees, tp_problem
 from toposched.workload.spec import ModelSpec
 
@@ -31,6 +40,71 @@ MAX_TOKENS = 1 << 30
 """Longest sequence a flag may ask for (the bound on a config's max_position_embeddings)."""
 MAX_SEQS = 1 << 20
 """Most concurrent sequences a flag may ask for."""
+MAX_GIB = 1 << 16
+"""Largest --usable-memory-gib accepted."""
+ENGINE_HELP = "Whose KV sizing rule: vllm (0.33 profile run, default) or sglang (0.5.23 mem_fraction_static)."
+SEQS_HELP = "Engine max_num_seqs (sizes vLLM's sampler warm-up). Default: the engine's for this GPU."
+TOKENS_HELP = "Engine max_num_batched_tokens (SGLang: chunked_prefill_size). Default: the engine's for this GPU."
+UTIL_HELP = "vLLM gpu_memory_utilization (default 0.92)."
+MFS_HELP = "SGLang mem_fraction_static (default: SGLang's rule for the GPU and tp)."
+USABLE_HELP = "GPU memory the engine sees, GiB (default: the driver-reported total where known, else nominal)."
+
+
+def _usable_bytes(g: GpuSpec, usable_gib: float | None) -> int:
+    if usable_gib is None:
+        return g.usable_memory_bytes
+    if not 0 < usable_gib <= MAX_GIB:
+        raise InfeasibleError(f"--usable-memory-gib must be in (0, {MAX_GIB}], got {usable_gib}")
+    return round(usable_gib * GIB)
+
+
+def _memory_config(
+    g: GpuSpec,
+    memory_bytes: int,
+    *,
+    engine: str,
+    gpu_memory_utilization: float | None,
+    mem_fraction_static: float | None,
+    max_num_seqs: int | None,
+    max_num_batched_tokens: int | None,
+    allow_int4_kv: bool = False,
+) -> MemoryConfig:
+    """The engine's memory settings: flags where given, else the engine's defaults for this GPU."""
+    name = engine.strip().lower()
+    if name not in ENGINES:
+        raise InputError(f"unknown engine {engine[:40]!r}", fix="use --engine vllm or --engine sglang")
+    if name == "sglang" and gpu_memory_utilization is not None:
+        raise InputError("--gpu-memory-utilization is vLLM's setting", fix="use --mem-fraction-static with sglang")
+    if name == "vllm" and mem_fraction_static is not None:
+        raise InputError("--mem-fraction-static is SGLang's setting", fix="add --engine sglang")
+    if gpu_memory_utilization is not None and not 0 < gpu_memory_utilization <= 1:
+        raise InfeasibleError(f"--gpu-memory-utilization must be in (0, 1], got {gpu_memory_utilization}")
+    if mem_fraction_static is not None and not 0 < mem_fraction_static < 1:
+        raise InfeasibleError(f"--mem-fraction-static must be in (0, 1), got {mem_fraction_static}")
+    tokens, seqs = vllm_batch_defaults(memory_bytes, g.name)
+    if name == "sglang":
+        tokens = sglang_chunked_prefill(memory_bytes)
+    kw: dict[str, Any] = {
+        "engine": name,
+        "max_num_seqs": max_num_seqs or seqs,
+        "max_num_batched_tokens": max_num_batched_tokens or tokens,
+        "mem_fraction_static": mem_fraction_static,
+        "allow_int4_kv": allow_int4_kv,
+    }
+    if gpu_memory_utilization is not None:
+        kw["gpu_memory_utilization"] = gpu_memory_utilization
+    return MemoryConfig(**kw)
+
+
+def _engine_json(cfg: MemoryConfig, memory_bytes: int) -> dict[str, Any]:
+    return {
+        "engine": cfg.engine,
+        "usable_memory_bytes": memory_bytes,
+        "gpu_memory_utilization": cfg.gpu_memory_utilization if cfg.engine == "vllm" else None,
+        "mem_fraction_static": cfg.mem_fraction_static,
+        "max_num_seqs": cfg.max_num_seqs,
+        "max_num_batched_tokens": cfg.max_num_batched_tokens,
+    }
 
 
 def _load(model: str, weight_dtype: str | None, kv_dtype: str | None) -> ModelSpec:
@@ -64,6 +138,8 @@ def _option_json(e: MemoryEstimate, fallbacks: tuple[Fallback, ...]) -> dict[str
         "weights_bytes_per_gpu": e.weights_bytes_per_gpu,
         "activation_bytes_per_gpu": e.activation_bytes,
         "workspace_bytes_per_gpu": e.workspace_bytes,
+        "non_torch_bytes_per_gpu": e.non_torch_bytes,
+        "cudagraph_bytes_per_gpu": e.cudagraph_bytes,
         "kv_budget_bytes_per_gpu": e.kv_budget_bytes,
         "kv_bytes_per_token_per_gpu": e.kv_bytes_per_token_per_gpu,
         "kv_tokens_capacity": e.kv_tokens_capacity,
@@ -78,15 +154,24 @@ def _gib(n: float) -> str:
     return f"{n / GIB:.2f}"
 
 
-def _fit_table(spec: ModelSpec, gpu: GpuSpec, rows: list[tuple[MemoryEstimate, tuple[Fallback, ...]]]) -> None:
+def _fit_table(
+    spec: ModelSpec, gpu: GpuSpec, rows: list[tuple[MemoryEstimate, tuple[Fallback, ...]]], cfg: MemoryConfig
+) -> None:
     first = rows[0][0]
     console.print(
         f"{spec.name}: {spec.params_total / 1e9:.2f}B params, weights {spec.weight_dtype}, KV {spec.kv_dtype}, "
         f"{first.kv_bytes_per_token_model:,} B/token KV for the whole model",
         soft_wrap=True,
     )
+    setting = (
+        f"gpu_memory_utilization {cfg.gpu_memory_utilization}"
+        if cfg.engine == "vllm"
+        else f"mem_fraction_static {cfg.mem_fraction_static or 'default'}"
+    )
     console.print(
-        f"{gpu.name}: budget {_gib(first.budget_bytes)} GiB per GPU, workspace {_gib(first.workspace_bytes)} GiB, "
+        f"{gpu.name} ({_gib(first.gpu_memory_bytes)} GiB usable), {cfg.engine} sizing, {setting}, "
+        f"max_num_seqs {cfg.max_num_seqs}, max_num_batched_tokens {cfg.max_num_batched_tokens}; "
+        f"budget {_gib(first.budget_bytes)} GiB per GPU, workspace {_gib(first.workspace_bytes)} GiB, "
         f"max model len {first.max_model_len}",
         soft_wrap=True,
     )
@@ -124,7 +209,14 @@ def fit(
         None, "--max-model-len", max=MAX_TOKENS, help="Default: the model's context."
     ),
     num_seqs: int = typer.Option(1, "--num-seqs", min=1, max=MAX_SEQS, help="Sequences of max length that must fit."),
-    gpu_memory_utilization: float = typer.Option(0.92, "--gpu-memory-utilization", help="vLLM default 0.92."),
+    engine: str = typer.Option("vllm", "--engine", help=ENGINE_HELP),
+    max_num_seqs: int | None = typer.Option(None, "--max-num-seqs", min=1, max=MAX_SEQS, help=SEQS_HELP),
+    max_num_batched_tokens: int | None = typer.Option(
+        None, "--max-num-batched-tokens", min=1, max=MAX_TOKENS, help=TOKENS_HELP
+    ),
+    gpu_memory_utilization: float | None = typer.Option(None, "--gpu-memory-utilization", help=UTIL_HELP),
+    mem_fraction_static: float | None = typer.Option(None, "--mem-fraction-static", help=MFS_HELP),
+    usable_memory_gib: float | None = typer.Option(None, "--usable-memory-gib", help=USABLE_HELP),
     allow_int4_kv: bool = typer.Option(False, "--allow-int4-kv", help="Offer the INT4 KV fallback."),
     json_out: bool = typer.Option(False, "--json", help="Print JSON instead of a table."),
 ) -> None:
@@ -133,14 +225,15 @@ def fit(
     g = get_gpu(gpu)
     if max_model_len is not None and max_model_len < 1:
         raise InfeasibleError(f"--max-model-len must be positive, got {max_model_len}")
-    if not 0 < gpu_memory_utilization <= 1:
-        raise InfeasibleError(f"--gpu-memory-utilization must be in (0, 1], got {gpu_memory_utilization}")
-    cfg = MemoryConfig(gpu_memory_utilization=gpu_memory_utilization, allow_int4_kv=allow_int4_kv)
+    memory_bytes = _usable_bytes(g, usable_memory_gib)
+    cfg = _memory_config(g, memory_bytes, engine=engine, gpu_memory_utilization=gpu_memory_utilization,
+                         mem_fraction_static=mem_fraction_static, max_num_seqs=max_num_seqs,
+                         max_num_batched_tokens=max_num_batched_tokens, allow_int4_kv=allow_int4_kv)  # fmt: skip
     rows = []
     for t, p in _options(spec, tp, pp):
         if ep > 1:
             check_degrees(spec, t, p, ep)
-        kw: dict[str, Any] = dict(gpu_memory_bytes=g.memory_bytes, tp=t, pp=p, ep=ep,
+        kw: dict[str, Any] = dict(gpu_memory_bytes=memory_bytes, tp=t, pp=p, ep=ep,
                                   max_model_len=max_model_len, num_seqs=num_seqs, config=cfg)  # fmt: skip
         rows.append((estimate_memory(spec, **kw), capacity_fallbacks(spec, **kw)))
     if json_out:
@@ -153,11 +246,12 @@ def fit(
             "kv_bytes_per_token_model": rows[0][0].kv_bytes_per_token_model,
             "max_model_len": rows[0][0].max_model_len,
             "gpu_memory_bytes": g.memory_bytes,
+            **_engine_json(cfg, memory_bytes),
             "budget_bytes_per_gpu": rows[0][0].budget_bytes,
             "options": [_option_json(e, fb) for e, fb in rows],
         })  # fmt: skip
     else:
-        _fit_table(spec, g, rows)
+        _fit_table(spec, g, rows, cfg)
     if not any(e.fits for e, _ in rows):
         tried = ", ".join(f"tp={e.tp} pp={e.pp}" for e, _ in rows)
         raise InfeasibleError(
@@ -203,6 +297,15 @@ def estimate(
     batch: int = typer.Option(..., "--batch", min=1, max=MAX_SEQS, help="Concurrent sequences."),
     input_len: int = typer.Option(..., "--input-len", min=1, max=MAX_TOKENS, help="Prompt tokens per sequence."),
     output_len: int = typer.Option(..., "--output-len", min=1, max=MAX_TOKENS, help="Generated tokens per sequence."),
+    engine: str = typer.Option("vllm", "--engine", help=ENGINE_HELP),
+    max_num_seqs: int | None = typer.Option(None, "--max-num-seqs", min=1, max=MAX_SEQS, help=SEQS_HELP),
+    max_num_batched_tokens: int | None = typer.Option(
+        None, "--max-num-batched-tokens", min=1, max=MAX_TOKENS, help=TOKENS_HELP
+    ),
+    gpu_memory_utilization: float | None = typer.Option(None, "--gpu-memory-utilization", help=UTIL_HELP),
+    mem_fraction_static: float | None = typer.Option(None, "--mem-fraction-static", help=MFS_HELP),
+    usable_memory_gib: float | None = typer.Option(None, "--usable-memory-gib", help=USABLE_HELP),
+    profile: str | None = typer.Option(None, "--profile", help="Calibration profile JSON (toposched calibrate)."),
     json_out: bool = typer.Option(False, "--json", help="Print JSON instead of text."),
 ) -> None:
     """Predicted TTFT, TPOT and throughput of one (tp, pp) instance on a GPU type."""
@@ -210,14 +313,24 @@ def estimate(
     g = get_gpu(gpu)
     tp_link = get_link(link or g.native_link)
     between = get_link(pp_link) if pp_link else tp_link
-    r = predict_latency(spec, g, tp=tp, pp=pp, link=tp_link, pp_link=between,
-                        batch=batch, input_len=input_len, output_len=output_len)  # fmt: skip
-    mem = estimate_memory(spec, gpu_memory_bytes=g.memory_bytes, tp=tp, pp=pp,
-                          max_model_len=input_len + output_len, num_seqs=batch)  # fmt: skip
+    memory_bytes = _usable_bytes(g, usable_memory_gib)
+    cfg = _memory_config(g, memory_bytes, engine=engine, gpu_memory_utilization=gpu_memory_utilization,
+                         mem_fraction_static=mem_fraction_static, max_num_seqs=max_num_seqs,
+                         max_num_batched_tokens=max_num_batched_tokens)  # fmt: skip
+    loaded = load_profile(profile) if profile else None
+    with use_profile(loaded):
+        r = predict_latency(spec, g, tp=tp, pp=pp, link=tp_link, pp_link=between, batch=batch,
+                            input_len=input_len, output_len=output_len,
+                            max_batched_tokens=cfg.max_num_batched_tokens)  # fmt: skip
+    mem = estimate_memory(spec, gpu_memory_bytes=memory_bytes, tp=tp, pp=pp,
+                          max_model_len=input_len + output_len, num_seqs=batch, config=cfg)  # fmt: skip
+    context = input_len + output_len // 2
     extra = {
         "model": spec.name, "gpu": g.name, "tp": tp, "pp": pp, "link": tp_link.name,
         "weight_dtype": spec.weight_dtype, "batch": batch, "input_len": input_len, "output_len": output_len,
-        "fits_memory": mem.fits,
+        "tpot_context_len": context, "profile": loaded.name if loaded is not None else None,
+        **_engine_json(cfg, memory_bytes), "fits_memory": mem.fits,
+        "kv_tokens_capacity": mem.kv_tokens_capacity,
     }  # fmt: skip
     if json_out:
         print_json(_estimate_json(r, extra))
@@ -234,7 +347,9 @@ def estimate(
         table.add_row(label, f"{getattr(r.prefill, attr):.2f}", f"{getattr(r.decode, attr):.2f}")
     console.print(table)
     console.print(
-        f"TTFT {r.ttft_ms:.1f} ms, TPOT {r.tpot_ms:.2f} ms, end to end {r.e2e_ms:.1f} ms, "
+        f"TTFT {r.ttft_ms:.1f} ms for a batch of {batch} x {input_len} prompt tokens "
+        f"(chunks of {cfg.max_num_batched_tokens}); TPOT {r.tpot_ms:.2f} ms per step at batch {batch}, "
+        f"context {context} ({input_len} in + {output_len} out / 2); end to end {r.e2e_ms:.1f} ms, "
         f"throughput {r.tokens_per_s:.1f} tokens/s",
         soft_wrap=True,
     )

@@ -30,6 +30,14 @@ class GpuSpec:
     fp8_flops: float | None  # dense FP8 tensor FLOP/s; None when the GPU has no FP8 tensor cores
     native_link: str  # link-table key the GPUs of one box use between them
     source: str
+    reported_memory_bytes: int | None = None
+    """Total the driver reports (``cudaMemGetInfo``, what vLLM/SGLang size against); None = not
+    documented, the nominal ``memory_bytes`` is used."""
+
+    @property
+    def usable_memory_bytes(self) -> int:
+        """The memory the engines see: the driver-reported total where documented, else nominal."""
+        return self.reported_memory_bytes or self.memory_bytes
 
     def gemm_flops(self, weight_dtype: WeightDtype) -> float:
         """Peak dense FLOP/s of the GEMMs for weights of ``weight_dtype``.
@@ -76,6 +84,9 @@ GPUS_TABLE: tuple[tuple[GpuSpec, tuple[str, ...]], ...] = (
             1979 * TFLOPS,  # perf-anchors §2: 1979 dense FP8
             "nvlink4",  # perf-anchors §2: NVLink 4, 450 GB/s per direction
             "perf-anchors §2",
+            # anchors-train.json: vLLM v0.19 logs on "NVIDIA H100 80GB HBM3", total_gib 79.19
+            # (gpu_memory_total_gib_reported; vLLM PR #10511 logged 79.22 on an older driver)
+            round(79.19 * GIB),
         ),
         ("H100", "H100-80GB", "H100-SXM5", "H100-SXM-80GB"),
     ),
@@ -100,6 +111,9 @@ GPUS_TABLE: tuple[tuple[GpuSpec, tuple[str, ...]], ...] = (
             1979 * TFLOPS,  # perf-anchors §2
             "nvlink4",  # perf-anchors §2: 450 / 900 GB/s
             "perf-anchors §2",
+            # Approximate: issue 16 gives "about 140 GiB" for what engines see on an H200; no logged
+            # total is in reference/. Replace with a logged cudaMemGetInfo total when one is published.
+            140 * GIB,
         ),
         ("H200-SXM", "H200-141GB"),
     ),

@@ -108,6 +108,50 @@ ENTRIES: tuple[CatalogEntry, ...] = (
         aliases=("qwen2.5-72b-instruct", "Qwen/Qwen2.5-72B-Instruct"),
     ),
     CatalogEntry(
+        "qwen2.5-7b",
+        "Qwen2.5-7B-Instruct.json",  # config keys written from the HF config.json (see its _source)
+        "Qwen/Qwen2.5-7B-Instruct",
+        7_610_000_000,  # Qwen2.5-7B-Instruct model card: "Number of Parameters: 7.61B"
+        "Qwen2.5-7B-Instruct model card: 7.61B",
+        aliases=("qwen2.5-7b-instruct", "Qwen/Qwen2.5-7B"),
+    ),
+    CatalogEntry(
+        "qwen3-8b",
+        "Qwen3-8B.json",
+        "Qwen/Qwen3-8B",
+        8_200_000_000,  # Qwen3-8B model card: "Number of Parameters: 8.2B"
+        "Qwen3-8B model card: 8.2B",
+    ),
+    CatalogEntry(
+        "qwen3-30b-a3b",
+        "Qwen3-30B-A3B.json",
+        "Qwen/Qwen3-30B-A3B",
+        30_500_000_000,  # Qwen3-30B-A3B model card: "30.5B in total and 3.3B activated"
+        "Qwen3-30B-A3B model card: 30.5B total, 3.3B activated",
+    ),
+    CatalogEntry(
+        "phi-4",
+        "phi-4.json",
+        "microsoft/phi-4",
+        14_700_000_000,  # Hugging Face model page: "14.7B params" (safetensors)
+        "HF safetensors total 14.7B",
+    ),
+    CatalogEntry(
+        "deepseek-v2-lite",
+        "DeepSeek-V2-Lite-Chat.json",
+        "deepseek-ai/DeepSeek-V2-Lite-Chat",
+        15_700_000_000,  # DeepSeek-V2-Lite model card: "15.7B parameters ... 2.4B activated"
+        "DeepSeek-V2-Lite model card: 15.7B total, 2.4B activated",
+        aliases=("deepseek-ai/DeepSeek-V2-Lite", "deepseek-v2-lite-chat"),
+    ),
+    CatalogEntry(
+        "deepseek-r1-distill-qwen-14b",
+        "DeepSeek-R1-Distill-Qwen-14B.json",
+        "deepseek-ai/DeepSeek-R1-Distill-Qwen-14B",
+        14_800_000_000,  # Hugging Face model page: "14.8B params" (Qwen2.5-14B architecture)
+        "HF safetensors total 14.8B",
+    ),
+    CatalogEntry(
         "qwen3-235b-a22b",
         "Qwen3-235B-A22B.json",
         "Qwen/Qwen3-235B-A22B",

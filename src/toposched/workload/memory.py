@@ -1,13 +1,31 @@
 """Per-GPU HBM estimator: weights, KV cache, activation peak and workspace for (tp, pp, ep).
 
-The rules follow vLLM (reference/engines.md §1.4):
+Two engines' sizing rules (``MemoryConfig.engine``), read from their sources (engines.md §1.4, §2):
 
-* budget = ceil(total GPU memory x ``gpu_memory_utilization``) (default 0.92);
-* KV budget = budget - weights - activation peak - non-torch memory - CUDA-graph estimate;
-* one KV block per layer = block_size x kv_heads_per_rank x (k + v head dims) x dtype bytes, with
-  kv_heads_per_rank = max(1, kv_heads // tp) (replicated when tp > KV heads); MLA caches one latent
-  of kv_lora_rank + qk_rope_head_dim per layer, not sharded by tp;
-* tokens that fit = (KV budget // bytes per block over this GPU's layers) x block_size.
+* **vLLM 0.33.0** (``vllm/v1/worker/gpu_worker.py`` ``determine_available_memory``,
+  ``vllm/utils/mem_utils.py`` ``memory_profiling``, ``vllm/v1/worker/utils.py`` ``request_memory``):
+  KV pool = ceil(total x ``gpu_memory_utilization``) - weights - activation peak - non-torch memory
+  - CUDA-graph estimate. The CUDA-graph estimate is deducted by default since v0.21
+  (``VLLM_MEMORY_PROFILER_ESTIMATE_CUDAGRAPHS=1`` in ``vllm/envs.py``); the v0.19 logs of the
+  published anchors predate that (``deduct_cudagraph=False`` reproduces them). The activation peak
+  is the profile run's (``gpu_model_runner.py`` ``profile_run``): a forward pass over
+  ``max_num_batched_tokens`` tokens, then ``_dummy_sampler_run`` on ``max_num_seqs`` rows of
+  full-vocabulary logits (``compute_logits`` gathers the whole vocabulary on every TP rank, so this
+  part does not shrink with TP), plus the fused-MoE workspace the forward leaves allocated.
+* **SGLang 0.5.23** (``srt/mem_cache/kv_cache_configurator.py`` ``_profile_available_bytes``):
+  KV pool = free memory after loading the weights - (free memory before loading) x
+  (1 - ``mem_fraction_static``); no activation profiling. The default ``mem_fraction_static``
+  follows ``srt/arg_groups/memory_hook.py`` ``handle_gpu_memory_settings``.
+
+Then one KV block per layer = block_size x kv_heads_per_rank x (k + v head dims) x dtype bytes, with
+kv_heads_per_rank = max(1, kv_heads // tp) (replicated when tp > KV heads); MLA caches one latent of
+kv_lora_rank + qk_rope_head_dim per layer, not sharded by tp; tokens that fit = (KV budget // bytes per
+block over this GPU's layers) x block_size.
+
+The constants that are not in either source (non-torch memory, the sampler's bytes per logit, the
+CUDA-graph estimate) are fitted to the published vLLM v0.19 memory profiles in
+``reference/data/anchors-train.json``; ``benchmarks/memory_anchors.py`` re-fits them and reports the
+leave-one-out errors (docs/estimator.md).
 
 With pipeline parallelism every stage is computed and the worst one is reported (most weight bytes,
 fewest KV tokens). Everything here is a pure function of its arguments (no I/O), so a placement
@@ -18,6 +36,7 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass
+from typing import Literal, get_args
 
 from pydantic import BaseModel, ConfigDict, Field
 
@@ -27,36 +46,121 @@ from toposched.workload.parallel import check_degrees, partition_ranges
 from toposched.workload.spec import ModelSpec
 
 GIB = 1024**3
+MIB = 1024**2
 
 # vLLM pads the vocabulary of VocabParallelEmbedding / ParallelLMHead to a multiple of 64
 # (vllm/model_executor/layers/vocab_parallel_embedding.py, DEFAULT_VOCAB_PADDING_SIZE = 64).
 VOCAB_PADDING = 64
 
+Engine = Literal["vllm", "sglang"]
+ENGINES: tuple[Engine, ...] = get_args(Engine)
+
+# ---- constants fitted to the published vLLM v0.19 memory profiles (anchors-train.json,
+# `memory_profile_rank0`); benchmarks/memory_anchors.py prints the fit and its leave-one-out errors.
+FIT_NON_TORCH_TP1_GIB = 0.25
+"""Mean logged non-torch memory of the TP=1 runs (CUDA context, cuBLAS workspace)."""
+FIT_NON_TORCH_MULTI_GIB = 2.08
+"""Mean logged non-torch memory of the TP>1 runs (adds NCCL and custom all-reduce buffers)."""
+FIT_SAMPLER_BYTES_PER_LOGIT = 14.7
+"""Sampler warm-up peak per (max_num_seqs x padded vocab) logit: fp32 logits, their sort values
+and int64 indices (top-k/top-p), least squares over the dense runs' logged activation peaks."""
+FIT_PROFILE_BASE_GIB = 0.05
+"""Intercept of that least-squares fit (small buffers alive through the profile run)."""
+FIT_CUDAGRAPH_BASE_GIB = 0.48
+"""CUDA-graph estimate: intercept of the least-squares fit on the logged ``cudagraph_gib``."""
+FIT_CUDAGRAPH_PER_LAYER_MIB = 15.1
+"""CUDA-graph estimate: slope per decoder layer on the GPU."""
+
 
 class MemoryConfig(BaseModel):
-    """Engine memory settings; defaults are vLLM's."""
+    """Engine memory settings; defaults are vLLM 0.33.0's on an H100/H200-class GPU (API server)."""
 
     model_config = ConfigDict(frozen=True, extra="forbid")
 
+    engine: Engine = "vllm"
+    """Whose sizing rule: ``vllm`` (profile run) or ``sglang`` (mem_fraction_static)."""
     gpu_memory_utilization: float = Field(0.92, gt=0.0, le=1.0)
-    """Fraction of total GPU memory this instance may use (vLLM default 0.92, engines.md §1.1)."""
+    """vLLM: fraction of total GPU memory this instance may use (``CacheConfig`` default 0.92)."""
+    mem_fraction_static: float | None = Field(None, gt=0.0, lt=1.0)
+    """SGLang: weights + KV pool over GPU memory; None = SGLang's default rule for the GPU."""
     block_size: int = Field(16, ge=1, le=1024)
     """Tokens per KV block (vLLM ``CacheConfig.DEFAULT_BLOCK_SIZE = 16``, engines.md §1.1)."""
     max_num_batched_tokens: int = Field(8192, ge=1)
-    """Tokens in the profiling forward pass that sets the activation peak (vLLM's serving default)."""
-    max_num_seqs: int = Field(256, ge=1)
-    """Sequences sampled per step; sizes the fp32 logits buffer (vLLM ``max_num_seqs`` default)."""
-    non_torch_bytes: int = Field(round(1.79 * GIB), ge=0)
-    """CUDA context, cuBLAS workspace: "non_torch_memory 1.79GiB" at TP=1 (vLLM PR #10511 log)."""
-    comm_buffer_bytes: int = Field(round(1.79 * GIB), ge=0)
-    """Extra non-torch memory with tp*pp > 1 (NCCL, custom all-reduce): 3.58 - 1.79 GiB (PR #10511)."""
-    cudagraph_bytes: int = Field(round(0.5 * GIB), ge=0)
-    """CUDA-graph pool reserve. Assumption: no figure in reference/; vLLM's "Graph capturing
-    finished ... took" log line is typically 0.3-1 GiB."""
+    """Tokens in the profiling forward pass (vLLM 0.33 ``get_batch_defaults``: 8192 for the API
+    server on >= 70 GiB non-A100 GPUs; ``vllm_batch_defaults`` gives the other tiers)."""
+    max_num_seqs: int = Field(1024, ge=1)
+    """Rows of the sampler warm-up (vLLM 0.33 default 1024 on H100/H200/B200, 256 elsewhere)."""
+    non_torch_bytes: int = Field(round(FIT_NON_TORCH_TP1_GIB * GIB), ge=0)
+    """CUDA context and cuBLAS workspace at TP=1 (fitted, see FIT_NON_TORCH_TP1_GIB)."""
+    comm_buffer_bytes: int = Field(round((FIT_NON_TORCH_MULTI_GIB - FIT_NON_TORCH_TP1_GIB) * GIB), ge=0)
+    """Extra non-torch memory with tp*pp > 1: NCCL and custom all-reduce buffers (fitted)."""
+    sampler_bytes_per_logit: float = Field(FIT_SAMPLER_BYTES_PER_LOGIT, ge=0.0, le=64.0)
+    """Sampler warm-up bytes per logit (max_num_seqs x padded vocab), fitted."""
+    profile_base_bytes: int = Field(round(FIT_PROFILE_BASE_GIB * GIB), ge=0)
+    """Constant part of the profiled activation peak (fitted)."""
+    deduct_cudagraph: bool = True
+    """vLLM >= 0.21 deducts its CUDA-graph estimate from the KV pool; v0.19 (the anchors) did not."""
+    cudagraph_bytes: int | None = Field(None, ge=0)
+    """A known CUDA-graph size (vLLM logs "Estimated CUDA graph memory"); None = the fitted rule."""
+    cudagraph_base_bytes: int = Field(round(FIT_CUDAGRAPH_BASE_GIB * GIB), ge=0)
+    """Fitted rule: base + per layer x decoder layers on the GPU."""
+    cudagraph_per_layer_bytes: int = Field(round(FIT_CUDAGRAPH_PER_LAYER_MIB * MIB), ge=0)
+    """Fitted rule: bytes per decoder layer on the GPU."""
     checkpoint_batched_tokens: int = Field(2048, ge=1)
     """Token cap used by the activation-checkpointing fallback (chunked prefill's 2048 chunk)."""
     allow_int4_kv: bool = False
     """Whether the int4 KV fallback may be offered (DESIGN.md: only if the request allows it)."""
+
+
+def vllm_batch_defaults(gpu_memory_bytes: int, gpu_name: str = "") -> tuple[int, int]:
+    """vLLM 0.33.0's default (max_num_batched_tokens, max_num_seqs) for the OpenAI API server.
+
+    ``vllm/engine/arg_utils.py`` ``get_batch_defaults``: >= 160 GiB: 16384 / 1024; >= 70 GiB and not
+    an A100: 8192 / 1024; otherwise 2048 / 256. (The offline ``LLM`` class uses larger token budgets.)
+    """
+    if gpu_memory_bytes >= 160 * GIB:
+        return 16384, 1024
+    if gpu_memory_bytes >= 70 * GIB and "a100" not in gpu_name.lower():
+        return 8192, 1024
+    return 2048, 256
+
+
+def sglang_chunked_prefill(gpu_memory_bytes: int) -> int:
+    """SGLang 0.5.23's default ``chunked_prefill_size`` by GPU memory (memory_hook.py)."""
+    mib = gpu_memory_bytes / MIB
+    if mib < 20 * 1024:
+        return 2048
+    if mib < 90 * 1024:
+        return 4096 if mib < 60 * 1024 else 8192
+    return 8192 if mib < 160 * 1024 else 16384
+
+
+def _sglang_decode_graph_bs(gpu_memory_bytes: int, tp: int) -> int:
+    mib = gpu_memory_bytes / MIB
+    if mib < 20 * 1024:
+        return 8
+    if mib < 35 * 1024:
+        return 48 if tp < 4 else 160
+    if mib < 60 * 1024:
+        return 32 if tp < 4 else 160
+    if mib < 160 * 1024:
+        return 256 if tp < 4 else 512
+    return 512
+
+
+def sglang_default_mem_fraction(gpu_memory_bytes: int, tp: int = 1, pp: int = 1) -> float:
+    """SGLang 0.5.23's default ``mem_fraction_static`` (``handle_gpu_memory_settings``).
+
+    reserved MiB = 512 + max(chunked_prefill_size, 2048) x 1.5 + tp x pp / 8 x 1024 + decode CUDA-graph
+    max batch x 2, at least 10 GiB on GPUs above 60 GiB; fraction = round((memory - reserved) / memory, 3).
+    Prefill CUDA graphs, DP attention and DeepEP reserves are off by default and not modelled.
+    """
+    mib = gpu_memory_bytes / MIB
+    reserved = 512 + max(sglang_chunked_prefill(gpu_memory_bytes), 2048) * 1.5 + tp * pp / 8 * 1024
+    reserved += _sglang_decode_graph_bs(gpu_memory_bytes, tp) * 2
+    if mib > 60 * 1024:
+        reserved = max(reserved, 10 * 1024)
+    return max(0.01, round((mib - reserved) / mib, 3))
 
 
 @dataclass(frozen=True)
@@ -114,6 +218,10 @@ class MemoryEstimate:
     fits: bool
     reasons: tuple[str, ...]
     stages: tuple[StageMemory, ...]
+    engine: Engine = "vllm"
+    non_torch_bytes: int = 0
+    cudagraph_bytes: int = 0
+    """The CUDA-graph estimate (deducted only when ``MemoryConfig.deduct_cudagraph``; 0 for SGLang)."""
 
     @property
     def gpus(self) -> int:
@@ -144,8 +252,34 @@ def kv_bytes_per_token_per_layer(spec: ModelSpec, tp: int, kv_dtype: KvDtype | N
     return kv_heads_per_rank(spec, tp) * spec.kv_state_dims * elem
 
 
+def _attention_bytes(spec: ModelSpec, layer: int, tp: int, wb: float, ab: float) -> float:
+    """One layer's attention projections on one tp rank; 16-bit where the checkpoint keeps them."""
+    a = spec.attention_params()
+    kv_share = kv_heads_per_rank(spec, tp) / spec.num_kv_heads if spec.num_kv_heads else 0.0
+
+    def width(projection: str) -> float:
+        return ab if spec.linear_at_16_bits(layer, projection) else wb
+
+    if spec.mla is not None or not spec.unquantized:
+        return (a.q_and_o / tp + a.kv * kv_share) * wb + a.bias / tp * ab
+    half_qo, half_kv = a.q_and_o / 2 / tp, a.kv / 2 * kv_share
+    return (
+        half_qo * (width("q_proj") + width("o_proj")) + half_kv * (width("k_proj") + width("v_proj")) + a.bias / tp * ab
+    )
+
+
+def _dense_mlp_bytes(spec: ModelSpec, layer: int, tp: int, wb: float, ab: float) -> float:
+    """One layer's dense MLP (gate, up, down) on one tp rank; 16-bit where the checkpoint keeps them."""
+    third = spec.dense_mlp_params() / 3 / tp
+    return sum(third * (ab if spec.linear_at_16_bits(layer, p) else wb) for p in ("gate_proj", "up_proj", "down_proj"))
+
+
 def stage_weights(spec: ModelSpec, layers: range, *, first: bool, last: bool, tp: int, ep: int) -> WeightBreakdown:
-    """Weight bytes on one GPU of a stage holding ``layers``."""
+    """Weight bytes on one GPU of a stage holding ``layers``.
+
+    Quantised checkpoints keep embeddings, lm_head, norms and routers in 16 bits, and the
+    projections their ``quantization_config`` ignore list names (``ModelSpec.unquantized``).
+    """
     wb = weight_format(spec.weight_dtype).bytes_per_param
     ab = activation_bytes(spec.activation_dtype)
     vocab_shard = math.ceil(padded_vocab(spec.vocab_size) / tp) * spec.hidden_size
@@ -154,12 +288,10 @@ def stage_weights(spec: ModelSpec, layers: range, *, first: bool, last: bool, tp
     holds_head = last and (not spec.tie_word_embeddings or not first)
     lm_head = vocab_shard * ab if holds_head else 0.0
     a = spec.attention_params()
-    kv_share = kv_heads_per_rank(spec, tp) / spec.num_kv_heads if spec.num_kv_heads else 0.0
-    attn_layer = (a.q_and_o / tp + a.kv * kv_share) * wb + a.bias / tp * ab
     attention = mlp = experts = 0.0
     replicated = spec.hidden_size * ab if last else 0.0  # final norm
     for layer in layers:
-        attention += attn_layer
+        attention += _attention_bytes(spec, layer, tp, wb, ab)
         replicated += a.replicated * wb + spec.norm_params(layer) * ab
         if spec.moe is not None and spec.is_moe_layer(layer):
             per_rank_experts = math.ceil(spec.moe.num_experts / ep)
@@ -167,7 +299,7 @@ def stage_weights(spec: ModelSpec, layers: range, *, first: bool, last: bool, tp
             mlp += spec.shared_expert_params() / tp * wb
             replicated += spec.router_params() * ab
         else:
-            mlp += spec.dense_mlp_params() / tp * wb
+            mlp += _dense_mlp_bytes(spec, layer, tp, wb, ab)
     return WeightBreakdown(
         embedding=round(embedding),
         lm_head=round(lm_head),
@@ -178,31 +310,70 @@ def stage_weights(spec: ModelSpec, layers: range, *, first: bool, last: bool, tp
     )
 
 
-def activation_peak(spec: ModelSpec, layers: range, *, last: bool, tp: int, tokens: int, num_seqs: int) -> int:
-    """Transient activation peak of a forward pass over ``tokens`` batched tokens on one GPU.
+def moe_workspace(spec: ModelSpec, layers: range, *, tp: int, ep: int, tokens: int) -> int:
+    """Fused-MoE buffers the profile forward leaves allocated (vLLM ``fused_moe``): one buffer for
+    tokens x top_k x max(2 x I, hidden) (gate_up output, reused for the down output) and one for
+    tokens x top_k x I (the activation), I the expert width on this rank. 0 without MoE layers."""
+    if spec.moe is None or not any(spec.is_moe_layer(i) for i in layers):
+        return 0
+    m = spec.moe
+    inter = m.expert_intermediate_size / max(1, tp // ep)
+    per_token = m.experts_per_token * (max(2 * inter, spec.hidden_size) + inter)
+    return round(per_token * tokens * activation_bytes(spec.activation_dtype))
 
-    Per token: the residual and hidden states (2h) plus the larger of the attention tensors
-    (q, k, v, output) and the MLP intermediates (gate_up and act: 3 x intermediate / tp; fused MoE:
-    top_k x (3 x expert intermediate / tp + h)). The last stage adds fp32 logits for ``num_seqs``
-    sampled rows. Checked against vLLM PR #10511: Llama-3-8B TP1 "activation peak 1.26GiB" versus
-    0.90 GiB from this formula at 8192 tokens (docs/estimator.md).
+
+def activation_peak(
+    spec: ModelSpec,
+    layers: range,
+    *,
+    last: bool,
+    tp: int,
+    tokens: int,
+    num_seqs: int,
+    ep: int = 1,
+    config: MemoryConfig | None = None,
+) -> int:
+    """vLLM's profiled activation peak on one GPU of a stage (``gpu_model_runner.py`` ``profile_run``).
+
+    = a constant + the hidden states of ``tokens`` batched tokens (kept through the sampler run)
+      + the fused-MoE workspace + the larger of
+        * the forward's transient tensors per token: residual and hidden (2h) plus the larger of the
+          attention tensors (q, k, v, output) and the dense MLP intermediates (3 x intermediate / tp);
+        * the sampler warm-up (last stage only): ``sampler_bytes_per_logit`` x ``num_seqs`` rows x the
+          padded vocabulary. ``compute_logits`` gathers the full vocabulary on every rank: not / tp.
     """
+    cfg = config or MemoryConfig()
     ab = activation_bytes(spec.activation_dtype)
     h = spec.hidden_size
     kvh = kv_heads_per_rank(spec, tp)
     attn = 2 * spec.attention_width / tp + kvh * spec.kv_state_dims
     widest = 0.0
-    has_dense = any(not spec.is_moe_layer(i) for i in layers)
-    if has_dense:
+    if any(not spec.is_moe_layer(i) for i in layers):
         widest = 3 * spec.intermediate_size / tp
     if spec.moe is not None and any(spec.is_moe_layer(i) for i in layers):
-        m = spec.moe
-        moe = m.experts_per_token * (3 * m.expert_intermediate_size / tp + h)
-        moe += 3 * m.shared_intermediate_size / tp
-        widest = max(widest, moe)
-    per_token = (2 * h + max(attn, widest)) * ab
-    logits = num_seqs * padded_vocab(spec.vocab_size) / tp * 4 if last else 0
-    return round(per_token * tokens + logits)
+        widest = max(widest, 3 * spec.moe.shared_intermediate_size / tp)
+    forward = (2 * h + max(attn, widest)) * ab * tokens
+    rows = min(num_seqs, tokens)
+    sampler = cfg.sampler_bytes_per_logit * rows * padded_vocab(spec.vocab_size) if last else 0.0
+    hidden = tokens * h * ab
+    workspace = moe_workspace(spec, layers, tp=tp, ep=ep, tokens=tokens)
+    return round(cfg.profile_base_bytes + hidden + workspace + max(forward, sampler))
+
+
+def cudagraph_estimate(layers: int, config: MemoryConfig | None = None) -> int:
+    """vLLM's CUDA-graph memory for a GPU holding ``layers`` decoder layers: the configured
+    ``cudagraph_bytes`` if given, else the fitted base + per-layer rule."""
+    cfg = config or MemoryConfig()
+    if cfg.cudagraph_bytes is not None:
+        return cfg.cudagraph_bytes
+    return cfg.cudagraph_base_bytes + cfg.cudagraph_per_layer_bytes * layers
+
+
+def non_torch_memory(tp: int, pp: int, config: MemoryConfig | None = None) -> int:
+    """Memory outside PyTorch's allocator on each GPU: context and workspaces, plus communication
+    buffers when the instance spans GPUs."""
+    cfg = config or MemoryConfig()
+    return cfg.non_torch_bytes + (cfg.comm_buffer_bytes if tp * pp > 1 else 0)
 
 
 def estimate_memory(
@@ -235,20 +406,35 @@ def estimate_memory(
         raise InfeasibleError(f"gpu_memory_bytes={gpu_memory_bytes} must be positive")
     cfg = config or MemoryConfig()
     seq_len = max_model_len or spec.max_position_embeddings
-    budget = math.ceil(gpu_memory_bytes * cfg.gpu_memory_utilization)
-    workspace = cfg.non_torch_bytes + cfg.cudagraph_bytes + (cfg.comm_buffer_bytes if tp * pp > 1 else 0)
+    non_torch = non_torch_memory(tp, pp, cfg)
+    if cfg.engine == "sglang":
+        # free before loading = total - non-torch; pool = free after loading - free before x (1 - fraction)
+        fraction = cfg.mem_fraction_static or sglang_default_mem_fraction(gpu_memory_bytes, tp, pp)
+        budget = math.floor((gpu_memory_bytes - non_torch) * fraction)
+    else:
+        budget = math.ceil(gpu_memory_bytes * cfg.gpu_memory_utilization)
     tokens = min(cfg.max_num_batched_tokens, max(seq_len, 1) * cfg.max_num_seqs)
     per_layer_kv = kv_bytes_per_token_per_layer(spec, tp)
     ranges = partition_ranges(spec.num_layers, pp, layer_partition)
     stages = []
+    graphs = 0
     for i, layers in enumerate(ranges):
         first, last = i == 0, i == pp - 1
         weights = stage_weights(spec, layers, first=first, last=last, tp=tp, ep=ep)
-        act = activation_peak(spec, layers, last=last, tp=tp, tokens=tokens, num_seqs=cfg.max_num_seqs)
-        kv_budget = budget - weights.total - act - workspace
+        if cfg.engine == "sglang":
+            act, graph = 0, 0
+            kv_budget = budget - weights.total
+        else:
+            act = activation_peak(
+                spec, layers, last=last, tp=tp, tokens=tokens, num_seqs=cfg.max_num_seqs, ep=ep, config=cfg
+            )
+            graph = cudagraph_estimate(len(layers), cfg)
+            kv_budget = budget - weights.total - act - non_torch - (graph if cfg.deduct_cudagraph else 0)
+        graphs = max(graphs, graph)
         block_bytes = cfg.block_size * per_layer_kv * len(layers)
         capacity = int(kv_budget // block_bytes) * cfg.block_size if kv_budget > 0 and block_bytes else 0
         stages.append(StageMemory(i, len(layers), weights, act, round(per_layer_kv * len(layers)), kv_budget, capacity))
+    workspace = 0 if cfg.engine == "sglang" else non_torch + (graphs if cfg.deduct_cudagraph else 0)
     worst = max(stages, key=lambda s: s.weights.total)
     capacity = min(s.kv_tokens_capacity for s in stages)
     seq_tokens = math.ceil(seq_len / cfg.block_size) * cfg.block_size
@@ -283,4 +469,7 @@ def estimate_memory(
         fits=not reasons,
         reasons=tuple(reasons),
         stages=tuple(stages),
+        engine=cfg.engine,
+        non_torch_bytes=non_torch,
+        cudagraph_bytes=graphs,
     )

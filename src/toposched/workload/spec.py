@@ -16,6 +16,7 @@ multi-token-prediction layer is not counted, as vLLM does not load it for plain 
 
 from __future__ import annotations
 
+import re
 from collections.abc import Mapping
 from dataclasses import dataclass, replace
 from pathlib import Path
@@ -91,6 +92,14 @@ class ModelSpec:
     hf_id: str | None = None
     model_type: str = ""
     published_params: int | None = None
+    unquantized: frozenset[tuple[int, str]] = frozenset()
+    """(layer, projection) pairs a quantised checkpoint keeps at 16 bits (``quantization_config``'s
+    ``ignore`` / ``modules_to_not_convert`` / ``ignored_layers``); projection is one of
+    ``LINEAR_NAMES``. Empty for 16-bit checkpoints."""
+
+    def linear_at_16_bits(self, layer: int, projection: str) -> bool:
+        """Whether a quantised checkpoint keeps this projection of ``layer`` in 16 bits."""
+        return (layer, projection) in self.unquantized
 
     def with_dtypes(self, weight_dtype: WeightDtype | None = None, kv_dtype: KvDtype | None = None) -> ModelSpec:
         """A copy served with other dtypes (``None`` keeps the current one)."""
@@ -294,6 +303,31 @@ def _text(cfg: Mapping[str, Any], key: str, source: str) -> str | None:
     return value
 
 
+LINEAR_NAMES: tuple[str, ...] = ("q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj")
+"""The decoder-layer projections a quantisation ignore list can name (Hugging Face Llama/Qwen names)."""
+_FUSED = {"qkv_proj": ("q_proj", "k_proj", "v_proj"), "gate_up_proj": ("gate_proj", "up_proj")}
+_IGNORE_KEYS = ("ignore", "modules_to_not_convert", "ignored_layers")
+_MAX_IGNORE = 1 << 16
+
+
+def _ct_weight_bits(quant: Mapping[str, Any], source: str) -> tuple[int, str] | None:
+    """compressed-tensors: (num_bits, type) of the first config group's weights, if given."""
+    groups = quant.get("config_groups")
+    if not isinstance(groups, Mapping):
+        return None
+    for group in groups.values():
+        weights = group.get("weights") if isinstance(group, Mapping) else None
+        if not isinstance(weights, Mapping):
+            continue
+        bits, kind = weights.get("num_bits"), weights.get("type", "int")
+        if not isinstance(bits, int) or isinstance(bits, bool) or not 1 <= bits <= 16 or not isinstance(kind, str):
+            raise SpecError(
+                source, "quantization_config.config_groups.weights", f"expected num_bits 1-16, got {_shown(bits)}"
+            )
+        return bits, kind.lower()
+    return None
+
+
 def _dtype_of(cfg: Mapping[str, Any], source: str) -> tuple[ActivationDtype, WeightDtype]:
     torch_dtype = _text(cfg, "torch_dtype", source) or _text(cfg, "dtype", source) or "bfloat16"
     act: ActivationDtype = "fp16" if torch_dtype in ("float16", "half", "fp16") else "bf16"
@@ -308,6 +342,15 @@ def _dtype_of(cfg: Mapping[str, Any], source: str) -> tuple[ActivationDtype, Wei
     method = method.lower()
     if method in ("fp8", "fbgemm_fp8", "modelopt"):
         return act, "fp8"
+    if method == "compressed-tensors" and quant.get("bits") is None:
+        found = _ct_weight_bits(quant, source)
+        if found is not None:
+            ct_bits, ct_kind = found
+            if ct_bits > 8:
+                return act, act  # counted at 16 bits: never an underestimate
+            if ct_bits == 8 and ct_kind == "float":
+                return act, "fp8"
+            return act, "int4" if ct_bits <= 4 else "int8"  # rounded up to a stored width
     if method in ("awq", "gptq", "compressed-tensors"):
         key = "bits" if quant.get("bits") is not None else "w_bit"
         bits = quant.get(key)
@@ -320,6 +363,56 @@ def _dtype_of(cfg: Mapping[str, Any], source: str) -> tuple[ActivationDtype, Wei
         # Below 4 bits is counted as int4: an upper bound on the weight bytes, never an underestimate.
         return act, "int4" if bits <= 4 else "int8"
     return act, act
+
+
+def _module_names(layer: int, projection: str) -> tuple[str, ...]:
+    """The Hugging Face names of one decoder-layer projection (and its fused vLLM name)."""
+    block = "self_attn" if projection in ("q_proj", "k_proj", "v_proj", "o_proj") else "mlp"
+    fused = [f for f, parts in _FUSED.items() if projection in parts]
+    names = [f"model.layers.{layer}.{block}.{projection}"]
+    names += [f"model.layers.{layer}.{block}.{f}" for f in fused]
+    return tuple(names)
+
+
+def _pattern_matches(entry: str, name: str) -> bool:
+    """A compressed-tensors ``re:`` entry, matched with ``re.match`` as compressed-tensors does."""
+    try:
+        return re.match(entry[3:], name) is not None
+    except re.error:
+        return False
+
+
+def _unquantized_of(cfg: Mapping[str, Any], num_layers: int, source: str) -> frozenset[tuple[int, str]]:
+    """(layer, projection) pairs the checkpoint's ignore list keeps at 16 bits.
+
+    Meta's Llama-3.1-405B-FP8 (``fbgemm_fp8``) lists ``modules_to_not_convert``; compressed-tensors
+    lists ``ignore`` (names or ``re:`` patterns); vLLM's fp8 config reads ``ignored_layers``.
+    Embeddings, lm_head and norms are 16-bit in every case (workload/dtypes.py) and need no entry.
+    """
+    quant = cfg.get("quantization_config")
+    if not isinstance(quant, Mapping):
+        return frozenset()
+    entries: list[str] = []
+    for key in _IGNORE_KEYS:
+        value = quant.get(key)
+        if value is None:
+            continue
+        if not isinstance(value, list) or len(value) > _MAX_IGNORE or not all(isinstance(v, str) for v in value):
+            raise SpecError(
+                source, f"quantization_config.{key}", f"expected a list of module names, got {_shown(value)}"
+            )
+        entries += [v for v in value if v and len(v) <= 500]
+    if not entries:
+        return frozenset()
+    plain = {e for e in entries if not e.startswith("re:")}
+    patterns = [e for e in entries if e.startswith("re:")]
+    out: set[tuple[int, str]] = set()
+    for layer in range(num_layers):
+        for projection in LINEAR_NAMES:
+            names = _module_names(layer, projection)
+            if any(n in plain for n in names) or any(_pattern_matches(p, n) for p in patterns for n in names):
+                out.add((layer, projection))
+    return frozenset(out)
 
 
 def _moe_of(cfg: Mapping[str, Any], num_layers: int, source: str) -> MoeSpec | None:
@@ -449,6 +542,7 @@ def spec_from_config(cfg: Mapping[str, Any], *, name: str, source: str = "<confi
         weight_dtype=weight,
         hf_id=model_id if isinstance(model_id, str) and len(model_id) <= 200 else None,
         model_type=model_type,
+        unquantized=_unquantized_of(cfg, layers, source) if weight not in ("bf16", "fp16") else frozenset(),
     )
 
 
