@@ -3,10 +3,10 @@
     .venv/bin/python benchmarks/estimate_anchors.py          # predicted vs measured, errors
     .venv/bin/python benchmarks/estimate_anchors.py --fit    # also refit the one global parameter
 
-The only fitted parameter is ``PerfConfig.step_overhead_ms`` (per-pass engine/host overhead): one
-value for all engines, weighted least squares of the relative error over the decode anchors. Every
-other constant comes from perf-anchors.md (eta_mem 0.8, eta_flops 0.7, 3 µs x 6 small kernels per
-layer) or from the all-reduce fit. TTFT anchors are reported but not fitted.
+Predictions use the active calibration profile (the shipped ``data/profiles/default.json``, fitted
+on reference/data/anchors-train.json by ``benchmarks/anchors_loo.py``; two NIM rows here are also
+anchors there, the vLLM nightly rows are not). ``--fit`` refits only ``step_overhead_ms`` on these
+decode anchors, from the profile's other coefficients, with leave-one-out errors.
 """
 
 from __future__ import annotations
@@ -16,6 +16,7 @@ import sys
 from dataclasses import dataclass
 
 from toposched.perf import PerfConfig, get_gpu, get_link, predict_latency
+from toposched.perf.latency import resolve_config
 from toposched.workload import resolve_model
 
 
@@ -52,10 +53,13 @@ ANCHORS = (
 )  # fmt: skip
 
 
-def predict(a: Anchor, cfg: PerfConfig) -> float:
-    """The model's figure for the anchor's metric, in ms."""
+def predict(a: Anchor, overhead_ms: float | None = None) -> float:
+    """The model's figure for the anchor's metric, in ms (the profile's overhead unless given)."""
     spec = resolve_model(a.model, weight_dtype=a.weight_dtype)  # type: ignore[arg-type]
     gpu = get_gpu(a.gpu)
+    cfg: PerfConfig = resolve_config(spec, gpu, None)
+    if overhead_ms is not None:
+        cfg = cfg.model_copy(update={"step_overhead_ms": overhead_ms})
     r = predict_latency(spec, gpu, tp=a.tp, link=get_link(gpu.native_link), batch=a.batch,
                         input_len=a.input_len, output_len=a.output_len, config=cfg)  # fmt: skip
     if a.metric == "tpot":
@@ -67,10 +71,9 @@ def predict(a: Anchor, cfg: PerfConfig) -> float:
 
 def fit_overhead(anchors: list[Anchor]) -> float:
     """Least-squares overhead (ms) for relative errors; every decode metric moves 1:1 with it."""
-    base = PerfConfig(step_overhead_ms=0.0)
     num = den = 0.0
     for a in anchors:
-        gap = a.measured_ms - predict(a, base)
+        gap = a.measured_ms - predict(a, 0.0)
         num += gap / a.measured_ms**2
         den += 1 / a.measured_ms**2
     return num / den
@@ -81,21 +84,20 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--fit", action="store_true", help="refit step_overhead_ms and show leave-one-out errors")
     args = parser.parse_args(argv)
     decode = [a for a in ANCHORS if a.metric != "ttft"]
-    cfg = PerfConfig()
     if args.fit:
         fitted = fit_overhead(decode)
-        print(f"fitted step_overhead_ms = {fitted:.2f} (in use: {cfg.step_overhead_ms:.2f})")
+        print(f"fitted step_overhead_ms = {fitted:.2f} (profile: see data/profiles/default.json)")
         print("leave-one-out (overhead fitted on the other decode anchors):")
         for a in decode:
             o = fit_overhead([b for b in decode if b is not a])
-            p = predict(a, PerfConfig(step_overhead_ms=o))
+            p = predict(a, o)
             err = 100 * (p / a.measured_ms - 1)
             print(f"  {a.label:48s} overhead {o:5.2f} ms  predicted {p:7.2f}  error {err:+6.1f} %")
         print()
     print(f"{'anchor':48s} {'metric':6s} {'measured':>9s} {'predicted':>9s} {'error':>8s}")
     worst = 0.0
     for a in ANCHORS:
-        p = predict(a, cfg)
+        p = predict(a)
         err = 100 * (p / a.measured_ms - 1)
         worst = max(worst, abs(err)) if a.metric != "ttft" else worst
         print(f"{a.label:48s} {a.metric:6s} {a.measured_ms:9.2f} {p:9.2f} {err:+7.1f} %")

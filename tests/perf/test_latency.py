@@ -87,10 +87,14 @@ def test_throughput_and_bad_input() -> None:
         ("llama-3-70b", "bf16", "H200", 4, 8, 32, 128, 2077.53 / 128),  # vLLM nightly, perf-anchors §3.1
     ],
 )
-def test_decode_anchors_within_20_percent(
+def test_decode_anchors_within_25_percent(
     model: str, dtype: str, gpu: str, tp: int, batch: int, isl: int, osl: int, measured_ms: float
 ) -> None:
+    """The shipped default profile on perf-anchors §3.1 decode figures. The NIM ITL row is also an
+    anchors-train.json anchor (in-sample for the profile's fit); the vLLM nightly row is not (out of
+    sample, and another engine than the TensorRT-LLM rows the profile is fitted on: -18 % measured,
+    the issue's "no case worse than 25 %" bound)."""
     spec = resolve_model(model, weight_dtype=dtype)  # type: ignore[arg-type]
     r = predict_latency(spec, get_gpu(gpu), tp=tp, link=NV4, batch=batch, input_len=isl, output_len=osl)
     per_step = r.tpot_ms if batch == 1 else r.e2e_ms / osl
-    assert abs(per_step / measured_ms - 1) < 0.20
+    assert abs(per_step / measured_ms - 1) < 0.25

@@ -1,23 +1,48 @@
 """Cost model: prefill time (TTFT) and decode step time (TPOT) for one instance.
 
-Per pipeline stage (perf-anchors.md §4.1):
+One forward pass over ``T`` new tokens of ``S`` sequences, summed over the pipeline stages
+(perf-anchors.md §4.1, with the corrections of issue 16):
 
-    T_mem   = (weight bytes read + KV bytes read) / (eta_mem x HBM bandwidth)
-    T_cmp   = (2 x tokens x params / tp + attention FLOPs / tp) / (eta_flops x peak FLOP/s)
-    T_comm  = 2 x layers x all-reduce(tokens x hidden x 2 B, tp)        (two per layer, Megatron TP)
-    T_small = layers x kernels_per_layer x kernel_us                    (norms, RoPE, residuals)
-    T_stage = max(T_mem, T_cmp) + T_comm + T_small
+    T_mem   = weight bytes read / (eta_mem x HBM bandwidth)
+    T_cmp   = dense GEMM FLOPs / (eta(dtype) x peak(dtype))
+            + grouped expert GEMM FLOPs (tile-padded rows) / (eta(dtype) x peak(dtype))
+            + lm_head FLOPs / (eta_flops x BF16 peak)
+    T_attn  = KV bytes read / (eta_mem x HBM bandwidth) + attention FLOPs / (eta_flops x BF16 peak)
+    T_comm  = 2 x layers x all-reduce(T x hidden x 2 B, tp)         (two per layer, Megatron TP)
+    T_small = layers x kernels_per_layer x kernel_us + MoE layers x moe_layer_us + MLA layers x mla_layer_us
+              (x prefill_kernel_factor in a pass with prefill work)
+    T_pass  = (T_mem^p + T_cmp^p)^(1/p) + T_attn + T_comm + T_small + (pp - 1) x P2P + overhead
 
-    TPOT = sum of stage steps + (pp - 1) x P2P(batch x hidden x 2 B) + per-step engine overhead
-    TTFT = the same for one prefill pass over batch x input_len tokens
+* ``(m^p + c^p)^(1/p)`` is a smooth roofline of the GEMMs: ``p`` large is ``max(memory,
+  compute)``, ``p = 1`` their sum. Measured pass times sit between the two near the ridge (short
+  prompts, mid batches); ``p`` is fitted (``roofline_p``). Attention is its own kernel: its KV
+  traffic (decode) and FLOPs (prefill) add to the GEMMs, which keeps a decode step exactly linear
+  in the context it reads (the simulator's macro steps rely on that).
+* FP8 GEMMs reach a lower fraction of FP8 peak than BF16 GEMMs of BF16 peak: ``eta_flops_fp8``.
+  Attention and the lm_head run in the activation dtype (BF16) whatever the weights are.
+* MoE experts run as a grouped GEMM: with ``m = T k / E_touched`` tokens per touched expert, each
+  touched expert costs ``max(m, moe_tile_m)`` token rows (a tile is computed whole, so few tokens per
+  expert waste most of it); the router, top-k, permute and unpermute kernels cost ``moe_layer_us``
+  per MoE layer. Decode reads only the experts the batch routes to:
+  ``E x (1 - (1 - k/E)^T)`` per MoE layer.
+* MLA (DeepSeek-V2/V3) decode runs with the absorbed weights: per head and context token it does
+  ``2 (2 kv_lora_rank + rope dim)`` FLOPs on the latent cache, and its extra projections and norms
+  cost ``mla_layer_us`` per layer.
+* A pass with prefill work carries ``prefill_overhead_ms`` (scheduling, and for client-side TTFT
+  the request's HTTP/tokenisation path) and runs without CUDA graphs, so its small kernels cost
+  ``prefill_kernel_factor`` times more; a decode-only step carries ``step_overhead_ms``.
+* Engines chunk prefill: with ``max_batched_tokens`` the TTFT of a batch is the sum of budget-sized
+  passes, each attending to the chunks before it.
 
-Decode reads only the experts the batch routes to: E x (1 - (1 - k/E)^B) per MoE layer. The
-embedding is a gather (not read in full); the lm_head is read and multiplied on the last stage.
-Everything is a pure function; ``predict_latency`` is cheap enough to call inside a solver loop.
+The embedding is a gather (not read in full); the lm_head is read and multiplied on the last stage.
+``PassModel`` precomputes everything that does not depend on the batch; ``predict_latency`` and
+``perf/step.py``'s ``StepCost`` both evaluate it, so they are one model. When no ``PerfConfig`` is
+passed the coefficients come from the active calibration profile (``perf/profile.py``).
 """
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass
 
 from pydantic import BaseModel, ConfigDict, Field
@@ -32,46 +57,83 @@ from toposched.workload.spec import ModelSpec
 
 
 class PerfConfig(BaseModel):
-    """Achievable fractions and overheads of the cost model."""
+    """Achievable fractions and overheads of the cost model (every field bounded).
 
-    model_config = ConfigDict(frozen=True, extra="forbid")
+    The defaults are the uncalibrated model (literature values, perf-anchors.md); the shipped
+    profile ``data/profiles/default.json`` holds the values fitted on the published anchors.
+    """
 
-    eta_mem: float = Field(0.8, gt=0.0, le=1.0)
+    model_config = ConfigDict(frozen=True, extra="forbid", allow_inf_nan=False)
+
+    eta_mem: float = Field(0.8, ge=0.3, le=1.0)
     """Achievable HBM fraction: AIC ``mem_bw_empirical_scaling_factor: 0.8`` (perf-anchors §0)."""
-    eta_flops: float = Field(0.7, gt=0.0, le=1.0)
-    """Achievable dense GEMM fraction: 0.7-0.75 BF16, ~0.7 FP8 (perf-anchors §4.1)."""
-    kernel_us: float = Field(3.0, ge=0.0)
+    eta_flops: float = Field(0.7, ge=0.1, le=1.0)
+    """Achievable BF16/FP16 dense GEMM fraction of BF16 peak: 0.7-0.75 (perf-anchors §4.1)."""
+    eta_flops_fp8: float = Field(0.6, ge=0.1, le=1.0)
+    """Achievable FP8 GEMM fraction of FP8 peak (lower than BF16's: scaling, smaller tiles)."""
+    roofline_p: float = Field(2.0, ge=1.0, le=16.0)
+    """Smooth-roofline exponent: 1 adds memory and compute time, large ``p`` takes their max."""
+    moe_tile_m: float = Field(16.0, ge=1.0, le=256.0)
+    """Token rows of one grouped-GEMM tile: an expert that gets fewer tokens still costs a tile."""
+    moe_layer_us: float = Field(20.0, ge=0.0, le=2000.0)
+    """Router, top-k, permute and unpermute kernels of one MoE layer, in µs."""
+    mla_layer_us: float = Field(10.0, ge=0.0, le=2000.0)
+    """Extra projections, latent norms and the MLA kernel's fixed cost per layer, in µs."""
+    kernel_us: float = Field(3.0, ge=0.0, le=100.0)
     """Fixed cost of one small kernel: AIC ``mem_empirical_constant_latency: 3us`` (perf-anchors §0)."""
-    kernels_per_layer: int = Field(6, ge=0)
+    kernels_per_layer: int = Field(6, ge=0, le=64)
     """Small kernels per layer (norms, RoPE, activation, residual): 5-8 (perf-anchors §3.4)."""
-    step_overhead_ms: float = Field(2.6, ge=0.0)
-    """Per-pass engine/host overhead (perf-anchors §3.4: "0-5 ms ... calibrate it per engine").
-    One global value, fitted by ``benchmarks/estimate_anchors.py --fit`` (weighted least squares
-    over all decode anchors of perf-anchors §3.1); see docs/cost-model.md."""
+    prefill_kernel_factor: float = Field(1.0, ge=1.0, le=20.0)
+    """Small-kernel cost of a pass with prefill work relative to a decode step: decode steps replay
+    CUDA graphs, prefill passes launch every kernel from the host (TensorRT-LLM's context phase,
+    vLLM's eager prefill of varying shapes)."""
+    step_overhead_ms: float = Field(2.6, ge=0.0, le=100.0)
+    """Per decode step engine/host overhead (perf-anchors §3.4: "0-5 ms ... calibrate it per engine")."""
+    prefill_overhead_ms: float = Field(2.6, ge=0.0, le=500.0)
+    """Per pass with prefill work: no CUDA graph, scheduling; client-side TTFT adds its HTTP path."""
+
+    def gemm_eta(self, weight_dtype: str, gpu: GpuSpec) -> float:
+        """GEMM efficiency for weights of ``weight_dtype`` on ``gpu`` (FP8 only where it runs FP8)."""
+        return self.eta_flops_fp8 if weight_dtype == "fp8" and gpu.fp8_flops else self.eta_flops
 
 
 @dataclass(frozen=True)
 class StepTime:
     """One pass (prefill or one decode step) over all stages, in milliseconds, by term."""
 
-    memory_ms: float
-    compute_ms: float
+    memory_ms: float  # weights read (the GEMMs' operand traffic)
+    compute_ms: float  # GEMM FLOPs (dense, grouped experts, lm_head)
     comm_ms: float
     small_kernels_ms: float
     p2p_ms: float
     overhead_ms: float
+    roofline_p: float = 16.0
+    attention_ms: float = 0.0  # attention kernels: KV read + attention FLOPs
+
+    @property
+    def roofline_ms(self) -> float:
+        """Smooth roofline of memory and compute time: ``(m^p + c^p)^(1/p)``."""
+        return roofline(self.memory_ms, self.compute_ms, self.roofline_p)
 
     @property
     def total_ms(self) -> float:
-        """Time of the pass: roofline max plus the additive terms."""
+        """Time of the pass: smooth roofline of the GEMMs plus attention and the additive terms."""
         return (
-            max(self.memory_ms, self.compute_ms) + self.comm_ms + self.small_kernels_ms + self.p2p_ms + self.overhead_ms
+            self.roofline_ms + self.attention_ms + self.comm_ms + self.small_kernels_ms + self.p2p_ms + self.overhead_ms
         )
 
     @property
     def bound(self) -> str:
-        """Which roofline term dominates: ``memory`` or ``compute``."""
+        """Which roofline term of the GEMMs dominates: ``memory`` or ``compute``."""
         return "memory" if self.memory_ms >= self.compute_ms else "compute"
+
+
+def roofline(memory: float, compute: float, p: float) -> float:
+    """``(memory^p + compute^p)^(1/p)``, computed without overflow."""
+    top = max(memory, compute)
+    if top <= 0.0:
+        return 0.0
+    return float(top * ((memory / top) ** p + (compute / top) ** p) ** (1.0 / p))
 
 
 @dataclass(frozen=True)
@@ -84,6 +146,9 @@ class LatencyEstimate:
     tokens_per_s: float
     prefill: StepTime
     decode: StepTime
+    prefill_passes: int = 1
+    """Passes the prefill took (more than one when chunked by ``max_batched_tokens``); ``prefill``
+    is the first of them."""
 
 
 def _touched_experts(num_experts: int, per_token: int, tokens: int) -> float:
@@ -91,65 +156,139 @@ def _touched_experts(num_experts: int, per_token: int, tokens: int) -> float:
     return num_experts * (1.0 - (1.0 - per_token / num_experts) ** tokens)
 
 
-def _pass_time(
-    spec: ModelSpec,
-    gpu: GpuSpec,
-    link: LinkSpec,
-    pp_link: LinkSpec,
-    cfg: PerfConfig,
-    *,
-    tp: int,
-    pp: int,
-    tokens: int,
-    seqs: int,
-    kv_tokens_read: float,
-    attn_flops_per_layer: float,
-) -> StepTime:
-    """Time of one forward pass over ``tokens`` new tokens belonging to ``seqs`` sequences."""
-    wb = weight_format(spec.weight_dtype).bytes_per_param
-    ab = activation_bytes(spec.activation_dtype)
-    a = spec.attention_params()
-    kv_heads = max(1, spec.num_kv_heads // tp) if spec.mla is None else 1
-    kv_share = kv_heads / spec.num_kv_heads if spec.num_kv_heads else 0.0
-    attn_params = a.q_and_o / tp + a.kv * kv_share + a.replicated
-    kv_layer = kv_bytes_per_token_per_layer(spec, tp)
-    flops_peak = gpu.gemm_flops(spec.weight_dtype) * cfg.eta_flops
-    bw = gpu.hbm_bandwidth * cfg.eta_mem
-    ar_bytes = tokens * spec.hidden_size * ab
-    mem = cmp = comm = 0.0
-    ranges = stage_layers(spec.num_layers, pp)
-    for i, layers in enumerate(ranges):
-        read = 0.0  # parameters read from HBM on one GPU of this stage
-        used = 0.0  # parameters each token multiplies with
-        for layer in layers:
-            read += attn_params
-            used += attn_params
-            if spec.moe is not None and spec.is_moe_layer(layer):
-                m = spec.moe
-                hit = _touched_experts(m.num_experts, m.experts_per_token, tokens)
-                shared = spec.shared_expert_params() / tp
-                read += (hit * spec.expert_params()) / tp + shared + spec.router_params()
-                used += (m.experts_per_token * spec.expert_params()) / tp + shared + spec.router_params()
-            else:
-                read += spec.dense_mlp_params() / tp
-                used += spec.dense_mlp_params() / tp
-        head = padded_vocab(spec.vocab_size) * spec.hidden_size / tp if i == pp - 1 else 0.0
-        weight_bytes = read * wb + head * ab
-        kv_bytes = kv_tokens_read * kv_layer * len(layers)
-        mem += (weight_bytes + kv_bytes) / bw
-        head_tokens = seqs  # logits only for the last position of each sequence
-        cmp += (2 * tokens * used + 2 * head_tokens * head + attn_flops_per_layer * len(layers) / tp) / flops_peak
-        comm += 2 * len(layers) * link.allreduce_us(ar_bytes, tp) * 1e-6
-    small = spec.num_layers * cfg.kernels_per_layer * cfg.kernel_us * 1e-3
-    p2p = (pp - 1) * pp_link.p2p_us(ar_bytes) * 1e-3
-    return StepTime(
-        memory_ms=mem * 1e3,
-        compute_ms=cmp * 1e3,
-        comm_ms=comm * 1e3,
-        small_kernels_ms=small,
-        p2p_ms=p2p,
-        overhead_ms=cfg.step_overhead_ms,
-    )
+class PassModel:
+    """The batch-independent part of the cost model for one placement; ``step`` times one pass."""
+
+    def __init__(
+        self, spec: ModelSpec, gpu: GpuSpec, *, tp: int, pp: int, link: LinkSpec, pp_link: LinkSpec, cfg: PerfConfig
+    ) -> None:
+        self.spec, self.tp, self.pp, self.link, self.pp_link, self.cfg = spec, tp, pp, link, pp_link, cfg
+        wb = weight_format(spec.weight_dtype).bytes_per_param
+        ab = activation_bytes(spec.activation_dtype)
+        a = spec.attention_params()
+        kv_heads = max(1, spec.num_kv_heads // tp) if spec.mla is None else 1
+        kv_share = kv_heads / spec.num_kv_heads if spec.num_kv_heads else 0.0
+        attn = a.q_and_o / tp + a.kv * kv_share + a.replicated
+        fixed = 0.0  # parameters read whatever the batch = dense parameters each token multiplies with
+        moe_layers = 0
+        for layers in stage_layers(spec.num_layers, pp):
+            for layer in layers:
+                fixed += attn
+                if spec.moe is not None and spec.is_moe_layer(layer):
+                    moe_layers += 1
+                    fixed += spec.shared_expert_params() / tp + spec.router_params()
+                else:
+                    fixed += spec.dense_mlp_params() / tp
+        head = padded_vocab(spec.vocab_size) * spec.hidden_size / tp  # on the last stage only
+        bw = gpu.hbm_bandwidth * cfg.eta_mem
+        self._flops_w = gpu.gemm_flops(spec.weight_dtype) * cfg.gemm_eta(str(spec.weight_dtype), gpu)
+        self._flops_a = gpu.bf16_flops * cfg.eta_flops
+        # memory seconds = _mem_fixed + _mem_per_expert x experts touched + _mem_per_kv x KV tokens read
+        self._mem_fixed = (fixed * wb + head * ab) / bw
+        self._mem_per_expert = moe_layers * spec.expert_params() / tp * wb / bw
+        self._mem_per_kv = kv_bytes_per_token_per_layer(spec, tp) * spec.num_layers / bw
+        self._dense = fixed
+        self._head = head
+        self._moe = spec.moe
+        self._expert_flops_per_row = 2.0 * spec.expert_params() / tp * moe_layers  # one token through one expert
+        self._ar_bytes_per_token = spec.hidden_size * ab
+        self._width = spec.attention_width
+        # decode attention FLOPs = 2 (per MAC) x context x _decode_width per token and layer
+        if spec.mla is not None:  # absorbed MLA decode: QK over latent + rope dims, PV over the latent
+            self._decode_width = spec.num_heads * (2 * spec.mla.kv_lora_rank + spec.mla.qk_rope_head_dim)
+        else:  # QK^T and PV over the head width each
+            self._decode_width = 2 * spec.attention_width
+        self.layers = spec.num_layers
+        self._small_ms = (
+            spec.num_layers * cfg.kernels_per_layer * cfg.kernel_us
+            + moe_layers * cfg.moe_layer_us
+            + (spec.num_layers * cfg.mla_layer_us if spec.mla is not None else 0.0)
+        ) * 1e-3
+
+    def touched(self, tokens: int) -> float:
+        """Expected experts per MoE layer a pass of ``tokens`` tokens routes to (0 for dense)."""
+        m = self._moe
+        if m is None:
+            return 0.0
+        return _touched_experts(m.num_experts, m.experts_per_token, tokens)
+
+    def allreduce_ms(self, tokens: int) -> float:
+        """The TP all-reduces of one pass over ``tokens`` tokens (two per layer)."""
+        return 2 * self.layers * self.link.allreduce_us(tokens * self._ar_bytes_per_token, self.tp) * 1e-3
+
+    def p2p_ms(self, tokens: int) -> float:
+        """Stage-to-stage hand-offs of one pass."""
+        return (self.pp - 1) * self.pp_link.p2p_us(tokens * self._ar_bytes_per_token) * 1e-3
+
+    def step(
+        self, *, decode_seqs: int = 0, decode_context: float = 0.0, chunks: Sequence[tuple[int, int]] = ()
+    ) -> StepTime | None:
+        """One pass: ``decode_seqs`` decodes holding ``decode_context`` KV tokens in total, and prefill
+        ``chunks`` of ``(tokens already prefilled, chunk tokens)``; None when there is no work."""
+        tokens = decode_seqs
+        kv_read = decode_context
+        prefill_attn = 0.0
+        for done, n in chunks:
+            tokens += n
+            kv_read += done  # the chunk's attention reads its earlier tokens' KV once
+            prefill_attn += 2.0 * ((done + n) * (done + n) - done * done)
+        if tokens <= 0:
+            return None
+        seqs = decode_seqs + len(chunks)
+        touched = self.touched(tokens)
+        mem = self._mem_fixed + self._mem_per_expert * touched
+        cmp = (2.0 * tokens * self._dense) / self._flops_w + 2.0 * seqs * self._head / self._flops_a
+        attn_flops = (2.0 * decode_context * self._decode_width + prefill_attn * self._width) * self.layers / self.tp
+        attention = self._mem_per_kv * kv_read + attn_flops / self._flops_a
+        if self._moe is not None and touched > 0:
+            # grouped GEMM: each touched expert runs max(tokens it got, one tile) rows
+            per_expert = tokens * self._moe.experts_per_token / touched
+            rows = touched * max(per_expert, self.cfg.moe_tile_m)
+            cmp += rows * self._expert_flops_per_row / self._flops_w
+        overhead = self.cfg.prefill_overhead_ms if chunks else self.cfg.step_overhead_ms
+        small = self._small_ms * (self.cfg.prefill_kernel_factor if chunks else 1.0)
+        return StepTime(
+            memory_ms=mem * 1e3,
+            compute_ms=cmp * 1e3,
+            attention_ms=attention * 1e3,
+            comm_ms=self.allreduce_ms(tokens),
+            small_kernels_ms=small,
+            p2p_ms=self.p2p_ms(tokens),
+            overhead_ms=overhead,
+            roofline_p=self.cfg.roofline_p,
+        )
+
+
+def resolve_config(spec: ModelSpec, gpu: GpuSpec, config: PerfConfig | None) -> PerfConfig:
+    """``config``, else the active calibration profile's entry for this GPU and weight dtype."""
+    if config is not None:
+        return config
+    from toposched.perf.profile import active_config  # profile.py imports PerfConfig from here
+
+    return active_config(gpu.name, str(spec.weight_dtype))
+
+
+def prefill_chunks(batch: int, input_len: int, budget: int | None) -> list[list[tuple[int, int]]]:
+    """The passes that prefill ``batch`` prompts of ``input_len`` under a batched-token ``budget``:
+    prompts in arrival order, each pass filled up to the budget (a prompt may span passes)."""
+    if budget is None or budget >= batch * input_len:
+        return [[(0, input_len)] * batch]
+    passes: list[list[tuple[int, int]]] = []
+    current: list[tuple[int, int]] = []
+    room = budget
+    for _ in range(batch):
+        done = 0
+        while done < input_len:
+            n = min(room, input_len - done)
+            current.append((done, n))
+            done += n
+            room -= n
+            if room == 0:
+                passes.append(current)
+                current, room = [], budget
+    if current:
+        passes.append(current)
+    return passes
 
 
 def predict_latency(
@@ -164,32 +303,29 @@ def predict_latency(
     input_len: int = 1024,
     output_len: int = 128,
     config: PerfConfig | None = None,
+    max_batched_tokens: int | None = None,
 ) -> LatencyEstimate:
     """TTFT, TPOT and throughput of ``batch`` sequences of ``input_len`` in, ``output_len`` out.
 
     ``link`` joins the GPUs of one TP group; ``pp_link`` joins consecutive pipeline stages
-    (defaults to ``link``). TTFT is one prefill pass over all ``batch x input_len`` tokens; TPOT
-    is the decode step at the mean context ``input_len + output_len / 2``.
+    (defaults to ``link``). TTFT is the prefill of all ``batch x input_len`` tokens: one pass, or
+    with ``max_batched_tokens`` (the engine's batched-token limit) the sum of budget-sized passes.
+    TPOT is the decode step at the mean context ``input_len + output_len / 2``. ``config`` defaults
+    to the active calibration profile's coefficients for this GPU and weight dtype.
     """
     check_degrees(spec, tp, pp)
     if batch < 1 or input_len < 1 or output_len < 1:
         raise InputError(f"batch, input_len and output_len must be positive, got {batch}, {input_len}, {output_len}")
-    cfg = config or PerfConfig()
-    between = pp_link or link
-    width = spec.attention_width
-    # Causal prefill: QK^T and PV over half the square, 2 FLOPs per MAC -> 2 x S^2 x width per seq.
-    prefill = _pass_time(
-        spec, gpu, link, between, cfg, tp=tp, pp=pp,
-        tokens=batch * input_len, seqs=batch, kv_tokens_read=0.0,
-        attn_flops_per_layer=2.0 * batch * input_len * input_len * width,
-    )  # fmt: skip
+    if max_batched_tokens is not None and max_batched_tokens < 1:
+        raise InputError(f"max_batched_tokens must be positive, got {max_batched_tokens}")
+    cfg = resolve_config(spec, gpu, config)
+    model = PassModel(spec, gpu, tp=tp, pp=pp, link=link, pp_link=pp_link or link, cfg=cfg)
+    passes = [model.step(chunks=c) for c in prefill_chunks(batch, input_len, max_batched_tokens)]
+    steps = [p for p in passes if p is not None]
     context = input_len + output_len / 2
-    decode = _pass_time(
-        spec, gpu, link, between, cfg, tp=tp, pp=pp,
-        tokens=batch, seqs=batch, kv_tokens_read=batch * context,
-        attn_flops_per_layer=4.0 * batch * context * width,
-    )  # fmt: skip
-    ttft = prefill.total_ms
+    decode = model.step(decode_seqs=batch, decode_context=batch * context)
+    assert decode is not None and steps  # batch >= 1
+    ttft = sum(p.total_ms for p in steps)
     tpot = decode.total_ms
     e2e = ttft + (output_len - 1) * tpot
     return LatencyEstimate(
@@ -197,6 +333,7 @@ def predict_latency(
         tpot_ms=tpot,
         e2e_ms=e2e,
         tokens_per_s=batch * output_len / (e2e / 1e3),
-        prefill=prefill,
+        prefill=steps[0],
         decode=decode,
+        prefill_passes=len(steps),
     )

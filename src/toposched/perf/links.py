@@ -7,7 +7,8 @@ Keys (use them with ``--link`` and ``predict_latency(link=...)``):
     nvlink5        B200 NVSwitch box (HGX B200)
     mnnvl          multi-node NVLink (GB200 NVL72); no measured table: nvlink5 figures
     nvlink-bridge  two PCIe GPUs joined by an NVLink bridge (2 GPUs at most)
-    pcie4, pcie5   GPUs that talk over PCIe only (L40S box; RTX PRO 6000 Blackwell box)
+    pcie4, pcie5   GPUs that talk over PCIe only (L40S box; RTX PRO 6000 Blackwell box), P2P on
+    pcie4-nop2p    PCIe Gen4 with peer-to-peer off or across CPU sockets (the AIC L40S table)
     ib-hdr, ib-ndr, ib-xdr, roce-400, tcp-100   between nodes, one NIC per GPU
 
 All-reduce: ``alpha_us + S*2(n-1)/n / busbw`` per group size n. For the kinds with measured data
@@ -92,6 +93,14 @@ _B200_NCCL = _ab((2, 10.25, 471.08), (4, 15.83, 556.47), (8, 27.55, 583.53))  # 
 _L40S_NCCL = _ab((2, 6.97, 18.65), (4, 11.49, 5.14), (8, 22.61, 1.57))  # l40s_comm_nccl_2.27.3
 _L40S_CUSTOM = _ab((2, 5.31, 19.13), (4, 12.55, 3.86), (8, 22.43, 2.19))  # car_l40s vllm_graph
 _RTXPRO_NCCL = _ab((2, 6.79, 34.65), (4, 13.64, 24.52), (8, 26.91, 22.09))  # rtx_pro_6000_server nccl
+# L40S with P2P on. The AIC L40S series falls from 18.65 GB/s busbw at n=2 to 5.1 / 1.6 at n=4 / 8,
+# the signature of P2P off or traffic across CPU sockets (perf-anchors §1.3). No measured P2P-on
+# L40S table exists in reference/, so n=4 / 8 keep the L40S n=2 fit scaled by the PCIe Gen5 box's
+# busbw ratio to its n=2 (24.52 / 34.65, 22.09 / 34.65): a PCIe-switch ring loses that much with n.
+# Alphas are the L40S fit's (small messages do not depend on P2P). [D]
+_L40S_P2P_NCCL = _ab(
+    (2, 6.97, 18.65), (4, 11.49, round(18.65 * 24.52 / 34.65, 2)), (8, 22.61, round(18.65 * 22.09 / 34.65, 2))
+)  # fmt: skip
 
 # Which CSV series each fitted table came from (checked by tests/perf/test_allreduce.py).
 FITTED_SERIES: dict[str, dict[int, AlphaBeta]] = {
@@ -134,9 +143,14 @@ LINKS_TABLE: tuple[LinkSpec, ...] = (
         source="nccl-tests #194 busbw; alpha from pcie5 n=2",
     ),
     LinkSpec(
-        "pcie4", "PCIe Gen4 only (L40S box)", _L40S_NCCL, _L40S_CUSTOM,
+        "pcie4", "PCIe Gen4 only, P2P on (L40S box)", _L40S_P2P_NCCL,
         p2p_bandwidth_gbps=27.0,  # 88 % of Gen4 x16 31 GB/s (perf-anchors §2)
-        source="AIC l40s nccl + vLLM custom AR (fit); 4/8-GPU data pathological (perf-anchors §1.3)",
+        source="AIC l40s nccl n=2 fit; n=4/8 scaled by the PCIe Gen5 box's busbw ratios [D]",
+    ),
+    LinkSpec(
+        "pcie4-nop2p", "PCIe Gen4 only, P2P off or across sockets", _L40S_NCCL, _L40S_CUSTOM,
+        p2p_bandwidth_gbps=27.0,
+        source="AIC l40s nccl + vLLM custom AR (fit); 4/8-GPU data show P2P off (perf-anchors §1.3)",
     ),
     LinkSpec(
         "pcie5", "PCIe Gen5 only (RTX PRO 6000 box)", _RTXPRO_NCCL,

@@ -1,0 +1,252 @@
+"""Leave-one-out accuracy of the latency model on the published anchors (anchors-train.json).
+
+    .venv/bin/python benchmarks/anchors_loo.py                   # in-sample table + LOO summary
+    .venv/bin/python benchmarks/anchors_loo.py --write-profile   # also rewrite data/profiles/default.json
+    .venv/bin/python benchmarks/anchors_loo.py --quick           # in-sample only (no LOO refits)
+
+Reads the ttft / tpot / throughput anchors, maps their models onto catalog models only where the
+architecture is identical (below), turns each into a ``Sample`` as anchors-train.md says they
+compare, fits ``PerfConfig`` on all of them (``perf/calibrate.fit_config``) and, for every anchor,
+refits without it and predicts it (leave-one-out: the accuracy claim). All-reduce anchors are
+compared separately with the link table's existing fit (``perf/allreduce.py``; see
+``benchmarks/allreduce_fit.py`` for the fit itself).
+
+How a setup becomes a ``Sample`` (no measured figure of the anchor itself enters its setup, except
+as stated for QPS rows):
+* concurrency rows: ``batch`` = the stated concurrency.
+* QPS rows (TensorRT-LLM 0.14 online table): ``batch`` = Little's law, QPS x (TTFT + (OSL - 1) x ITL)
+  with the TTFT and ITL published in the same table row (read from the quote). The TPOT anchors at
+  QPS rows are therefore compared at a batch derived from their own published ITL (stated in
+  docs/cost-model.md).
+* FP8 KV where the anchor says so, and for ModelOpt FP8 checkpoints (their notes: they quantize KV).
+* offline rows (all requests queued): ``batch`` = the saturated batch, min(TensorRT-LLM's build
+  default ``max_batch_size`` 2048, KV tokens / (ISL + OSL)) with the KV pool 0.9 x (GPU memory -
+  weights per GPU - 2 GiB) (``kv_cache_free_gpu_mem_fraction`` 0.9-0.95; weights = parameters x
+  bytes per parameter / TP).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import re
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+from toposched.perf import get_gpu
+from toposched.perf.calibrate import (
+    DEFAULT_FIELDS,
+    fit_config,
+    fit_profile,
+    leave_one_out,
+    predict_sample,
+)
+from toposched.perf.latency import PerfConfig
+from toposched.perf.links import get_link
+from toposched.perf.profile import save_profile
+from toposched.perf.samples import Sample
+from toposched.workload.catalog import resolve_model
+from toposched.workload.dtypes import parse_kv_dtype, parse_weight_dtype, weight_format
+from toposched.workload.memory import kv_bytes_per_token_per_layer
+
+ANCHORS = Path(__file__).resolve().parents[2] / "shared" / "reference" / "data" / "anchors-train.json"
+PROFILE = Path(__file__).resolve().parents[1] / "src" / "toposched" / "data" / "profiles" / "default.json"
+
+# Anchor model -> catalog model, only where the architecture is identical.
+MODEL_MAP = {
+    "meta-llama/Llama-3.1-8B": "llama-3.1-8b",  # TRT-LLM display name "LLaMA v3.1 8B"
+    "nvidia/Llama-3.1-8B-Instruct-FP8": "llama-3.1-8b",  # ModelOpt FP8 of the same architecture
+    "meta-llama/Llama-3.1-70B": "llama-3.1-70b",
+    "meta-llama/Llama-3.3-70B-Instruct": "llama-3.3-70b",  # = Llama-3.1-70B architecture
+    "mistralai/Mixtral-8x7B-v0.1": "mixtral-8x7b",
+    "mistralai/Mixtral-8x22B-v0.1": "mixtral-8x22b",
+    "nvidia/Qwen3-235B-A22B-FP8": "qwen3-235b-a22b",
+    "deepseek-ai/DeepSeek-R1": "deepseek-v3",  # DeepSeek-R1 = DeepSeek-V3 architecture
+}
+GPU_MAP = (  # (pattern in the anchor's GPU text, GPU table key)
+    ("H200", "H200"),
+    ("H100", "H100-SXM"),  # NIM's "2 x H100 80G" does not say SXM/PCIe: assumed SXM (HBM3 80GB)
+    ("A100-SXM4-80GB", "A100-SXM-80GB"),
+    ("L40S", "L40S"),
+)
+OFFLINE_MAX_BATCH = 2048  # TensorRT-LLM BuildConfig default max_batch_size
+KV_FRACTION = 0.9
+RESERVE_BYTES = 2 * 2**30
+PERF_KINDS = ("ttft", "tpot", "throughput")
+
+
+def _weight_dtype(text: str) -> str:
+    return "fp8" if text.lower().startswith("fp8") else "bf16"
+
+
+def _gpu(text: str) -> str | None:
+    return next((key for pat, key in GPU_MAP if pat in text), None)
+
+
+def _model(text: str) -> str | None:
+    return MODEL_MAP.get(text.split(" (")[0].strip())
+
+
+def _qps_row(quote: str, isl: int, osl: int, qps: float) -> tuple[float, float] | None:
+    """(TTFT, ITL) in ms from the TensorRT-LLM 0.14 online table row of this QPS in the quote.
+
+    Columns: ... | ISL | OSL | QPS | achieved QPS | TTFT | ITL | total tok/s | output tok/s |; rows
+    after the first of a block leave ISL/OSL empty (``||||||16|15|30|11|...``).
+    """
+    q = f"{qps:g}"
+    for pattern in (rf"\|{isl}\|{osl}\|{q}\|[\d.]+\|([\d.]+)\|([\d.]+)\|", rf"\|\|{q}\|[\d.]+\|([\d.]+)\|([\d.]+)\|"):
+        m = re.search(pattern, quote)
+        if m:
+            return float(m.group(1)), float(m.group(2))
+    return None
+
+
+def _int(v: Any) -> int | None:
+    return v if isinstance(v, int) else None
+
+
+def _saturated_batch(model: str, gpu: str, tp: int, wdt: str, kvd: str | None, isl: int, osl: int) -> int:
+    spec = resolve_model(model, weight_dtype=parse_weight_dtype(wdt), kv_dtype=parse_kv_dtype(kvd) if kvd else None)
+    g = get_gpu(gpu)
+    weights = spec.params_total * weight_format(spec.weight_dtype).bytes_per_param / tp
+    pool = KV_FRACTION * (g.memory_bytes - weights - RESERVE_BYTES)
+    tokens = pool / (kv_bytes_per_token_per_layer(spec, tp) * spec.num_layers)
+    return max(1, min(OFFLINE_MAX_BATCH, int(tokens // (isl + osl))))
+
+
+def load_samples(path: Path = ANCHORS) -> tuple[list[Sample], list[str], dict[str, str]]:
+    """(samples, skipped anchor ids with why, anchor id of each sample's source)."""
+    rows = json.loads(path.read_text())
+    perf = [r for r in rows if r["kind"] in PERF_KINDS]
+    samples: list[Sample] = []
+    skipped: list[str] = []
+    for r in perf:
+        s = r["setup"]
+        model, gpu = _model(s["model"]), _gpu(s["gpu"])
+        if model is None or gpu is None:
+            skipped.append(f"{r['id']}: model {s['model']!r} / GPU {s['gpu']!r} not in the catalog")
+            continue
+        tp = _int(s.get("tp")) or 1
+        wdt = _weight_dtype(str(s.get("weight_dtype")))
+        kvd = "fp8" if str(s.get("kv_dtype", "")).lower().startswith("fp8") else None
+        if kvd is None and "modelopt" in str(s.get("weight_dtype")).lower():
+            kvd = "fp8"  # ModelOpt FP8 checkpoints quantize the KV cache to FP8 too (the anchor's notes)
+        isl, osl = int(s["input_len"]), int(s["output_len"])
+        qps = s.get("request_rate_qps")
+        conc = _int(s.get("concurrency")) or _int(s.get("batch"))
+        if conc is not None:
+            batch = conc
+        elif isinstance(qps, int | float):
+            row = _qps_row(r["quote"], isl, osl, qps)
+            if row is None:
+                skipped.append(f"{r['id']}: no TTFT/ITL in the quoted table row for Little's law")
+                continue
+            ttft, itl = row
+            batch = max(1, round(qps * (ttft + (osl - 1) * itl) / 1e3))
+        elif "offline" in str(s.get("concurrency", "")):
+            batch = _saturated_batch(model, gpu, tp, wdt, kvd, isl, osl)
+        else:
+            skipped.append(f"{r['id']}: load not stated")
+            continue
+        value = float(r["published_value"])
+        unit = r["unit"].lower()
+        if r["kind"] == "throughput" and "per gpu" in unit:
+            value *= int(s.get("num_gpus") or tp)
+        measured = {"ttft": "ttft_ms", "tpot": "tpot_ms", "throughput": "tokens_per_s"}[r["kind"]]
+        samples.append(
+            Sample(
+                source=r["id"],
+                model=model,
+                gpu=gpu,
+                engine=r["engine"],
+                tp=tp,
+                weight_dtype=wdt,
+                kv_dtype=kvd,
+                link=get_gpu(gpu).native_link,
+                batch=batch,
+                input_len=isl,
+                output_len=osl,
+                **{measured: value},
+            )
+        )
+    return samples, skipped, {s.source: s.source for s in samples}
+
+
+def _kind(s: Sample) -> str:
+    return "ttft" if s.ttft_ms is not None else "tpot" if s.tpot_ms is not None else "throughput"
+
+
+def _measured(s: Sample) -> float:
+    return float(s.ttft_ms or s.tpot_ms or s.tokens_per_s or 0.0)
+
+
+def _allreduce_rows(path: Path = ANCHORS) -> list[tuple[str, float, float]]:
+    """(anchor id, published busbw, predicted busbw) with the link table's fit for the anchor's link."""
+    out = []
+    for r in json.loads(path.read_text()):
+        if r["kind"] != "allreduce":
+            continue
+        s = r["setup"]
+        n, size = int(s["num_gpus"]), float(s["message_size_bytes"])
+        text = f"{s['gpu']} {s.get('interconnect', '')} {r['id']}".lower()
+        if "2node" in text or int(s.get("nodes") or 1) > 1:
+            link = "roce-400"
+        elif "nvlinkbridge" in text or "bridge" in text:
+            link = "nvlink-bridge"
+        elif "a100" in text:
+            link = "nvlink3"
+        else:
+            link = "nvlink4"
+        t_us = get_link(link).allreduce_us(size, n)
+        out.append((f"{r['id']} [{link}]", float(r["published_value"]), size / (t_us * 1e-6) * 2 * (n - 1) / n / 1e9))
+    return out
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--quick", action="store_true", help="in-sample fit only, no leave-one-out")
+    parser.add_argument("--write-profile", action="store_true", help=f"write {PROFILE.name} (runs fit_profile)")
+    args = parser.parse_args(argv)
+    samples, skipped, _ = load_samples()
+    print(f"{len(samples)} anchors used; skipped {len(skipped)}" + "".join(f"\n  skipped {s}" for s in skipped))
+    t0 = time.perf_counter()
+    fitted = fit_config(samples)
+    print(f"fit on all anchors in {time.perf_counter() - t0:.1f} s:")
+    for f in DEFAULT_FIELDS:
+        print(f"  {f:20s} {getattr(fitted, f):9.4f}   (uncalibrated {getattr(PerfConfig(), f):g})")
+    loo = dict((s.source, e) for s, e in leave_one_out(samples)) if not args.quick else {}
+    print(f"\n{'anchor':48s} {'batch':>5s} {'published':>10s} {'in-sample':>10s} {'err':>7s} {'LOO err':>8s}")
+    for s in samples:
+        kind = _kind(s)
+        key = {"ttft": "ttft_ms", "tpot": "tpot_ms", "throughput": "tokens_per_s"}[kind]
+        pred = predict_sample(s, fitted)[key]
+        loo_txt = f"{100 * loo[s.source][kind]:+7.1f}%" if s.source in loo else ""
+        print(f"{s.source:48s} {s.batch:5d} {_measured(s):10.2f} {pred:10.2f} {100 * (pred / _measured(s) - 1):+6.1f}% "
+              f"{loo_txt}")  # fmt: skip
+    if loo:
+        print("\nleave-one-out (refit without the anchor, then predict it):")
+        for kind in PERF_KINDS:
+            errs = [abs(e[kind]) for e in loo.values() if kind in e]
+            worst = max(((abs(e[kind]), sid) for sid, e in loo.items() if kind in e), default=(0.0, "-"))
+            print(f"  {kind:10s} n={len(errs):2d}  mean abs {100 * sum(errs) / len(errs):5.1f} %   "
+                  f"worst {100 * worst[0]:5.1f} % ({worst[1]})")  # fmt: skip
+        print(f"  total time {time.perf_counter() - t0:.1f} s")
+    print("\nall-reduce anchors vs the link table's alpha-beta fit (not refitted here):")
+    for label, pub, pred in _allreduce_rows():
+        print(f"  {label:56s} published {pub:7.2f} GB/s  predicted {pred:7.2f}  {100 * (pred / pub - 1):+6.1f} %")
+    if args.write_profile:
+        profile = fit_profile(
+            samples, name="default",
+            source=f"published anchors: reference/data/anchors-train.json ({len(samples)} ttft/tpot/throughput "
+                   "anchors; benchmarks/anchors_loo.py --write-profile)",
+            progress=print,
+        )  # fmt: skip
+        save_profile(profile, PROFILE)
+        print(f"wrote {PROFILE}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

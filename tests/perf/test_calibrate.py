@@ -1,0 +1,206 @@
+"""The issue-16 latency model terms, the calibration fit and the default profile."""
+
+from __future__ import annotations
+
+import math
+
+import pytest
+
+from toposched.errors import InputError
+from toposched.perf import PerfConfig, get_gpu, get_link, predict_latency
+from toposched.perf.calibrate import fit_config, fit_profile, leave_one_out, predict_sample, relative_errors
+from toposched.perf.latency import prefill_chunks, roofline
+from toposched.perf.profile import Profile, ProfileEntry, default_profile, use_profile
+from toposched.perf.samples import Sample
+from toposched.perf.step import StepCost
+from toposched.workload.catalog import resolve_model
+from toposched.workload.memory import kv_bytes_per_token_per_layer
+
+NV4 = get_link("nvlink4")
+H100 = get_gpu("H100-SXM")
+
+
+def test_smooth_roofline_between_sum_and_max() -> None:
+    assert roofline(3.0, 4.0, 1.0) == pytest.approx(7.0)
+    assert roofline(3.0, 4.0, 2.0) == pytest.approx(5.0)
+    assert roofline(3.0, 4.0, 16.0) == pytest.approx(4.0, rel=0.01)
+    assert roofline(0.0, 0.0, 2.0) == 0.0
+
+
+def test_chunked_prefill_is_the_sum_of_budget_sized_passes() -> None:
+    assert prefill_chunks(2, 3000, 4096) == [[(0, 3000), (0, 1096)], [(1096, 1904)]]
+    assert prefill_chunks(3, 100, None) == [[(0, 100)] * 3]
+    spec = resolve_model("llama-3.1-8b")
+    cfg = PerfConfig()
+    kw = dict(tp=1, link=NV4, batch=4, input_len=3000, output_len=10, config=cfg)
+    whole = predict_latency(spec, H100, **kw)  # type: ignore[arg-type]
+    chunked = predict_latency(spec, H100, max_batched_tokens=2048, **kw)  # type: ignore[arg-type]
+    assert whole.prefill_passes == 1 and chunked.prefill_passes == math.ceil(4 * 3000 / 2048)
+    cost = StepCost(spec, H100, tp=1, link=NV4, config=cfg)
+    passes = prefill_chunks(4, 3000, 2048)
+    assert chunked.ttft_ms == pytest.approx(sum(cost.step_ms(chunks=p) for p in passes), rel=1e-9)
+    assert chunked.ttft_ms > whole.ttft_ms  # six passes pay six overheads and re-read the weights
+    assert chunked.tpot_ms == whole.tpot_ms
+    with pytest.raises(InputError, match="max_batched_tokens"):
+        predict_latency(spec, H100, max_batched_tokens=0, **kw)  # type: ignore[arg-type]
+
+
+def test_fp8_gemms_use_their_own_efficiency() -> None:
+    fp8 = resolve_model("llama-3.1-70b", weight_dtype="fp8")
+    bf16 = resolve_model("llama-3.1-70b")
+    kw = dict(tp=4, link=NV4, batch=1, input_len=4096, output_len=8)
+
+    def prefill_compute(spec: object, cfg: PerfConfig) -> float:
+        return predict_latency(spec, H100, config=cfg, **kw).prefill.compute_ms  # type: ignore[arg-type]
+
+    slow, fast = PerfConfig(eta_flops_fp8=0.3), PerfConfig(eta_flops_fp8=0.6)
+    assert prefill_compute(fp8, slow) > 1.5 * prefill_compute(fp8, fast)
+    assert prefill_compute(bf16, slow) == prefill_compute(bf16, fast)  # BF16 GEMMs do not use it
+    # A100 has no FP8 tensor cores: FP8 weights run BF16 GEMMs at the BF16 efficiency
+    a100 = get_gpu("A100-SXM-80GB")
+    one = predict_latency(fp8, a100, config=slow, **kw).prefill.compute_ms  # type: ignore[arg-type]
+    two = predict_latency(fp8, a100, config=fast, **kw).prefill.compute_ms  # type: ignore[arg-type]
+    assert one == two
+
+
+def test_moe_grouped_gemm_tiles_and_routing_kernels() -> None:
+    moe = resolve_model("mixtral-8x7b")
+    dense = resolve_model("llama-3.1-8b")
+    kw = dict(tp=2, link=NV4, batch=1, input_len=64, output_len=8)
+    small, big = PerfConfig(moe_tile_m=1.0), PerfConfig(moe_tile_m=128.0)
+    d_small = predict_latency(moe, H100, config=small, **kw).decode  # type: ignore[arg-type]
+    d_big = predict_latency(moe, H100, config=big, **kw).decode  # type: ignore[arg-type]
+    assert d_big.compute_ms > 10 * d_small.compute_ms  # 2 experts x 128 padded rows vs 2 x 1 row
+    assert d_big.memory_ms == d_small.memory_ms
+    r1 = predict_latency(dense, H100, config=small, **kw).decode  # type: ignore[arg-type]
+    r2 = predict_latency(dense, H100, config=big, **kw).decode  # type: ignore[arg-type]
+    assert r1 == r2  # dense models have no grouped GEMM
+    with_routing = predict_latency(moe, H100, config=PerfConfig(moe_layer_us=100.0), **kw)  # type: ignore[arg-type]
+    without = predict_latency(moe, H100, config=PerfConfig(moe_layer_us=0.0), **kw)  # type: ignore[arg-type]
+    assert with_routing.decode.small_kernels_ms - without.decode.small_kernels_ms == pytest.approx(32 * 0.1)
+
+
+def test_mla_has_its_own_term() -> None:
+    ds = resolve_model("deepseek-v3", weight_dtype="fp8")
+    llama = resolve_model("llama-3.1-70b")
+    h200 = get_gpu("H200")
+    kw = dict(tp=8, link=NV4, batch=1, input_len=1600, output_len=600)
+    a, b = PerfConfig(mla_layer_us=0.0), PerfConfig(mla_layer_us=50.0)
+    gap = predict_latency(ds, h200, config=b, **kw).tpot_ms - predict_latency(ds, h200, config=a, **kw).tpot_ms  # type: ignore[arg-type]
+    assert gap == pytest.approx(61 * 0.05)
+    assert predict_latency(llama, h200, config=a, **kw).tpot_ms == predict_latency(llama, h200, config=b, **kw).tpot_ms  # type: ignore[arg-type]
+    # absorbed MLA decode attention: 2 (2 x 512 + 64) FLOPs per head and context token, not 4 x 192
+    long = predict_latency(ds, h200, config=a, tp=8, link=NV4, batch=64, input_len=8000, output_len=2)
+    short = predict_latency(ds, h200, config=a, tp=8, link=NV4, batch=64, input_len=1000, output_len=2)
+    per_token = (long.decode.attention_ms - short.decode.attention_ms) * 1e-3 / (64 * 7000)
+    flops = 2 * (2 * 512 + 64) * 128 * 61 / 8
+    kv_bytes = kv_bytes_per_token_per_layer(ds, 8) * 61
+    expect = flops / (h200.bf16_flops * a.eta_flops) + kv_bytes / (h200.hbm_bandwidth * a.eta_mem)
+    assert per_token == pytest.approx(expect, rel=0.01)
+    assert long.decode.compute_ms == short.decode.compute_ms  # attention is its own kernel, not a GEMM
+
+
+def test_prediction_uses_the_active_profile() -> None:
+    spec = resolve_model("llama-3.1-8b")
+    kw = dict(tp=1, link=NV4, batch=2, input_len=100, output_len=10)
+    slow = Profile(entries=(ProfileEntry(gpu="H100-SXM", config=PerfConfig(step_overhead_ms=50.0)),))
+    base = predict_latency(spec, H100, **kw)  # type: ignore[arg-type]
+    with use_profile(slow):
+        inside = predict_latency(spec, H100, **kw)  # type: ignore[arg-type]
+        elsewhere = predict_latency(spec, get_gpu("H200"), **kw)  # type: ignore[arg-type]
+        step = StepCost(spec, H100, tp=1, link=NV4)
+        assert step.decode_ms(2, 105) == pytest.approx(inside.tpot_ms, rel=1e-9)
+    assert inside.decode.overhead_ms == 50.0
+    assert elsewhere.decode.overhead_ms == slow.config_for("H200", "bf16").step_overhead_ms  # no entry: uncalibrated
+    assert base.decode.overhead_ms == default_profile().config_for("H100-SXM", "bf16").step_overhead_ms
+
+
+def _synthetic(cfg: PerfConfig) -> list[Sample]:
+    """Samples whose 'measurements' are the model's own figures under ``cfg``."""
+    setups = [
+        ("llama-3.1-8b", "H100-SXM", 1, "bf16", 1, 500, 200),
+        ("llama-3.1-8b", "H100-SXM", 1, "bf16", 32, 1000, 200),
+        ("llama-3.1-70b", "H100-SXM", 4, "bf16", 1, 2000, 100),
+        ("llama-3.1-70b", "H100-SXM", 4, "fp8", 64, 1000, 500),
+        ("llama-3.1-8b", "A100-SXM-80GB", 1, "bf16", 256, 1000, 1000),
+        ("llama-3.1-70b", "H200", 8, "fp8", 8, 4000, 300),
+    ]
+    out = []
+    for i, (model, gpu, tp, wdt, batch, isl, osl) in enumerate(setups):
+        probe = Sample(source=f"s{i}", model=model, gpu=gpu, tp=tp, weight_dtype=wdt, batch=batch,
+                       input_len=isl, output_len=osl, ttft_ms=1.0, tpot_ms=1.0, tokens_per_s=1.0)  # fmt: skip
+        pred = predict_sample(probe, cfg)
+        out.append(probe.model_copy(update=pred))
+    return out
+
+
+def test_fit_recovers_the_coefficients_that_made_the_samples() -> None:
+    truth = PerfConfig(eta_mem=0.7, step_overhead_ms=1.5, prefill_overhead_ms=6.0)
+    samples = _synthetic(truth)
+    fields = ("eta_mem", "step_overhead_ms", "prefill_overhead_ms")
+    fitted = fit_config(samples, base=PerfConfig(), fields=fields)
+    assert fitted.eta_mem == pytest.approx(0.7, rel=0.03)
+    assert fitted.step_overhead_ms == pytest.approx(1.5, abs=0.15)
+    assert fitted.prefill_overhead_ms == pytest.approx(6.0, abs=0.6)
+    assert all(abs(e) < 0.02 for s in samples for e in relative_errors(s, fitted).values())
+    # leave-one-out: every held-out sample is still predicted (refit on the other five)
+    loo = leave_one_out(samples, fields=fields)
+    assert [s.source for s, _ in loo] == [s.source for s in samples]
+    assert all(set(errs) == {"ttft", "tpot", "throughput"} for _, errs in loo)
+    assert max(abs(e) for _, errs in loo for e in errs.values()) < 0.05
+
+
+def test_fit_stays_within_bounds_and_rejects_bad_fields() -> None:
+    # samples ten times slower than any bounded config can make them: the fit pins to a bound
+    samples = [
+        s.model_copy(update={"tpot_ms": (s.tpot_ms or 0.0) * 10, "ttft_ms": None, "tokens_per_s": None})
+        for s in _synthetic(PerfConfig())
+    ]
+    fitted = fit_config(samples, fields=("eta_mem",))
+    assert 0.3 <= fitted.eta_mem < 0.32
+    with pytest.raises(InputError, match="no field"):
+        fit_config(samples, fields=("eta_nothing",))
+    with pytest.raises(InputError, match="bounded float"):
+        fit_config(samples, fields=("kernels_per_layer",))
+    with pytest.raises(InputError, match="no samples"):
+        fit_config([])
+
+
+def test_fit_profile_records_leave_one_out_errors() -> None:
+    samples = _synthetic(PerfConfig(step_overhead_ms=1.0))
+    profile = fit_profile(samples, name="t", source="synthetic", fields=("step_overhead_ms",))
+    (shared,) = [e for e in profile.entries if e.gpu == "*"]
+    assert shared.samples == 6 and set(shared.loo_mean_abs_error) == {"ttft", "tpot", "throughput"}
+    # H100-SXM has 4 samples: enough for its own entry when one field is fitted (2 per field)
+    assert {(e.gpu, e.weight_dtype) for e in profile.entries} >= {("*", "*"), ("H100-SXM", "bf16")}
+    assert profile.config_for("H100-SXM", "bf16").step_overhead_ms == pytest.approx(1.0, abs=0.05)
+    one = fit_profile(samples[:1], name="t", source="one", fields=("step_overhead_ms",))
+    assert one.entries[0].samples == 1 and one.entries[0].loo_mean_abs_error == {}  # nothing to hold out
+
+
+def test_default_profile_is_shipped_with_its_leave_one_out_errors() -> None:
+    """The shipped profile (fitted on anchors-train.json by benchmarks/anchors_loo.py) loads and says
+    what it was fitted on; the accuracy figures themselves are leave-one-out, in docs/cost-model.md."""
+    profile = default_profile()
+    assert profile.name == "default" and "anchors-train.json" in profile.source
+    shared = profile.entries[0]
+    assert shared.gpu == "*" and shared.samples > 20
+    assert set(shared.loo_mean_abs_error) == {"ttft", "tpot", "throughput"}
+
+
+def test_l40s_box_defaults_to_p2p_on() -> None:
+    on, off = get_link("pcie4"), get_link("pcie4-nop2p")
+    assert get_gpu("L40S").native_link == "pcie4"
+    big = 64 * 2**20
+    assert off.allreduce_us(big, 4) > 2 * on.allreduce_us(big, 4)
+    assert off.allreduce_us(big, 8) > 5 * on.allreduce_us(big, 8)
+    assert on.allreduce_us(big, 2) == pytest.approx(off.nccl[2].time_us(big, 2), rel=1e-9)  # same n=2 fit
+
+
+def test_decode_step_is_linear_in_context() -> None:
+    """The simulator's macro steps charge k steps at the mid context: exact only if a decode step's
+    time is linear in the KV it reads, which the smooth roofline must not break."""
+    cost = StepCost(resolve_model("llama-3.1-70b"), H100, tp=4, link=NV4, config=PerfConfig(roofline_p=3.0))
+    a, b, c = (cost.decode_ms(16, ctx) for ctx in (1000.0, 3000.0, 5000.0))
+    assert b - a > 0
+    assert c - b == pytest.approx(b - a, rel=1e-12)
