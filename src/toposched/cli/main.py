@@ -13,7 +13,20 @@ import sys
 import typer
 
 from toposched import __version__
-from toposched.cli import allocate, defrag, launch, ledger, plan, serve, sidecar, simulate, topo, verify, workload
+from toposched.cli import (
+    allocate,
+    calibrate,
+    defrag,
+    launch,
+    ledger,
+    plan,
+    serve,
+    sidecar,
+    simulate,
+    topo,
+    verify,
+    workload,
+)
 from toposched.cli._common import err_console
 from toposched.errors import ToposchedError
 
@@ -40,7 +53,7 @@ def _root(
     """Topology-aware scheduler for LLM inference on GPU clusters."""
 
 
-for _module in (topo, workload, allocate, plan, launch, ledger, defrag, simulate, verify, sidecar, serve):
+for _module in (topo, workload, calibrate, allocate, plan, launch, ledger, defrag, simulate, verify, sidecar, serve):
     _module.register(app)
 
 

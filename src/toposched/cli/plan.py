@@ -2,13 +2,17 @@
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import typer
 from pydantic import ValidationError
 from rich.table import Table
 
 from toposched.binding.plan_doc import plan_json
 from toposched.cli._common import CLUSTER, LIVE, PRESET, SMI, console, err_console, print_json, source_ref
+from toposched.cli.calibrate import PROFILE, profile_option
 from toposched.errors import InputError
+from toposched.perf.profile import use_profile
 from toposched.solver.request import Placement, PlacementRequest, Unplaced
 from toposched.solver.scheduler import POLICIES, Scheduler
 from toposched.topology.model import Cluster
@@ -55,7 +59,7 @@ def _rates(text: str | None) -> tuple[float, ...] | None:
         raise InputError(f"--expert-hit-rates: {exc}", fix="give numbers like 0.2,0.1,0.05,...") from exc
 
 
-def _render(placements: list[Placement], unplaced: list[Unplaced], title: str) -> None:
+def _render(placements: list[Placement], unplaced: list[Unplaced], title: str, request: PlacementRequest) -> None:
     console.print(title, soft_wrap=True)
     for p in placements:
         table = Table(title=f"{p.id}: {p.model} tp={p.tp} pp={p.pp}", title_justify="left")
@@ -73,7 +77,8 @@ def _render(placements: list[Placement], unplaced: list[Unplaced], title: str) -
             soft_wrap=True,
         )
         console.print(
-            f"  predicted TTFT {p.ttft_ms:.1f} ms, TPOT {p.tpot_ms:.2f} ms over {p.link} (level {p.level}); "
+            f"  predicted TTFT {p.ttft_ms:.1f} ms, TPOT {p.tpot_ms:.2f} ms at batch {request.concurrent_seqs}, "
+            f"{request.input_len} in / {request.output_len} out, over {p.link} (level {p.level}); "
             f"cross-domain {p.cross_domain_gbps:.2f} GB/s",
             soft_wrap=True,
         )
@@ -126,6 +131,7 @@ def plan(
     busy: str | None = typer.Option(None, "--busy", help="GPUs already taken: 0,1,... or NODE/INDEX,..."),
     budget_gbps: float = typer.Option(256.0, "--budget-gbps", help="Cross-domain traffic budget (GB/s)."),
     seed: int = typer.Option(0, "--seed", help="Seed for the random policy."),
+    profile: Path | None = PROFILE,
     json_out: bool = typer.Option(False, "--json", help="Print one JSON object."),
 ) -> None:
     """Choose parallel degrees and exact GPUs for model instances, with predicted latency and reasons."""
@@ -165,19 +171,22 @@ def plan(
             flag = "--" + str(err["loc"][0]).replace("_", "-")
             raise InputError(f"{flag}: {err['msg']} (got {err.get('input')!r})") from exc
         raise InputError(f"request: {err['msg']}") from exc
+    chosen = profile_option(profile)  # a bad profile fails before the topology is read
     loaded = load_source(ref)
     for w in loaded.warnings:
         err_console.print(f"warning: {w}", markup=False, soft_wrap=True)
     busy_refs = parse_gpu_list(busy, loaded.cluster, "--busy")
     scheduler = Scheduler(loaded.cluster, gpu=gpu, busy=busy_refs, budget_gbps=budget_gbps, seed=seed)
-    outcome = scheduler.place(request, policy=policy)
-    if json_out:
-        print_json(
-            plan_json(
-                outcome.placements, outcome.unplaced, request, loaded.cluster, policy=policy, source=ref.describe()
+    with use_profile(chosen):  # the JSON document may predict too: keep it until the end
+        outcome = scheduler.place(request, policy=policy)
+        if json_out:
+            print_json(
+                plan_json(
+                    outcome.placements, outcome.unplaced, request, loaded.cluster, policy=policy, source=ref.describe()
+                )
             )
-        )
-    else:
-        _render(outcome.placements, outcome.unplaced, f"[bold]{model}[/] on {ref.describe()} (policy {policy})")
+        else:
+            title = f"[bold]{model}[/] on {ref.describe()} (policy {policy})"
+            _render(outcome.placements, outcome.unplaced, title, request)
     if outcome.unplaced:
         raise typer.Exit(1)

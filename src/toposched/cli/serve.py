@@ -10,12 +10,15 @@ import typer
 from pydantic import ValidationError
 
 from toposched.cli._common import CLUSTER, LIVE, PRESET, SMI, TOKEN_ENV, err_console, read_token, source_ref
+from toposched.cli.calibrate import PROFILE, profile_option
 from toposched.cli.ledger import STATE, ledger_url
 from toposched.errors import InputError
+from toposched.perf.profile import Profile, set_thread_profile, use_profile
 from toposched.service.config import ServiceConfig
 
 if TYPE_CHECKING:
     from toposched.service.guards import ConnectionLimits
+    from toposched.service.state import ServiceState
 
 FD_RESERVE = 128
 """Open files kept for other than client connections: the state (SQLite, etcd sockets), logs, the listener."""
@@ -57,6 +60,7 @@ def serve(
         30.0, "--body-timeout", help="Seconds a client has to send a request body after its headers."
     ),
     log_level: str = typer.Option("warning", "--log-level", help="uvicorn log level."),
+    profile: Path | None = PROFILE,
 ) -> None:
     """Serve the placement API, the Kubernetes extender, /metrics and the web page (/ui/)."""
     token = read_token(token_file)
@@ -75,6 +79,7 @@ def serve(
                 "state": ledger_url(state),
                 "source": source_ref(smi, preset, cluster, live),
                 "gpu": gpu,
+                "profile": profile_option(profile),
                 "token": token,
                 "policy": policy,
                 "budget_gbps": budget_gbps,
@@ -135,21 +140,40 @@ def run(config: ServiceConfig, *, log_level: str = "warning") -> None:
     if config.host not in ("127.0.0.1", "::1", "localhost"):
         err_console.print(f"warning: listening on {config.host}, not loopback", markup=False)
     state = ServiceState(config)
-    try:
-        state.call(state.open)
-    except BaseException:
-        state.worker.shutdown(wait=False)
-        raise
-    app = create_app(config, state)  # its lifespan closes the state
-    err_console.print(f"toposched serving on http://{config.host}:{config.port} ({config.state})", markup=False)
-    limits = connection_limits(config, open_file_limit(config.max_connections + FD_RESERVE))
-    uvicorn.run(
-        app,
-        host=config.host,
-        port=config.port,
-        log_level=log_level,
-        access_log=False,
-        http=guarded_protocol(limits),
-        ws="none",
-        timeout_keep_alive=config.keepalive_timeout_s,
+    profile_worker(state, config.profile)
+    with use_profile(config.profile):  # uvicorn's event loop (inline state work) copies this context
+        try:
+            state.call(state.open)
+        except BaseException:
+            state.worker.shutdown(wait=False)
+            raise
+        app = create_app(config, state)  # its lifespan closes the state
+        err_console.print(f"toposched serving on http://{config.host}:{config.port} ({config.state})", markup=False)
+        limits = connection_limits(config, open_file_limit(config.max_connections + FD_RESERVE))
+        uvicorn.run(
+            app,
+            host=config.host,
+            port=config.port,
+            log_level=log_level,
+            access_log=False,
+            http=guarded_protocol(limits),
+            ws="none",
+            timeout_keep_alive=config.keepalive_timeout_s,
+        )
+
+
+def profile_worker(state: ServiceState, profile: Profile | None) -> None:
+    """Make the state's worker thread (etcd: every placement runs there) predict with ``profile``.
+
+    A worker thread starts with an empty context and would not see ``use_profile`` of the main
+    thread; a fresh single-thread pool whose initializer sets the profile replaces the idle one
+    (no task has run on it yet).
+    """
+    if profile is None:
+        return
+    from concurrent.futures import ThreadPoolExecutor
+
+    state.worker.shutdown(wait=False)
+    state.worker = ThreadPoolExecutor(
+        max_workers=1, thread_name_prefix="toposched-state", initializer=set_thread_profile, initargs=(profile,)
     )

@@ -8,12 +8,14 @@ import typer
 from rich.progress import BarColumn, Progress, TextColumn
 
 from toposched.cli._common import console, err_console, print_json
+from toposched.cli.calibrate import PROFILE, profile_option
 from toposched.errors import InputError
+from toposched.perf.profile import use_profile
 from toposched.sim.engine import Simulation
 from toposched.sim.report import LATENCY, result_json, result_table, write_report
-from toposched.sim.run import check_scenario_fits
+from toposched.sim.run import PolicyResult, check_scenario_fits
 from toposched.sim.run import simulate as run_simulation
-from toposched.sim.scenario import MAX_REQUESTS, SCENARIOS, load_cluster, load_scenario
+from toposched.sim.scenario import MAX_REQUESTS, SCENARIOS, Scenario, load_cluster, load_scenario
 from toposched.solver.scheduler import POLICIES
 
 
@@ -31,6 +33,7 @@ def simulate(
     occupancy: float | None = typer.Option(
         None, "--occupancy", help="Churn scenarios: offered occupancy (share of the cluster's GPU time), 0-2."
     ),
+    profile: Path | None = PROFILE,
     json_out: bool = typer.Option(False, "--json", help="Print one JSON object."),
     out: Path | None = typer.Option(None, "--out", help="Write PNG plots and report.md/report.html here."),
 ) -> None:
@@ -63,7 +66,21 @@ def simulate(
         if not (0 < occupancy <= 2):
             raise InputError(f"--occupancy must be above 0 and at most 2 (got {occupancy:g})")
         sc = sc.model_copy(update={"churn": sc.churn.model_copy(update={"occupancy": occupancy})})
-    if json_out:
+    with use_profile(profile_option(profile)):  # reports may predict too: keep it until the end
+        results = _run(sc, names, seed, json_out)
+        if json_out:
+            print_json(result_json(sc, seed, results))
+        else:
+            console.print(result_table(sc, results))
+            console.print(f"latency = {LATENCY}")
+        if out is not None:
+            for path in write_report(out, sc, seed, results):
+                err_console.print(f"wrote {path}", markup=False)
+
+
+def _run(sc: Scenario, names: list[str], seed: int, quiet: bool) -> dict[str, PolicyResult]:
+    """Each policy's run (a progress bar on stderr unless ``quiet``)."""
+    if quiet:
         results = run_simulation(sc, names, seed=seed)
     else:
         with Progress(
@@ -79,11 +96,4 @@ def simulate(
                 bar.update(tasks[name], completed=min(done, total))
 
             results = run_simulation(sc, names, seed=seed, progress=progress)
-    if json_out:
-        print_json(result_json(sc, seed, results))
-    else:
-        console.print(result_table(sc, results))
-        console.print(f"latency = {LATENCY}")
-    if out is not None:
-        for path in write_report(out, sc, seed, results):
-            err_console.print(f"wrote {path}", markup=False)
+    return results

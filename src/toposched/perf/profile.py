@@ -78,7 +78,13 @@ def load_profile(path: str | Path) -> Profile:
 
 
 def save_profile(profile: Profile, path: str | Path) -> None:
-    Path(path).write_text(json.dumps(profile.model_dump(mode="json"), indent=1) + "\n")
+    """Write ``profile`` as JSON; one error naming the file when it cannot be written."""
+    try:
+        Path(path).write_text(json.dumps(profile.model_dump(mode="json"), indent=1) + "\n")
+    except OSError as exc:
+        raise InputError(
+            f"profile {str(path)[:80]!r} cannot be written: {exc.strerror}", fix="check the path"
+        ) from None
 
 
 @cache
@@ -103,6 +109,16 @@ def use_profile(profile: Profile | None) -> Iterator[None]:
         _active.reset(token)
 
 
+def set_thread_profile(profile: Profile | None) -> None:
+    """Use ``profile`` in the calling thread from now on: a thread pool's ``initializer``.
+
+    A thread starts with an empty context, so a profile set with ``use_profile`` in the thread that
+    created the pool is not seen by its workers; ``ThreadPoolExecutor(initializer=set_thread_profile,
+    initargs=(profile,))`` makes every worker use it for its lifetime.
+    """
+    _active.set(profile)
+
+
 def active_profile() -> Profile:
     return _active.get() or default_profile()
 
@@ -121,5 +137,6 @@ __all__ = [
     "default_profile",
     "load_profile",
     "save_profile",
+    "set_thread_profile",
     "use_profile",
 ]

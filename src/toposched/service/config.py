@@ -6,6 +6,7 @@ from typing import Literal
 
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
+from toposched.perf.profile import Profile
 from toposched.topology.sources import SourceRef
 
 PolicyName = Literal["slo", "latency", "index-order", "random", "exact"]
@@ -28,6 +29,8 @@ class ServiceConfig(BaseModel):
     """Topology source; None takes the newest DomainMap stored in the state (a replica starting cold)."""
     gpu: str | None = None
     """GPU type when the topology does not say (e.g. H100-SXM)."""
+    profile: Profile | None = None
+    """Cost-model profile predictions use for the service's lifetime (``--profile``); None: the shipped one."""
     token: str | None = Field(default=None, min_length=1, max_length=4096, repr=False)
     """Bearer token every API call but /healthz and /readyz must carry; None only with ``auth=False``."""
     auth: bool = True

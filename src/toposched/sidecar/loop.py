@@ -9,7 +9,10 @@ this node and compares the alerts with the ones already active:
   proposes a migration);
 * an alert that no longer holds is written as ``"event": "resolved"``;
 * every cycle writes one ``"event": "check"`` line with the CPU time the checks cost
-  (``time.process_time()``), also exported as ``toposched_sidecar_check_cpu_seconds``.
+  (``time.process_time()``), also exported as ``toposched_sidecar_check_cpu_seconds``;
+* with the engine's ``/metrics`` (``drift``), every cycle also scrapes it and exports observed
+  against predicted TTFT/TPOT (``toposched_sidecar_latency_drift_ratio{placement,kind}``, see
+  ``sidecar/drift.py``), written as ``"event": "latency"`` lines.
 
 NVML failures during a cycle become ``"event": "error"`` lines on stderr and the loop goes on.
 Metrics live in a ``CollectorRegistry`` owned by the loop (no global state between runs).
@@ -32,6 +35,7 @@ from pydantic import BaseModel, ConfigDict, Field, SecretStr
 from toposched.errors import ToposchedError
 from toposched.sidecar.checks import ALERT_KINDS, Alert, Expectations, NvlinkSample, check_hbm, check_topology
 from toposched.sidecar.checks import check_traffic as _check_traffic
+from toposched.sidecar.drift import DriftMetrics, LatencyDrift
 
 Emit = Callable[[dict[str, Any]], None]
 
@@ -105,6 +109,7 @@ class SidecarMetrics:
         self.pcie = Gauge("toposched_sidecar_pcie_gbps", "PCIe throughput (max of TX/RX), GB/s.", ["gpu"], registry=r)
         self.nvlink = Gauge("toposched_sidecar_nvlink_gbps", "NVLink data throughput, GB/s.", ["gpu"], registry=r)
         self.hbm = Gauge("toposched_sidecar_hbm_used_bytes", "HBM in use.", ["gpu"], registry=r)
+        self.drift = DriftMetrics(r)
         for kind in ALERT_KINDS:
             self.alerts.labels(kind=kind)
             self.active.labels(kind=kind).set(0)
@@ -141,6 +146,8 @@ class Sidecar:
     samples: dict[int, NvlinkSample] = field(default_factory=dict)
     fabric: dict[int, str | None] | None = None
     reports: list[Report] = field(default_factory=list)
+    drift: LatencyDrift | None = None
+    """Predicted-vs-observed latency from the engine's /metrics (``--engine-metrics``), when given."""
 
     def _event(self, event: str, **fields: Any) -> dict[str, Any]:
         return {
@@ -155,6 +162,8 @@ class Sidecar:
         """Run the three checks once and report the changes."""
         if self.before_cycle is not None:
             self.before_cycle(n)
+        if self.drift is not None:
+            self._latency(n, self.drift)
         exp = self.expectations
         cpu0, wall0 = time.process_time(), time.perf_counter()
         found: list[Alert] = []
@@ -213,6 +222,26 @@ class Sidecar:
             if self.on_report is not None:
                 self.on_report(report)
         return CycleResult(n, tuple(now.values()), tuple(new), tuple(resolved), cpu, wall)
+
+    def _latency(self, n: int, drift: LatencyDrift) -> None:
+        """Scrape the engine; a ``latency`` event with observed and predicted figures (errors: an error event)."""
+        try:
+            window = drift.update(self.metrics.drift, self.clock())
+        except ToposchedError as exc:
+            self.emit_error(self._event("error", cycle=n, message=f"engine metrics: {exc.message}"))
+            return
+        if window is None:
+            return
+        self.emit(
+            self._event(
+                "latency",
+                cycle=n,
+                requests=window.requests,
+                running=window.running,
+                observed_ms={"ttft": window.ttft_ms, "tpot": window.tpot_ms},
+                predicted_ms=drift.predicted,
+            )
+        )
 
     def _post(self, report: Report) -> None:
         if not self.config.webhook:
