@@ -21,6 +21,7 @@ from toposched.binding.plan_doc import PlanDoc, load_plan
 from toposched.cli._common import read_token
 from toposched.errors import InputError, NoDriverError, UnknownNameError
 from toposched.sidecar.checks import expectations_from_plan
+from toposched.sidecar.drift import LatencyDrift
 from toposched.sidecar.fake_scenarios import build_scenario
 from toposched.sidecar.loop import LoopConfig, Report, Sidecar, SidecarMetrics
 from toposched.sidecar.react import react
@@ -88,6 +89,9 @@ def sidecar_cmd(
     metrics_file: str | None = typer.Option(None, "--metrics-file", help="Write Prometheus text here at the end."),
     metrics_port: int | None = typer.Option(None, "--metrics-port", help="Serve Prometheus metrics on this port."),
     do_react: bool = typer.Option(False, "--react", help="Print the service's reaction to each report."),
+    engine_metrics: str | None = typer.Option(
+        None, "--engine-metrics", help="The engine's /metrics URL: export predicted-vs-observed latency.", metavar="URL"
+    ),
 ) -> None:
     """Check the placement's GPUs every interval: NVLink domain, PCIe/NVLink budget, HBM vs ledger."""
     doc, chosen = _resolve(placement, plan)
@@ -124,7 +128,13 @@ def sidecar_cmd(
         reaction = react(report, scheduler, chosen, doc.request)
         sys.stdout.write(json.dumps({"event": "reaction", "cycle": report.cycle, **reaction.to_json()}) + "\n")
 
-    sidecar = Sidecar(lib, exp, config=config, metrics=metrics, before_cycle=before, on_report=on_report)
+    drift = None
+    if engine_metrics is not None:
+        if not engine_metrics.startswith(("http://", "https://")):
+            raise InputError(f"--engine-metrics {engine_metrics[:60]!r} is not an http(s) URL")
+        predicted = {"ttft": chosen.ttft_ms, "tpot": chosen.tpot_ms}
+        drift = LatencyDrift(engine_metrics, chosen.id, predicted)
+    sidecar = Sidecar(lib, exp, config=config, metrics=metrics, before_cycle=before, on_report=on_report, drift=drift)
     try:
         sidecar.run()
     except KeyboardInterrupt:

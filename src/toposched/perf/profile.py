@@ -51,13 +51,17 @@ class Profile(BaseModel):
     source: str = Field(default="", max_length=2000, description="what it was fitted on")
     entries: tuple[ProfileEntry, ...] = ()
 
-    def config_for(self, gpu: str, weight_dtype: str) -> PerfConfig:
-        """The most specific entry: exact GPU and dtype, then GPU, then dtype, then ``*``/``*``."""
+    def find(self, gpu: str, weight_dtype: str) -> PerfConfig | None:
+        """The most specific entry: exact GPU and dtype, then GPU, then dtype, then ``*``/``*``; or None."""
         for want_gpu, want_dtype in ((gpu, weight_dtype), (gpu, ANY), (ANY, weight_dtype), (ANY, ANY)):
             for entry in self.entries:
                 if entry.gpu == want_gpu and entry.weight_dtype == want_dtype:
                     return entry.config
-        return PerfConfig()
+        return None
+
+    def config_for(self, gpu: str, weight_dtype: str) -> PerfConfig:
+        """``find``, else the uncalibrated ``PerfConfig()``."""
+        return self.find(gpu, weight_dtype) or PerfConfig()
 
 
 MAX_PROFILE_BYTES = 1024 * 1024
@@ -124,8 +128,14 @@ def active_profile() -> Profile:
 
 
 def active_config(gpu: str, weight_dtype: str) -> PerfConfig:
-    """The coefficients predictions use for this GPU type and weight dtype."""
-    return active_profile().config_for(gpu, weight_dtype)
+    """The coefficients predictions use for this GPU type and weight dtype: the active profile's entry,
+    else the shipped default profile's (a user profile fitted on one GPU type still predicts the
+    others as calibrated), else the uncalibrated ``PerfConfig()``."""
+    profile = active_profile()
+    found = profile.find(gpu, weight_dtype)
+    if found is None and profile is not default_profile():
+        found = default_profile().find(gpu, weight_dtype)
+    return found or PerfConfig()
 
 
 __all__ = [

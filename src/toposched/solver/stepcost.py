@@ -11,7 +11,9 @@ from functools import lru_cache
 
 from toposched.errors import InputError
 from toposched.perf.hardware import GpuSpec
+from toposched.perf.latency import PerfConfig
 from toposched.perf.links import get_link
+from toposched.perf.profile import active_config
 from toposched.perf.step import StepCost
 from toposched.solver.place import stage_links
 from toposched.solver.request import Placement, PlacementRequest
@@ -21,7 +23,15 @@ from toposched.workload.spec import ModelSpec
 
 @lru_cache(maxsize=1024)
 def _cost(
-    spec: ModelSpec, gpu: GpuSpec, tp: int, pp: int, link: str, pp_link: str | None, compression: bool, overlap: float
+    spec: ModelSpec,
+    gpu: GpuSpec,
+    tp: int,
+    pp: int,
+    link: str,
+    pp_link: str | None,
+    compression: bool,
+    overlap: float,
+    config: PerfConfig,
 ) -> StepCost:
     return StepCost(
         spec,
@@ -30,6 +40,7 @@ def _cost(
         pp=pp,
         link=get_link(link),
         pp_link=get_link(pp_link) if pp_link else None,
+        config=config,
         compression=compression,
         overlap=overlap,
     )
@@ -70,6 +81,7 @@ def step_cost(scheduler: Scheduler, request: PlacementRequest, placement: Placem
         pp_link,
         placement.compression is not None,
         placement.overlap,
+        active_config(gpu.name, str(option.spec.weight_dtype)),  # in the key: one cache across profiles
     )
 
 
