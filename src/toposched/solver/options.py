@@ -196,7 +196,9 @@ def build_options(request: PlacementRequest, gpu: GpuSpec, *, max_tp: int, max_g
         for pp in range(1, request.max_pp + 1):
             if tp * pp > max_gpus or pp > spec.num_layers:
                 break
-            used_spec, est, fallbacks = _fit_with_fallbacks(request, spec, gpu.memory_bytes, tp, pp, request.ep)
+            # the engines size against what the driver reports (79.19 GiB on an H100 80GB), not the nominal
+            usable = gpu.usable_memory_bytes
+            used_spec, est, fallbacks = _fit_with_fallbacks(request, spec, usable, tp, pp, request.ep)
             if est.fits:
                 result.options.append(DegreeOption(tp, pp, request.ep, used_spec, est, fallbacks))
                 if not fallbacks:
