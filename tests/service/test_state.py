@@ -291,3 +291,19 @@ def test_instance_table_keeps_its_request_index_in_step() -> None:
             assert sorted(id(i) for i in table.of_request(rid)) == sorted(id(table[p]) for p in scan), step
     with pytest.raises(KeyError):
         table.pop("absent")
+
+
+def test_the_service_profile_reaches_inline_calls_and_the_worker_thread() -> None:
+    """A ServiceState built with a profile predicts with it wherever its work runs (issue 16)."""
+    from toposched.perf.latency import PerfConfig
+    from toposched.perf.profile import Profile, ProfileEntry, active_config
+
+    slow = Profile(entries=(ProfileEntry(config=PerfConfig(step_overhead_ms=50.0)),))
+    config = ServiceConfig.model_validate({"state": "memory", "source": HGX, "auth": False, "profile": slow})
+    state = ServiceState(config)
+    try:
+        assert state.call(active_config, "H100-SXM", "bf16").step_overhead_ms == 50.0  # inline (memory state)
+        assert state.worker.submit(active_config, "H100-SXM", "bf16").result().step_overhead_ms == 50.0
+        assert active_config("H100-SXM", "bf16").step_overhead_ms != 50.0  # nothing leaked to this thread
+    finally:
+        state.worker.shutdown()

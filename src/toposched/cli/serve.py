@@ -13,12 +13,11 @@ from toposched.cli._common import CLUSTER, LIVE, PRESET, SMI, TOKEN_ENV, err_con
 from toposched.cli.calibrate import PROFILE, profile_option
 from toposched.cli.ledger import STATE, ledger_url
 from toposched.errors import InputError
-from toposched.perf.profile import Profile, set_thread_profile, use_profile
+from toposched.perf.profile import use_profile
 from toposched.service.config import ServiceConfig
 
 if TYPE_CHECKING:
     from toposched.service.guards import ConnectionLimits
-    from toposched.service.state import ServiceState
 
 FD_RESERVE = 128
 """Open files kept for other than client connections: the state (SQLite, etcd sockets), logs, the listener."""
@@ -140,7 +139,6 @@ def run(config: ServiceConfig, *, log_level: str = "warning") -> None:
     if config.host not in ("127.0.0.1", "::1", "localhost"):
         err_console.print(f"warning: listening on {config.host}, not loopback", markup=False)
     state = ServiceState(config)
-    profile_worker(state, config.profile)
     with use_profile(config.profile):  # uvicorn's event loop (inline state work) copies this context
         try:
             state.call(state.open)
@@ -160,20 +158,3 @@ def run(config: ServiceConfig, *, log_level: str = "warning") -> None:
             ws="none",
             timeout_keep_alive=config.keepalive_timeout_s,
         )
-
-
-def profile_worker(state: ServiceState, profile: Profile | None) -> None:
-    """Make the state's worker thread (etcd: every placement runs there) predict with ``profile``.
-
-    A worker thread starts with an empty context and would not see ``use_profile`` of the main
-    thread; a fresh single-thread pool whose initializer sets the profile replaces the idle one
-    (no task has run on it yet).
-    """
-    if profile is None:
-        return
-    from concurrent.futures import ThreadPoolExecutor
-
-    state.worker.shutdown(wait=False)
-    state.worker = ThreadPoolExecutor(
-        max_workers=1, thread_name_prefix="toposched-state", initializer=set_thread_profile, initargs=(profile,)
-    )

@@ -28,6 +28,7 @@ from fastapi.responses import JSONResponse
 from prometheus_client import Histogram
 
 from toposched.names import ID_PATTERN
+from toposched.perf.profile import use_profile
 from toposched.service import defrag as service_defrag
 from toposched.service.metrics import breaches, signals
 from toposched.service.schemas import (
@@ -112,9 +113,11 @@ def group_json(group: list[Instance]) -> dict[str, Any]:
 
 
 async def on_worker(state: ServiceState, fn: Callable[P, R], *args: P.args, **kwargs: P.kwargs) -> R:
-    """Run ``fn`` where the state lives: inline on the event loop (SQLite, memory), else on its worker thread."""
+    """Run ``fn`` where the state lives: inline on the event loop (SQLite, memory), else on its worker thread
+    (whose initializer set the service's cost-model profile); inline, under ``use_profile`` of it."""
     if state.inline:
-        return fn(*args, **kwargs)
+        with use_profile(state.config.profile):
+            return fn(*args, **kwargs)
     return await asyncio.get_running_loop().run_in_executor(state.worker, functools.partial(fn, *args, **kwargs))
 
 

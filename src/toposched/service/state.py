@@ -42,6 +42,7 @@ from typing import Any, Literal, ParamSpec, Protocol, TypeVar
 from toposched.errors import InputError, LedgerConflict, StateError, ToposchedError
 from toposched.ledger.base import Ledger, Reservation, capacities_from_cluster, open_ledger
 from toposched.ledger.etcd import split_url
+from toposched.perf.profile import set_thread_profile, use_profile
 from toposched.service.config import ServiceConfig
 from toposched.service.defrag import HeadPlan, plan_head
 from toposched.service.ledger_guard import GuardedLedger
@@ -249,7 +250,13 @@ class ServiceState:
         self.ledger_clock = ledger_clock
         self.owner = f"{OWNER_PREFIX}/{replica_name(config)}"
         self.lock = threading.RLock()
-        self.worker = ThreadPoolExecutor(max_workers=1, thread_name_prefix="toposched-state")
+        # a worker thread starts with an empty context: its initializer gives it the service's profile
+        self.worker = ThreadPoolExecutor(
+            max_workers=1,
+            thread_name_prefix="toposched-state",
+            initializer=set_thread_profile,
+            initargs=(config.profile,),
+        )
         self.inline = config.state.partition(":")[0] in ("sqlite", "memory")
         """Run on the caller's thread (the event loop) instead of ``worker``."""
         self.queue = FairQueue()
@@ -280,7 +287,8 @@ class ServiceState:
     def call(self, fn: Callable[P, R], *args: P.args, **kwargs: P.kwargs) -> R:
         """Run ``fn`` where the state lives and wait for it (for callers outside the event loop)."""
         if self.inline:
-            return fn(*args, **kwargs)
+            with use_profile(self.config.profile):
+                return fn(*args, **kwargs)
         return self.worker.submit(fn, *args, **kwargs).result()
 
     @property
