@@ -1,36 +1,82 @@
 """Entry point of the ``toposched`` CLI.
 
-Each command group lives in its own module with a ``register(app)`` function; this module only wires
-them together and turns ``ToposchedError`` into a short message and a non-zero exit. Set
+Each command group lives in its own module with a ``register(app)`` function; this module lists them
+(``COMMANDS``), imports a module only when one of its commands runs, and turns ``ToposchedError``
+into a short message and a non-zero exit. Set
 ``TOPOSCHED_DEBUG=1`` to see the traceback instead.
 """
 
 from __future__ import annotations
 
+import importlib
 import os
 import sys
 
 import typer
+from typer import _click as click  # typer 0.29 vendors its own click: its classes, not the package's
+from typer.core import TyperGroup
 
 from toposched import __version__
-from toposched.cli import (
-    allocate,
-    calibrate,
-    defrag,
-    launch,
-    ledger,
-    plan,
-    serve,
-    sidecar,
-    simulate,
-    topo,
-    verify,
-    workload,
-)
-from toposched.cli._common import err_console
 from toposched.errors import ToposchedError
 
+COMMANDS: dict[str, tuple[str, str]] = {
+    # name: (module under toposched.cli, one-line help shown by `toposched --help`)
+    "fit": ("workload", "Which (tp, pp) fit a model on a GPU type: per-GPU memory..."),
+    "estimate": ("workload", "Predicted TTFT, TPOT and throughput of one (tp, pp) instance..."),
+    "calibrate": ("calibrate", "Fit the cost model to your benchmark results; print..."),
+    "allocate": ("allocate", "Pick the GPUs a Kubernetes device plugin should prefer..."),
+    "plan": ("plan", "Choose parallel degrees and exact GPUs for model instances,..."),
+    "defrag": ("defrag", "Print the fewest moves that free room for a large instance;..."),
+    "simulate": ("simulate", "Run the same seeded workload under each policy and compare..."),
+    "sidecar": ("sidecar", "Check the placement's GPUs every interval: NVLink domain,..."),
+    "serve": ("serve", "Serve the placement API, the Kubernetes extender, /metrics..."),
+    "topo": ("topo", "Discover and show GPU topology: NVLink domains, NUMA groups,..."),
+    "launch": ("launch", "Launch plans for vLLM, SGLang, Kubernetes and Ray."),
+    "ledger": ("ledger", "HBM reservations: show, release, load-test the store."),
+    "verify": ("verify", "Verify placements: NCCL logs and GPU-set topology."),
+}
+"""Every command, and the module that defines it: a module is imported only when its command runs
+(or its help is asked for), so ``toposched plan`` never loads NVML, the service or the etcd client.
+``tests/cli/test_startup.py`` checks the help lines against the commands' own docstrings."""
+
+
+def _typer(**kw: object) -> typer.Typer:
+    return typer.Typer(add_completion=False, pretty_exceptions_enable=False, rich_markup_mode=None, **kw)  # type: ignore[arg-type]
+
+
+def load_command(name: str) -> click.Command | None:
+    """The click command ``name``, imported from its module (None for an unknown name)."""
+    if name not in COMMANDS:
+        return None
+    module = importlib.import_module(f"toposched.cli.{COMMANDS[name][0]}")
+    sub = _typer()
+
+    @sub.callback()
+    def _group() -> None:  # a callback keeps a one-command module a group
+        pass
+
+    module.register(sub)
+    group = typer.main.get_command(sub)
+    assert isinstance(group, TyperGroup)
+    return group.get_command(click.Context(group), name)
+
+
+class LazyGroup(TyperGroup):
+    """The root group: lists commands from ``COMMANDS``, imports one only when it is used."""
+
+    def list_commands(self, ctx: click.Context) -> list[str]:
+        return list(COMMANDS)
+
+    def get_command(self, ctx: click.Context, cmd_name: str) -> click.Command | None:
+        return load_command(cmd_name)
+
+    def format_commands(self, ctx: click.Context, formatter: click.HelpFormatter) -> None:
+        with formatter.section("Commands"):
+            formatter.write_dl([(name, short) for name, (_module, short) in COMMANDS.items()])
+
+
 app = typer.Typer(
+    cls=LazyGroup,
     name="toposched",
     help="Topology-aware scheduler for LLM inference on GPU clusters.",
     no_args_is_help=True,
@@ -53,10 +99,6 @@ def _root(
     """Topology-aware scheduler for LLM inference on GPU clusters."""
 
 
-for _module in (topo, workload, calibrate, allocate, plan, launch, ledger, defrag, simulate, verify, sidecar, serve):
-    _module.register(app)
-
-
 def main(argv: list[str] | None = None) -> None:
     """Run the CLI; user errors become one or two lines on stderr and exit code 1 or 2."""
     try:
@@ -64,6 +106,8 @@ def main(argv: list[str] | None = None) -> None:
     except ToposchedError as exc:
         if os.environ.get("TOPOSCHED_DEBUG") == "1":
             raise
+        from toposched.cli._common import err_console
+
         err_console.print(f"error: {exc.message}", markup=False, soft_wrap=True)
         if exc.fix:
             err_console.print(f"  fix: {exc.fix}", markup=False, soft_wrap=True)

@@ -56,7 +56,6 @@ from pydantic import ValidationError
 
 from toposched.errors import InputError, StateError
 from toposched.ledger.base import (
-    BACKENDS,
     AuditAction,
     AuditEntry,
     Clock,
@@ -529,4 +528,4 @@ class EtcdLedger:
         self.client.close()
 
 
-BACKENDS.register("etcd", lambda arg, clock: EtcdLedger(arg or "http://127.0.0.1:2379", clock=clock))
+# registered as "etcd" in ``toposched.ledger`` (imported there on first use)
