@@ -268,7 +268,7 @@ def serve_settings(p: Placement, request: PlacementRequest, model: str, checkpoi
     """The engine settings of one placement, from the plan (see the module docstring's table)."""
     if checkpoint is not None:
         check_context(request, checkpoint)
-    cfg = MemoryConfig()
+    cfg = MemoryConfig(max_num_seqs=request.concurrent_seqs)  # as the solver sized it (solver/options.py)
     dtype, quantization = _weights(p, request, checkpoint)
     # The activation peak was sized for this many tokens (workload/memory.py estimate_memory; the
     # activation-checkpointing fallback lowers it); vLLM needs it at least max_num_seqs.

@@ -112,7 +112,9 @@ def gpu_type_for(model_name: str | None, override: str | None = None) -> GpuSpec
 def _memory(
     spec: ModelSpec, gpu_bytes: int, tp: int, pp: int, ep: int, max_len: int, seqs: int, int4: bool, ckpt: bool
 ) -> MemoryEstimate:
-    cfg = MemoryConfig(allow_int4_kv=int4)
+    # the launch passes --max-num-seqs = the request's concurrent sequences (binding/engine_args.py), so
+    # vLLM's sampler warm-up and the forward peak are sized for that many rows, not the 1,024 default
+    cfg = MemoryConfig(allow_int4_kv=int4, max_num_seqs=seqs)
     if ckpt:
         cfg = cfg.model_copy(update={"max_num_batched_tokens": cfg.checkpoint_batched_tokens})
     return estimate_memory(
