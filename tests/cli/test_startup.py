@@ -65,3 +65,13 @@ def test_listed_help_is_the_commands_own(name: str) -> None:
 
 def test_an_unknown_command_is_refused() -> None:
     assert load_command("nope") is None
+
+
+def test_running_commands_again_registers_nothing_twice(run_cli) -> None:  # type: ignore[no-untyped-def]
+    """Modules register their commands once, however many commands run in one process (a second
+    registration would add every sub-command again and make each run slower than the last)."""
+    first = run_cli("launch", "--help").stdout
+    for _ in range(3):
+        again = run_cli("launch", "--help").stdout
+    assert again == first
+    assert first.count("\n  vllm ") == 1

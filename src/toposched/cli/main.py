@@ -11,6 +11,7 @@ from __future__ import annotations
 import importlib
 import os
 import sys
+from functools import cache
 
 import typer
 from typer import _click as click  # typer 0.29 vendors its own click: its classes, not the package's
@@ -44,11 +45,11 @@ def _typer(**kw: object) -> typer.Typer:
     return typer.Typer(add_completion=False, pretty_exceptions_enable=False, rich_markup_mode=None, **kw)  # type: ignore[arg-type]
 
 
-def load_command(name: str) -> click.Command | None:
-    """The click command ``name``, imported from its module (None for an unknown name)."""
-    if name not in COMMANDS:
-        return None
-    module = importlib.import_module(f"toposched.cli.{COMMANDS[name][0]}")
+@cache
+def _module_group(module_name: str) -> TyperGroup:
+    """The commands of one module as a group, built once: ``register`` adds commands to module-level
+    sub-apps, so registering again would add them twice."""
+    module = importlib.import_module(f"toposched.cli.{module_name}")
     sub = _typer()
 
     @sub.callback()
@@ -58,6 +59,14 @@ def load_command(name: str) -> click.Command | None:
     module.register(sub)
     group = typer.main.get_command(sub)
     assert isinstance(group, TyperGroup)
+    return group
+
+
+def load_command(name: str) -> click.Command | None:
+    """The click command ``name``, imported from its module (None for an unknown name)."""
+    if name not in COMMANDS:
+        return None
+    group = _module_group(COMMANDS[name][0])
     return group.get_command(click.Context(group), name)
 
 
