@@ -221,9 +221,10 @@ class Admission(_Value):
     abandon_after_s: float = Field(default=600.0, gt=0, le=MAX_SECONDS, description="a waiting instance gives up")
     cross_domain: bool = Field(default=True, description="retry with allow_cross_domain after the class's wait")
     defrag: bool = Field(default=True, description="an instance needing a whole NVLink domain may trigger moves")
-    # 60 s: on churn-128 (a departure every ~7 s) a wait of 60 s lets departures free a domain
-    # for most waiting TP=8 instances; moving at once (0 s) or after 30 s made 6-7 moves per run
-    # where 60 s made 1-3, at the same utilisation (docs/simulator.md has the measured sweep).
+    # 60 s: with the cost model before issue 16, waiting 60 s for departures kept nearly all of
+    # defragmentation's gain on churn-128 with 1 move per run instead of 7; with the calibrated model
+    # only moving at once brings TP=8 above 0.95 (at ~3 % migrations). docs/simulator.md has both
+    # sweeps; the default favours fewer disruptions until that trade-off is settled (issue 15).
     defrag_after_s: float = Field(
         default=60.0, ge=0, le=MAX_SECONDS, description="wait this long for a departure before moving instances"
     )
