@@ -49,6 +49,14 @@ UTIL_HELP = "vLLM gpu_memory_utilization (default 0.92)."
 MFS_HELP = "SGLang mem_fraction_static (default: SGLang's rule for the GPU and tp)."
 USABLE_HELP = "GPU memory the engine sees, GiB (default: the driver-reported total where known, else nominal)."
 
+# The engine settings ``fit`` and ``estimate`` both take (one declaration each, shared).
+ENGINE = typer.Option("vllm", "--engine", help=ENGINE_HELP)
+MAX_NUM_SEQS = typer.Option(None, "--max-num-seqs", min=1, max=MAX_SEQS, help=SEQS_HELP)
+MAX_NUM_BATCHED_TOKENS = typer.Option(None, "--max-num-batched-tokens", min=1, max=MAX_TOKENS, help=TOKENS_HELP)
+GPU_MEMORY_UTILIZATION = typer.Option(None, "--gpu-memory-utilization", help=UTIL_HELP)
+MEM_FRACTION_STATIC = typer.Option(None, "--mem-fraction-static", help=MFS_HELP)
+USABLE_MEMORY_GIB = typer.Option(None, "--usable-memory-gib", help=USABLE_HELP)
+
 
 def _usable_bytes(g: GpuSpec, usable_gib: float | None) -> int:
     if usable_gib is None:
@@ -209,14 +217,12 @@ def fit(
         None, "--max-model-len", max=MAX_TOKENS, help="Default: the model's context."
     ),
     num_seqs: int = typer.Option(1, "--num-seqs", min=1, max=MAX_SEQS, help="Sequences of max length that must fit."),
-    engine: str = typer.Option("vllm", "--engine", help=ENGINE_HELP),
-    max_num_seqs: int | None = typer.Option(None, "--max-num-seqs", min=1, max=MAX_SEQS, help=SEQS_HELP),
-    max_num_batched_tokens: int | None = typer.Option(
-        None, "--max-num-batched-tokens", min=1, max=MAX_TOKENS, help=TOKENS_HELP
-    ),
-    gpu_memory_utilization: float | None = typer.Option(None, "--gpu-memory-utilization", help=UTIL_HELP),
-    mem_fraction_static: float | None = typer.Option(None, "--mem-fraction-static", help=MFS_HELP),
-    usable_memory_gib: float | None = typer.Option(None, "--usable-memory-gib", help=USABLE_HELP),
+    engine: str = ENGINE,
+    max_num_seqs: int | None = MAX_NUM_SEQS,
+    max_num_batched_tokens: int | None = MAX_NUM_BATCHED_TOKENS,
+    gpu_memory_utilization: float | None = GPU_MEMORY_UTILIZATION,
+    mem_fraction_static: float | None = MEM_FRACTION_STATIC,
+    usable_memory_gib: float | None = USABLE_MEMORY_GIB,
     allow_int4_kv: bool = typer.Option(False, "--allow-int4-kv", help="Offer the INT4 KV fallback."),
     json_out: bool = typer.Option(False, "--json", help="Print JSON instead of a table."),
 ) -> None:
@@ -297,14 +303,12 @@ def estimate(
     batch: int = typer.Option(..., "--batch", min=1, max=MAX_SEQS, help="Concurrent sequences."),
     input_len: int = typer.Option(..., "--input-len", min=1, max=MAX_TOKENS, help="Prompt tokens per sequence."),
     output_len: int = typer.Option(..., "--output-len", min=1, max=MAX_TOKENS, help="Generated tokens per sequence."),
-    engine: str = typer.Option("vllm", "--engine", help=ENGINE_HELP),
-    max_num_seqs: int | None = typer.Option(None, "--max-num-seqs", min=1, max=MAX_SEQS, help=SEQS_HELP),
-    max_num_batched_tokens: int | None = typer.Option(
-        None, "--max-num-batched-tokens", min=1, max=MAX_TOKENS, help=TOKENS_HELP
-    ),
-    gpu_memory_utilization: float | None = typer.Option(None, "--gpu-memory-utilization", help=UTIL_HELP),
-    mem_fraction_static: float | None = typer.Option(None, "--mem-fraction-static", help=MFS_HELP),
-    usable_memory_gib: float | None = typer.Option(None, "--usable-memory-gib", help=USABLE_HELP),
+    engine: str = ENGINE,
+    max_num_seqs: int | None = MAX_NUM_SEQS,
+    max_num_batched_tokens: int | None = MAX_NUM_BATCHED_TOKENS,
+    gpu_memory_utilization: float | None = GPU_MEMORY_UTILIZATION,
+    mem_fraction_static: float | None = MEM_FRACTION_STATIC,
+    usable_memory_gib: float | None = USABLE_MEMORY_GIB,
     profile: str | None = typer.Option(None, "--profile", help="Calibration profile JSON (toposched calibrate)."),
     json_out: bool = typer.Option(False, "--json", help="Print JSON instead of text."),
 ) -> None:

@@ -478,11 +478,11 @@ class ServiceState:
                 return self.topology
             # compare version numbers first: parsing a stored DomainMap costs ~0.1 ms per GPU, and
             # nothing changed on almost every background tick
-            newest = self._store.latest_version() if self._store is not None else None
-            current = self.topology.version if self.topology is not None else None
+            store = self._store
+            newest = store.latest_version() if store is not None else None
             stored = None
-            if newest is not None and (current is None or newest > current):
-                stored = self._store.latest() if self._store is not None else None
+            if store is not None and newest is not None and (self.topology is None or newest > self.topology.version):
+                stored = store.latest()
             if stored is not None and self.topology is not None and stored.version > self.topology.version:
                 self.scheduler.update_topology(stored.cluster)
                 self.topology = stored

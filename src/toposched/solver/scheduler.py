@@ -186,6 +186,18 @@ class Scheduler:
 
         return lambda group: all(ok_node(n) for n in group.nodes)
 
+    def filters_nothing(self, request: PlacementRequest, nodes: frozenset[str]) -> bool:
+        """Whether ``group_filter(request, nodes, ...)`` would accept every node (so callers on a hot
+        path need not call it per group). Keep in step with ``group_filter``'s conditions."""
+        return (
+            not request.node_selector
+            and request.racks is None
+            and request.zones is None
+            and not request.spread_replicas
+            and not request.near
+            and len(nodes) == len(self.index.nodes)
+        )
+
     def _near(self, other: Placement, node: str, level: str) -> bool:
         mine = self.index.nodes[node]
         for rank in other.ranks:
@@ -594,7 +606,7 @@ def _blind(
             continue
         accept = s.group_filter(request, cand.nodes, replica_nodes)
         ids = nodes.with_free()
-        if _unconstrained(s, request, cand.nodes):  # every node may be used: no filter to call
+        if s.filters_nothing(request, cand.nodes):  # every node may be used: no filter to call
             usable = [(nodes.groups[i], nodes.free_count[i]) for i in ids]
         else:
             usable = [(nodes.groups[i], nodes.free_count[i]) for i in ids if accept(nodes.groups[i])]
@@ -607,18 +619,6 @@ def _blind(
             required_level=s.index.resolve_level(request.affinity, option.tp), budget_left_gbps=float("inf"),
         )  # fmt: skip
     return Unplaced(request_id=request.id, replica=0, status="queued", reasons=(*dropped, "not enough free GPUs"))
-
-
-def _unconstrained(s: Scheduler, request: PlacementRequest, nodes: frozenset[str]) -> bool:
-    """Whether ``group_filter`` would accept every node for this request (so it need not be called)."""
-    return (
-        not request.node_selector
-        and request.racks is None
-        and request.zones is None
-        and not request.spread_replicas
-        and not request.near
-        and len(nodes) == len(s.index.nodes)
-    )
 
 
 def _lowest_indices(s: Scheduler, usable: list[tuple[Group, int]], n: int) -> list[str]:
