@@ -208,3 +208,48 @@ def test_a_unit_placed_late_keeps_its_departure() -> None:
     big = [r for r in sim.requests if r.tenant == 1]
     early = [r for r in big if r.arrival_s < 5.0]
     assert early and all(r.state == "done" and r.start_s >= 5.0 for r in early)  # they waited for the unit
+
+
+def _one_node_full(scenario: Scenario) -> tuple[Simulation, Unit]:
+    """Eight small instances fill node 0 (node 1 is the last wholly free domain); one more small one arrives."""
+    scheduler = Scheduler(_cluster(scenario), budget_gbps=scenario.budget_gbps)
+    sim = Simulation(scenario, scheduler, deployments_for(scenario, scheduler), "slo", 0)
+    small, _ = sim.deployments
+    sim.end_s = math.inf
+    for event in sim.place_fixed(8, only=small):
+        sim.push(event)
+    assert {u.copy.placement.ranks[0].node for u in sim.units if u.copy} == {"hgx-h100-0"}
+    unit = sim.new_unit(small, 0.0, math.inf)
+    sim.units.append(unit)
+    for event in sim.admission.submit(unit, 0.0):
+        sim.push(event)
+    sim._arrivals = [SimRequest(i, float(i), 64, 8, "interactive", tenant=0) for i in range(60)]
+    for event in sim.next_arrival():
+        sim.push(event)
+    return sim, unit
+
+
+def test_a_small_instance_leaves_the_last_whole_domain_to_a_large_one() -> None:
+    sim, small = _one_node_full(_crafted(keep_whole_wait_s=30.0))
+    assert small.state == "pending" and small.held_headroom and not small.waited_nvlink
+    big = sim.new_unit(sim.deployments[1], 1.0, math.inf)
+    sim.units.append(big)
+    for event in sim.admission.submit(big, 1.0):
+        sim.push(event)
+    assert big.state == "active" and not big.waited_nvlink  # the kept domain, at once
+    assert big.copy is not None and {r.node for r in big.copy.placement.ranks} == {"hgx-h100-1"}
+    sim.loop()
+    assert check_conservation(sim) == []
+    m = compute(sim)
+    assert m["instances_held_for_headroom"] == 1 and m["instances_waited_for_nvlink"] == 0
+    assert m["admission_by_tp"]["1"]["held_for_headroom"] == 1
+
+
+def test_the_headroom_wait_is_bounded() -> None:
+    sim, small = _one_node_full(_crafted(keep_whole_wait_s=30.0))
+    sim.loop()
+    assert check_conservation(sim) == []
+    assert small.placed_s == pytest.approx(30.0)  # nothing freed room elsewhere: it broke the domain after 30 s
+    assert small.copy is None or small.copy.placement.ranks[0].node == "hgx-h100-1"
+    off, unit = _one_node_full(_crafted(keep_whole_domains=0))
+    assert unit.state == "active" and not unit.held_headroom and compute(off)["held_for_headroom_rate"] == 0.0

@@ -11,6 +11,14 @@ Driven the same way as the service's admission queue (issue 15):
   ``SLO_CLASSES[c].cross_domain_after_s`` it is tried again with ``allow_cross_domain`` (the
   bounded fallback of ``solver/scheduler.py``; ``exact`` ignores the flag); blind policies
   (``index-order``, ``random``) place on any free GPUs and never wait for NVLink room;
+* **headroom**: an instance smaller than an NVLink domain is placed with the scenario's
+  ``keep_whole_domains`` (``PlacementRequest.keep_whole_domains``): it does not break one of the
+  last wholly free domains, which the instances that need a whole domain (TP=8 on HGX) could
+  otherwise only get by waiting for departures or by defragmentation. It waits instead (counted as
+  *held for headroom*, not as waiting for NVLink room, when a whole domain was all that had room)
+  until GPUs free up elsewhere or ``keep_whole_wait_s`` is over, then it may break one. Small
+  instances belong to tenants with many instances that absorb a short wait; a large one's tenant
+  has few, so its wait spills onto them (docs/simulator.md has the measurements);
 * a waiting instance whose TP group needs a whole NVLink domain may trigger ``plan_defrag``
   (at most one plan in flight, rate-limited by ``DefragLimiter``). All moves of the plan start at
   once (their targets are free and disjoint): the replacement is booked (``start_move``), comes up
@@ -73,6 +81,7 @@ class Admission:
         self.defrag: DefragRun | None = None
         self.domain_size = sim.scheduler.index.levels["nvlink"].max_size
         self.waited_nvlink = 0  # instances that waited for NVLink room (each counted once)
+        self.held_headroom = 0  # instances that waited because of keep_whole_domains (each counted once)
         self.fallback_placements = 0
         self.abandoned = 0
         self.migrations = 0  # moves started
@@ -91,10 +100,19 @@ class Admission:
         update: dict[str, object] = {"id": unit.next_id()}
         if unit.cross_ok:
             update["allow_cross_domain"] = True
+        headroom = self._headroom(unit)
+        if headroom:
+            update["keep_whole_domains"] = headroom
         request = dep.template.model_copy(update=update)
         out = sim.scheduler.place(request, sim.policy)
         if not out.placements:
-            if self.aware and free >= dep.ref_gpus and not unit.waited_nvlink:
+            if not self.aware or free < dep.ref_gpus:
+                return None
+            if headroom and self._only_whole_room(dep.ref_tp):
+                if not unit.held_headroom:
+                    unit.held_headroom = True
+                    self.held_headroom += 1
+            elif not unit.waited_nvlink:
                 unit.waited_nvlink = True
                 self.waited_nvlink += 1
             return None
@@ -111,13 +129,35 @@ class Admission:
             return sim.instance_up(inst)
         return [sim.up_event(inst, now + wait)]
 
-    def place_now(self, unit: Unit, now: float, *, startup_s: float | None = None) -> list[Event] | None:
-        """Place ``unit`` now or not at all (instances at the start of a run); its events, or None."""
+    def _headroom(self, unit: Unit) -> int:
+        """The ``keep_whole_domains`` a unit is placed with: the scenario's, for a topology-aware
+        policy and an instance smaller than a domain, until its ``keep_whole_wait_s`` is over."""
+        if not self.aware or unit.headroom_waived or unit.deployment.ref_tp >= self.domain_size:
+            return 0
+        return self.cfg.keep_whole_domains
+
+    def _only_whole_room(self, tp: int) -> bool:
+        """Whether ``tp`` GPUs fit in no partly used NVLink domain, only in a wholly free one (so the
+        headroom is what made the instance wait, not a lack of NVLink room)."""
+        level = self.sim.scheduler.index.levels["nvlink"]
+        partly = any(level.buckets[c] for c in range(max(tp, 1), level.max_size + 1))
+        whole = any(level.whole[c] for c in range(max(tp, 1), level.max_size + 1))
+        return whole and not partly
+
+    def place_now(
+        self, unit: Unit, now: float, *, startup_s: float | None = None, headroom: bool = True
+    ) -> list[Event] | None:
+        """Place ``unit`` now or not at all (instances at the start of a run); its events, or None.
+
+        ``headroom=False``: without ``keep_whole_domains`` (filling a cluster with fixed instances,
+        where no instance arrives later to use the headroom)."""
+        unit.headroom_waived = not headroom
         return self._try(unit, now, startup_s)
 
     def submit(self, unit: Unit, now: float) -> list[Event]:
         """``unit`` asks for GPUs: placed now, or it waits (timers for the fallback and for giving up)."""
         unit.cross_ok = False
+        unit.headroom_waived = False
         placed = self._try(unit, now)
         if placed is not None:
             return placed
@@ -136,6 +176,8 @@ class Admission:
             follow.append(self.sim.timer_event(now + after, unit, "cross-domain"))
         if self.cfg.defrag_after_s > 0:
             follow.append(self.sim.timer_event(now + self.cfg.defrag_after_s, unit, "defrag"))
+        if self._headroom(unit):
+            follow.append(self.sim.timer_event(now + self.cfg.keep_whole_wait_s, unit, "headroom"))
         follow.extend(self._maybe_defrag(unit, now))
         return follow
 
@@ -157,7 +199,10 @@ class Admission:
             return []
         if kind == "defrag":
             return self._maybe_defrag(unit, now)
-        unit.cross_ok = True
+        if kind == "headroom":
+            unit.headroom_waived = True
+        else:
+            unit.cross_ok = True
         placed = self._try(unit, now)
         if placed is None:
             return self._maybe_defrag(unit, now)

@@ -73,6 +73,8 @@ class Unit:
     waits: int = 0  # times it has waited for placement (stale timers check it)
     pending_since: float = 0.0
     cross_ok: bool = False
+    headroom_waived: bool = False  # placed without ``keep_whole_domains`` (its wait for room is over)
+    held_headroom: bool = False  # has waited because of the headroom
     waited_nvlink: bool = False
     placed: bool = False
     placed_s: float = -1.0  # first booked
@@ -439,7 +441,7 @@ class Simulation:
             total = sum(d.tenant.weight for d in deps)
             dep = min(deps, key=lambda d: (d.units / (d.tenant.weight / total), d.index))
             unit = self.new_unit(dep, self.now, math.inf)
-            ev = self.admission.place_now(unit, self.now)
+            ev = self.admission.place_now(unit, self.now, headroom=False)
             if ev is None:
                 dep.units -= 1
                 deps.remove(dep)

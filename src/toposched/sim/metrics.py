@@ -14,7 +14,9 @@ Definitions (docs/simulator.md has the full list):
   duration; else until the last request finished). ``hbm_utilization`` the same for HBM bytes.
 * ``queued_for_nvlink_rate`` = instances that waited for NVLink room (a topology-aware policy could
   not place them although enough GPUs were free in all) / instance arrivals; ``migrations`` = moves
-  started by defragmentation; ``requeued_requests`` = requests restarted after a failure.
+  started by defragmentation; ``held_for_headroom_rate`` = instances that waited only because they
+  would have broken one of the last ``keep_whole_domains`` wholly free domains / instance arrivals;
+  ``requeued_requests`` = requests restarted after a failure.
 * signals (seed 000's): ``nvlink_affinity_ratio`` = completed requests served by an instance whose
   TP groups each sit in one NVLink domain / completed requests; ``cross_domain_budget_ratio_peak`` /
   ``_mean`` = cross-domain GB/s of the booked instances / the budget, at its peak and time-weighted;
@@ -140,6 +142,8 @@ def compute(sim: Simulation) -> dict[str, Any]:
         "instances_unplaced_at_end": unit_states.get("unplaced", 0),
         "instances_waited_for_nvlink": adm.waited_nvlink,
         "queued_for_nvlink_rate": round(adm.waited_nvlink / len(units), 4) if units else 0.0,
+        "instances_held_for_headroom": adm.held_headroom,
+        "held_for_headroom_rate": round(adm.held_headroom / len(units), 4) if units else 0.0,
         "fallback_placements": adm.fallback_placements,
         "migrations": adm.migrations,
         "defrag_plans": adm.plans,
@@ -174,6 +178,7 @@ def _admission_by_tp(sim: Simulation) -> dict[str, dict[str, Any]]:
         out[str(tp)] = {
             "arrivals": len(units),
             "waited_for_nvlink": sum(1 for u in units if u.waited_nvlink),
+            "held_for_headroom": sum(1 for u in units if u.held_headroom),
             "wait_p50_s": pct(waits, 0.5),
             "wait_p99_s": pct(waits, 0.99),
             "never_placed": sum(1 for u in units if u.placed_s < 0),

@@ -33,6 +33,7 @@ COLUMNS = (
     ("tpot_p99_ms", "TPOT p99"),
     ("gpu_utilization", "GPU util"),
     ("queued_for_nvlink_rate", "NVLink wait"),
+    ("held_for_headroom_rate", "headroom wait"),
     ("migrations", "moves"),
     ("fallback_placements", "x-domain"),
     ("intra_domain_rate", "in domain"),

@@ -221,12 +221,23 @@ class Admission(_Value):
     abandon_after_s: float = Field(default=600.0, gt=0, le=MAX_SECONDS, description="a waiting instance gives up")
     cross_domain: bool = Field(default=True, description="retry with allow_cross_domain after the class's wait")
     defrag: bool = Field(default=True, description="an instance needing a whole NVLink domain may trigger moves")
-    # 60 s: with the cost model before issue 16, waiting 60 s for departures kept nearly all of
-    # defragmentation's gain on churn-128 with 1 move per run instead of 7; with the calibrated model
-    # only moving at once brings TP=8 above 0.95 (at ~3 % migrations). docs/simulator.md has both
-    # sweeps; the default favours fewer disruptions until that trade-off is settled (issue 15).
+    # 30 s with the headroom below: on churn-128 at 0.85 (docs/simulator.md) the headroom alone
+    # brings TP=8 to 0.975 with no move; defragmenting after 30 s adds the rest (0.988) at a median
+    # of 2 moves per run (0.9 % of instances); after 15 s it is 5 moves, after 60 s TP=8 falls back.
     defrag_after_s: float = Field(
-        default=60.0, ge=0, le=MAX_SECONDS, description="wait this long for a departure before moving instances"
+        default=30.0, ge=0, le=MAX_SECONDS, description="wait this long for a departure before moving instances"
+    )
+    # One whole domain kept free for 30 s: on churn-128 at 0.85 keeping two gave the same figures,
+    # a 15 s wait TP=8 0.969, 60 s 0.955 (small instances then hold GPUs idle for longer).
+    keep_whole_domains: int = Field(
+        default=1,
+        ge=0,
+        le=1024,
+        description="an instance smaller than an NVLink domain does not break one of the last N wholly free "
+        "domains (0: off)",
+    )
+    keep_whole_wait_s: float = Field(
+        default=30.0, ge=0, le=MAX_SECONDS, description="... for at most this long; then it may break one"
     )
     defrag_max_moves: int = Field(default=4, ge=1, le=64, description="most moves of one defragmentation plan")
     defrag_moves_per_window: int = Field(default=4, ge=1, le=10_000, description="rate limit: moves ...")

@@ -225,6 +225,20 @@ def fragmentation(index: ClusterIndex, stages: Sequence[Sequence[str]]) -> tuple
     return broken, sum(level.free_count[g] for g in touched)
 
 
+def breaks_reserve(index: ClusterIndex, stages: Sequence[Sequence[str]], keep: int) -> bool:
+    """Whether the stages leave a wholly free NVLink domain of the cluster's largest size partly used
+    while fewer than ``keep`` others would stay wholly free (a group that fills a domain breaks none)."""
+    level = index.levels["nvlink"]
+    used: dict[int, int] = {}
+    for stage in stages:
+        for ref in stage:
+            for g in level.of_gpu.get(ref, ()):
+                used[g] = used.get(g, 0) + 1
+    whole = [g for g in used if level.size[g] == level.max_size and level.free_count[g] == level.size[g]]
+    broken = sum(1 for g in whole if used[g] < level.size[g])
+    return broken > 0 and len(level.whole[level.max_size]) - len(whole) < keep
+
+
 def fit_cost(index: ClusterIndex, stages: Sequence[Sequence[str]]) -> tuple[int, int]:
     """Lower is better: best fit, then the tie-break of ``LevelIndex.best_fit`` (both the other way
     round under ``keep_whole``), for choosing between equally good degree options (the same TP and

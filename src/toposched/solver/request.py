@@ -84,6 +84,15 @@ class PlacementRequest(BaseModel):
         "across NVLink domains within the class's budget share and the SLO (the cross-domain fallback)",
     )
 
+    keep_whole_domains: int = Field(
+        default=0,
+        ge=0,
+        le=1024,
+        description="headroom for instances that need a whole NVLink domain: the slo and latency policies do not "
+        "break a wholly free domain (of the cluster's largest size) while this many or fewer are left; the "
+        "request is unplaced (queued) instead, so the caller can wait for room and drop the headroom later",
+    )
+
     @model_validator(mode="after")
     def _check(self) -> PlacementRequest:
         if self.allowed_tp is not None:

@@ -38,7 +38,15 @@ from toposched.perf.hardware import GpuSpec
 from toposched.registry import Registry
 from toposched.solver.index import LEVELS, ClusterIndex, Group
 from toposched.solver.options import DegreeOption, OptionSet, build_options, gpu_type_for
-from toposched.solver.place import Assessment, assess, find_stages, find_stages_across, fit_cost, fragmentation
+from toposched.solver.place import (
+    Assessment,
+    assess,
+    breaks_reserve,
+    find_stages,
+    find_stages_across,
+    fit_cost,
+    fragmentation,
+)
 from toposched.solver.request import SLO_CLASSES, Placement, PlacementRequest, Unplaced, instance_ids
 from toposched.topology.model import Cluster
 
@@ -448,6 +456,10 @@ def _search(
             )
             continue
         stages, _ = found
+        held = _headroom_refusal(s, request, stages)
+        if held:
+            reasons.append(f"tp={option.tp} pp={option.pp}: {held}")
+            continue
         result = assess(
             s.index, cand.options, option, stages, placement_id=pid, request_id=request.id, policy=policy,
             required_level=level, budget_left_gbps=budget_left,
@@ -490,6 +502,17 @@ def _search(
     return Unplaced(request_id=request.id, replica=0, status="queued" if cands else "rejected", reasons=tuple(reasons))
 
 
+def _headroom_refusal(s: Scheduler, request: PlacementRequest, stages: Sequence[Sequence[str]]) -> str | None:
+    """Why ``stages`` break the request's ``keep_whole_domains`` headroom, or None when they do not."""
+    keep = request.keep_whole_domains
+    if not keep or not breaks_reserve(s.index, stages, keep):
+        return None
+    return (
+        f"keep_whole_domains {keep}: it would break one of the last {keep} wholly free NVLink domain(s) kept "
+        "for instances that need a whole one"
+    )
+
+
 def _cross_domain(
     s: Scheduler,
     request: PlacementRequest,
@@ -526,6 +549,10 @@ def _cross_domain(
                 f"{where}: no free GPUs for it ({len(s.index.free)} free in the cluster; needs {option.gpus} "
                 "on nodes the request may use, in equal shares per node)"
             )
+            continue
+        held = _headroom_refusal(s, request, stages)
+        if held:
+            reasons.append(f"{where}: {held}")
             continue
         result = assess(
             s.index, cand.options, option, stages, placement_id=pid, request_id=request.id, policy=policy,
