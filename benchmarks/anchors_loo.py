@@ -8,8 +8,8 @@ Reads the ttft / tpot / throughput anchors, maps their models onto catalog model
 architecture is identical (below), turns each into a ``Sample`` as anchors-train.md says they
 compare, fits ``PerfConfig`` on all of them (``perf/calibrate.fit_config``) and, for every anchor,
 refits without it and predicts it (leave-one-out: the accuracy claim). All-reduce anchors are
-compared separately with the link table's existing fit (``perf/allreduce.py``; see
-``benchmarks/allreduce_fit.py`` for the fit itself).
+compared separately with the link table (``perf/links.py``: measured curves, alpha-beta beyond them, the
+two-level all-reduce for the 2-node rows; ``benchmarks/allreduce_fit.py`` for the fit itself).
 
 How a setup becomes a ``Sample`` (no measured figure of the anchor itself enters its setup, except
 as stated for QPS rows):
@@ -18,6 +18,8 @@ as stated for QPS rows):
   with the TTFT and ITL published in the same table row (read from the quote). The TPOT anchors at
   QPS rows are therefore compared at a batch derived from their own published ITL (stated in
   docs/cost-model.md).
+* ``num_requests`` from the setup (offline and QPS rows; finite runs of identical requests run in
+  waves), ``request_rate`` = the QPS of QPS rows (open loop: throughput is the arrivals served).
 * FP8 KV where the anchor says so, and for ModelOpt FP8 checkpoints (their notes: they quantize KV).
 * offline rows (all requests queued): ``batch`` = the saturated batch, min(TensorRT-LLM's build
   default ``max_batch_size`` 2048, KV tokens / (ISL + OSL)) with the KV pool 0.9 x (GPU memory -
@@ -44,7 +46,7 @@ from toposched.perf.calibrate import (
     predict_sample,
 )
 from toposched.perf.latency import PerfConfig
-from toposched.perf.links import get_link
+from toposched.perf.links import get_link, two_level_link
 from toposched.perf.profile import save_profile
 from toposched.perf.samples import Sample
 from toposched.workload.catalog import resolve_model
@@ -166,6 +168,8 @@ def load_samples(path: Path = ANCHORS) -> tuple[list[Sample], list[str], dict[st
                 kv_dtype=kvd,
                 link=get_gpu(gpu).native_link,
                 batch=batch,
+                request_rate=float(qps) if conc is None and isinstance(qps, int | float) else None,
+                num_requests=_int(s.get("num_requests")),
                 input_len=isl,
                 output_len=osl,
                 **{measured: value},
@@ -189,18 +193,15 @@ def _allreduce_rows(path: Path = ANCHORS) -> list[tuple[str, float, float]]:
         if r["kind"] != "allreduce":
             continue
         s = r["setup"]
-        n, size = int(s["num_gpus"]), float(s["message_size_bytes"])
+        n, size, nodes = int(s["num_gpus"]), float(s["message_size_bytes"]), int(s.get("nodes") or 1)
         text = f"{s['gpu']} {s.get('interconnect', '')} {r['id']}".lower()
-        if "2node" in text or int(s.get("nodes") or 1) > 1:
-            link = "roce-400"
-        elif "nvlinkbridge" in text or "bridge" in text:
-            link = "nvlink-bridge"
-        elif "a100" in text:
-            link = "nvlink3"
-        else:
-            link = "nvlink4"
-        t_us = get_link(link).allreduce_us(size, n)
-        out.append((f"{r['id']} [{link}]", float(r["published_value"]), size / (t_us * 1e-6) * 2 * (n - 1) / n / 1e9))
+        inside = "nvlink-bridge" if "bridge" in text else "nvlink3" if "a100" in text else "nvlink4"
+        # 2-node rows: NVSwitch inside each node, RoCE 400G (one NIC per GPU) between them
+        link = two_level_link("roce-400", inside, n // nodes) if nodes > 1 else get_link(inside)
+        t_us = link.allreduce_us(size, n)
+        out.append(
+            (f"{r['id']} [{link.name}]", float(r["published_value"]), size / (t_us * 1e-6) * 2 * (n - 1) / n / 1e9)
+        )
     return out
 
 
@@ -233,7 +234,7 @@ def main(argv: list[str] | None = None) -> int:
             print(f"  {kind:10s} n={len(errs):2d}  mean abs {100 * sum(errs) / len(errs):5.1f} %   "
                   f"worst {100 * worst[0]:5.1f} % ({worst[1]})")  # fmt: skip
         print(f"  total time {time.perf_counter() - t0:.1f} s")
-    print("\nall-reduce anchors vs the link table's alpha-beta fit (not refitted here):")
+    print("\nall-reduce anchors vs the link table (not refitted here; 2-node rows: perf.links.two_level_link):")
     for label, pub, pred in _allreduce_rows():
         print(f"  {label:56s} published {pub:7.2f} GB/s  predicted {pred:7.2f}  {100 * (pred / pub - 1):+6.1f} %")
     if args.write_profile:

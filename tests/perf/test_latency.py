@@ -6,6 +6,7 @@ import pytest
 
 from toposched.errors import InputError, UnknownNameError
 from toposched.perf import PerfConfig, get_gpu, get_link, gpu_registry, predict_latency
+from toposched.perf.allreduce_tables import MEASURED
 from toposched.workload.catalog import resolve_model
 
 NV4 = get_link("nvlink4")
@@ -31,8 +32,9 @@ def test_decode_at_batch_one_is_memory_bound_and_matches_hand_arithmetic() -> No
     head = 128_256 * 8192 * 2 / 2
     expect_ms = (body + head) / (0.8 * 3.35e12) * 1e3
     assert r.decode.memory_ms == pytest.approx(expect_ms, rel=0.01)
-    # 160 all-reduces of 16 KiB at the vLLM custom all-reduce's n=2 fit
-    assert r.decode.comm_ms == pytest.approx(160 * NV4.custom[2].time_us(16384, 2) / 1e3, rel=1e-6)
+    # 160 all-reduces of 16 KiB at the vLLM custom all-reduce's measured n=2 time (2**14 B is a table size)
+    custom = MEASURED["car_h100_sxm_comm_vllm_0.19.0:vllm_graph"][2]
+    assert r.decode.comm_ms == pytest.approx(160 * custom.times_us[14 - custom.first_log2] / 1e3, rel=1e-6)
 
 
 def test_tp_cuts_tpot_but_not_linearly() -> None:

@@ -1,6 +1,13 @@
-"""All-reduce cost: the alpha-beta model, and its fit to measured tables.
+"""All-reduce cost: the alpha-beta model, measured curves, and their fit to measured tables.
 
     t(S, n) = alpha_n + S * 2(n - 1)/n / busbw_n          (nccl-tests doc/PERFORMANCE.md)
+
+One alpha-beta line misses the measured time by 20-66 % between about 1 and 32 MiB, where NCCL and
+the custom all-reduces switch protocol and algorithm (perf-anchors §1.2) - exactly the size of a TP
+prefill's all-reduce (tokens x hidden x 2 B). ``Curve`` is the measured table itself, interpolated
+linearly in log(size) and log(time) between the measured sizes; beyond the largest size the extra
+bytes cost what they cost in the last measured doubling, below the smallest the smallest size's time
+(latency).
 
 ``fit_alpha_beta`` is a least-squares fit that weights every point by 1/t (so it minimises the
 relative error), the same criterion as ``reference/data/alpha_beta_fits.csv``. ``load_allreduce_csv``
@@ -13,6 +20,7 @@ prints the errors, and a test checks that the table still matches the data.
 from __future__ import annotations
 
 import csv
+import math
 import statistics
 from collections import defaultdict
 from collections.abc import Iterable, Sequence
@@ -32,6 +40,30 @@ class AlphaBeta:
         if n <= 1:
             return 0.0
         return self.alpha_us + nbytes * 2 * (n - 1) / n / (self.busbw_gbps * 1e3)
+
+
+@dataclass(frozen=True)
+class Curve:
+    """Measured all-reduce times (µs) of one group size at sizes ``2**first_log2``, ``2**(first_log2 + 1)``, ..."""
+
+    first_log2: int
+    times_us: tuple[float, ...]
+
+    def time_us(self, nbytes: float, n: int) -> float:
+        """Time of ``nbytes`` over ``n`` GPUs: log-log interpolation inside the table; beyond it the
+        bytes cost what they cost in the last measured doubling (bandwidth-bound by then)."""
+        if n <= 1:
+            return 0.0
+        times = self.times_us
+        x = math.log2(max(nbytes, 1.0)) - self.first_log2
+        if x <= 0:
+            return times[0]
+        i = int(x)
+        if i >= len(times) - 1:
+            last = 2.0 ** (self.first_log2 + len(times) - 1)
+            per_byte = (times[-1] - times[-2]) / (last / 2)
+            return times[-1] + (nbytes - last) * per_byte
+        return float(times[i] * (times[i + 1] / times[i]) ** (x - i))
 
 
 @dataclass(frozen=True)
@@ -114,3 +146,18 @@ def fit_measured(samples: Iterable[Sample]) -> list[FitResult]:
         errs = relative_errors(fit, pts, n)
         results.append(FitResult(series, n, fit, len(pts), statistics.median(errs), max(errs)))
     return results
+
+
+def measured_curves(samples: Iterable[Sample]) -> dict[tuple[str, int], Curve]:
+    """The measured curve of every (series, n): the mean time at each size (sizes are powers of two)."""
+    groups: dict[tuple[str, int], dict[int, list[float]]] = defaultdict(lambda: defaultdict(list))
+    for s in samples:
+        groups[(s.series, s.n)][s.nbytes].append(s.time_us)
+    out: dict[tuple[str, int], Curve] = {}
+    for key, by_size in sorted(groups.items()):
+        sizes = sorted(by_size)
+        first = int(math.log2(sizes[0]))
+        if sizes != [2 ** (first + i) for i in range(len(sizes))]:
+            raise ValueError(f"{key[0]} n={key[1]}: sizes are not consecutive powers of two")
+        out[key] = Curve(first, tuple(round(statistics.fmean(by_size[b]), 2) for b in sizes))
+    return out

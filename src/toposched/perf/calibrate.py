@@ -4,14 +4,16 @@
 reference/data/anchors-train.md says:
 
 * ``ttft_ms``: the prefill of one ``input_len`` prompt (chunked by ``max_batched_tokens``); at
-  concurrency ``c > 1`` the other ``c - 1`` sequences decode in the same pass (continuous batching).
+  concurrency ``c > 1`` the other ``c - 1`` sequences decode in the same pass (continuous batching),
+  and the request first waits, on average, half a decode step of theirs (it arrives mid-iteration).
 * ``tpot_ms``: the decode step at batch ``c`` and context ``input_len + output_len / 2``, inflated by
   the prefills of arriving requests: each of the other ``c - 1`` sequences prefills once per
   ``output_len`` steps, in a pass with the decodes (the extra time of that mixed pass).
 * ``tokens_per_s``: output tokens/s of ``c`` sequences (all GPUs): ``c x output_len`` over the
   time to prefill all ``c`` prompts in budget-sized passes plus ``output_len - 1`` decode steps. For
   offline maximum-throughput runs the caller sets ``batch`` to the saturated batch (what the KV
-  cache and the engine's batch limit allow).
+  cache and the engine's batch limit allow). A run of ``num_requests`` identical requests runs in
+  waves of ``c``; an open-loop run (``request_rate``) serves its arrivals (``_Run.tokens_per_s``).
 
 ``fit_config`` is a bounded least-squares fit of ``log(predicted / measured)`` over every measured
 kind of every sample (Levenberg-Marquardt on a logistic reparametrisation of each field's bounds,
@@ -28,7 +30,7 @@ import numpy as np
 
 from toposched.errors import InputError
 from toposched.perf.hardware import get_gpu
-from toposched.perf.latency import PassModel, PerfConfig, predict_latency
+from toposched.perf.latency import PassModel, PerfConfig, prefill_chunks
 from toposched.perf.links import get_link
 from toposched.perf.profile import ANY, Profile, ProfileEntry
 from toposched.perf.samples import Sample
@@ -43,6 +45,7 @@ DEFAULT_FIELDS: tuple[str, ...] = (
     "eta_mem",
     "eta_flops",
     "eta_flops_fp8",
+    "eta_attn",
     "roofline_p",
     "moe_tile_m",
     "moe_layer_us",
@@ -91,48 +94,89 @@ def predict_sample(
     spec = _spec_of(sample)
     gpu = get_gpu(sample.gpu)
     link = get_link(sample.link or gpu.native_link)
-    c, isl, osl = sample.batch, sample.input_len, sample.output_len
-    context = isl + osl / 2
-    out: dict[str, float] = {}
     model = PassModel(spec, gpu, tp=sample.tp, pp=sample.pp, link=link, pp_link=link, cfg=config)
+    run = _Run(model, sample.batch, sample.input_len, sample.output_len, max_batched_tokens)
+    out: dict[str, float] = {}
     if sample.ttft_ms is not None:
-        ttft = 0.0
+        out["ttft_ms"] = run.ttft_ms()
+    if sample.tpot_ms is not None:
+        out["tpot_ms"] = run.tpot_ms()
+    if sample.tokens_per_s is not None:
+        out["tokens_per_s"] = run.tokens_per_s(sample.num_requests, sample.request_rate)
+    return out
+
+
+class _Run:
+    """One benchmark run of ``c`` concurrent sequences of ``isl`` in, ``osl`` out (module docstring)."""
+
+    def __init__(self, model: PassModel, c: int, isl: int, osl: int, budget: int) -> None:
+        self.model, self.c, self.isl, self.osl, self.budget = model, c, isl, osl, budget
+        self.context = isl + osl / 2
+
+    def _decode_ms(self, seqs: int) -> float:
+        step = self.model.step(decode_seqs=seqs, decode_context=seqs * self.context)
+        return step.total_ms if step is not None else 0.0
+
+    def ttft_ms(self) -> float:
+        """One prompt's prefill, with the other ``c - 1`` sequences decoding in the same passes."""
+        riders = self.c - 1
+        # the request arrives while the engine runs a step of the others and joins at the next
+        # iteration boundary: on average half a step later
+        ttft = self._decode_ms(riders) / 2
         done = 0
-        riders = c - 1  # sequences decoding alongside the prefill (continuous batching)
-        while done < isl:
-            n = min(max_batched_tokens - min(riders, max_batched_tokens - 1), isl - done)
-            step = model.step(decode_seqs=riders, decode_context=riders * context, chunks=[(done, n)])
+        while done < self.isl:
+            n = min(self.budget - min(riders, self.budget - 1), self.isl - done)
+            step = self.model.step(decode_seqs=riders, decode_context=riders * self.context, chunks=[(done, n)])
             assert step is not None
             ttft += step.total_ms
             done += n
-        out["ttft_ms"] = ttft
-    decode = model.step(decode_seqs=c, decode_context=c * context)
-    assert decode is not None
-    if sample.tpot_ms is not None:
-        # the other c - 1 sequences each prefill once per output_len steps, riding along decode steps
+        return ttft
+
+    def tpot_ms(self) -> float:
+        """The decode step at batch ``c``, plus the other ``c - 1`` sequences' prefills riding along:
+        each prefills once per ``osl`` steps, in a pass with the decodes."""
+        decode = self._decode_ms(self.c)
         extra = 0.0
-        if c > 1:
+        if self.c > 1:
             done = 0
-            while done < isl:
-                n = min(max_batched_tokens, isl - done)
-                mixed = model.step(decode_seqs=c, decode_context=c * context, chunks=[(done, n)])
+            while done < self.isl:
+                n = min(self.budget, self.isl - done)
+                mixed = self.model.step(decode_seqs=self.c, decode_context=self.c * self.context, chunks=[(done, n)])
                 assert mixed is not None
-                extra += mixed.total_ms - decode.total_ms
+                extra += mixed.total_ms - decode
                 done += n
-        out["tpot_ms"] = decode.total_ms + (c - 1) / osl * extra
-    if sample.tokens_per_s is not None:
-        # all c prompts prefill in budget-sized passes: (c x isl / budget) passes like a full one
-        per_pass = max(1, max_batched_tokens // isl)
-        full = model.step(chunks=[(0, isl)] * per_pass) if isl <= max_batched_tokens else None
+        return decode + (self.c - 1) / self.osl * extra
+
+    def _batch_ms(self, b: int) -> float:
+        """Closed loop: ``b`` prompts prefilled in budget-sized passes, then ``osl - 1`` decode steps."""
+        per_pass = max(1, self.budget // self.isl)
+        full = self.model.step(chunks=[(0, self.isl)] * per_pass) if self.isl <= self.budget else None
         if full is not None:
-            prefill_ms = full.total_ms * c / per_pass
-        else:
-            prefill_ms = c * predict_latency(
-                spec, gpu, tp=sample.tp, pp=sample.pp, link=link, batch=1, input_len=isl, output_len=1,
-                config=config, max_batched_tokens=max_batched_tokens,
-            ).ttft_ms  # fmt: skip
-        out["tokens_per_s"] = c * osl / ((prefill_ms + (osl - 1) * decode.total_ms) / 1e3)
-    return out
+            prefill_ms = full.total_ms * b / per_pass
+        else:  # a prompt longer than the budget: its own chunked passes, one prompt after another
+            passes = (self.model.step(chunks=p) for p in prefill_chunks(1, self.isl, self.budget))
+            prefill_ms = b * sum(p.total_ms for p in passes if p is not None)
+        return prefill_ms + (self.osl - 1) * self._decode_ms(b)
+
+    def tokens_per_s(self, num_requests: int | None, request_rate: float | None) -> float:
+        """Output tokens/s of the run.
+
+        Open loop (``request_rate``): ``N`` requests arrive over ``N / rate`` seconds and the last
+        one takes its end-to-end latency after that. Closed loop with ``N`` requests of identical
+        lengths: they run in waves of ``c`` (a wave's sequences start within one prefill ramp and
+        end together, so the last, partial wave takes nearly as long as a full one). Without
+        ``N``: the steady state, ``c`` sequences forever.
+        """
+        if request_rate is not None:
+            e2e_s = (self.ttft_ms() + (self.osl - 1) * self.tpot_ms()) / 1e3
+            if num_requests is None:
+                return min(request_rate, self.c / e2e_s) * self.osl
+            return num_requests * self.osl / (num_requests / request_rate + e2e_s)
+        if num_requests is None:
+            return self.c * self.osl / (self._batch_ms(self.c) / 1e3)
+        full, rest = divmod(num_requests, self.c)
+        total_ms = full * self._batch_ms(self.c) + (self._batch_ms(rest) if rest else 0.0)
+        return num_requests * self.osl / (total_ms / 1e3)
 
 
 def _residuals(samples: Sequence[Sample], config: PerfConfig) -> list[float]:

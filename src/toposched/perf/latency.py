@@ -7,7 +7,7 @@ One forward pass over ``T`` new tokens of ``S`` sequences, summed over the pipel
     T_cmp   = dense GEMM FLOPs / (eta(dtype) x peak(dtype))
             + grouped expert GEMM FLOPs (tile-padded rows) / (eta(dtype) x peak(dtype))
             + lm_head FLOPs / (eta_flops x BF16 peak)
-    T_attn  = KV bytes read / (eta_mem x HBM bandwidth) + attention FLOPs / (eta_flops x BF16 peak)
+    T_attn  = KV bytes read / (eta_mem x HBM bandwidth) + attention FLOPs / (eta_attn x BF16 peak)
     T_comm  = 2 x layers x all-reduce(T x hidden x 2 B, tp)         (two per layer, Megatron TP)
     T_small = layers x kernels_per_layer x kernel_us + MoE layers x moe_layer_us + MLA layers x mla_layer_us
               (x prefill_kernel_factor in a pass with prefill work)
@@ -71,6 +71,10 @@ class PerfConfig(BaseModel):
     """Achievable BF16/FP16 dense GEMM fraction of BF16 peak: 0.7-0.75 (perf-anchors §4.1)."""
     eta_flops_fp8: float = Field(0.6, ge=0.1, le=1.0)
     """Achievable FP8 GEMM fraction of FP8 peak (lower than BF16's: scaling, smaller tiles)."""
+    eta_attn: float = Field(0.5, ge=0.1, le=1.0)
+    """Achievable fraction of BF16 peak of the attention kernels' FLOPs (FlashAttention-style fused
+    softmax: FA2 reaches 50-73 % of A100 peak forward, FA3 up to 75 % of H100's; below the GEMMs'
+    fraction at the head dims and prompt lengths of serving)."""
     roofline_p: float = Field(2.0, ge=1.0, le=16.0)
     """Smooth-roofline exponent: 1 adds memory and compute time, large ``p`` takes their max."""
     moe_tile_m: float = Field(16.0, ge=1.0, le=256.0)
@@ -183,6 +187,7 @@ class PassModel:
         bw = gpu.hbm_bandwidth * cfg.eta_mem
         self._flops_w = gpu.gemm_flops(spec.weight_dtype) * cfg.gemm_eta(str(spec.weight_dtype), gpu)
         self._flops_a = gpu.bf16_flops * cfg.eta_flops
+        self._flops_attn = gpu.bf16_flops * cfg.eta_attn
         # memory seconds = _mem_fixed + _mem_per_expert x experts touched + _mem_per_kv x KV tokens read
         self._mem_fixed = (fixed * wb + head * ab) / bw
         self._mem_per_expert = moe_layers * spec.expert_params() / tp * wb / bw
@@ -239,7 +244,7 @@ class PassModel:
         mem = self._mem_fixed + self._mem_per_expert * touched
         cmp = (2.0 * tokens * self._dense) / self._flops_w + 2.0 * seqs * self._head / self._flops_a
         attn_flops = (2.0 * decode_context * self._decode_width + prefill_attn * self._width) * self.layers / self.tp
-        attention = self._mem_per_kv * kv_read + attn_flops / self._flops_a
+        attention = self._mem_per_kv * kv_read + attn_flops / self._flops_attn
         if self._moe is not None and touched > 0:
             # grouped GEMM: each touched expert runs max(tokens it got, one tile) rows
             per_expert = tokens * self._moe.experts_per_token / touched

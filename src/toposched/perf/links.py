@@ -11,22 +11,28 @@ Keys (use them with ``--link`` and ``predict_latency(link=...)``):
     pcie4-nop2p    PCIe Gen4 with peer-to-peer off or across CPU sockets (the AIC L40S table)
     ib-hdr, ib-ndr, ib-xdr, roce-400, tcp-100   between nodes, one NIC per GPU
 
-All-reduce: ``alpha_us + S*2(n-1)/n / busbw`` per group size n. For the kinds with measured data
-the constants are the weighted least-squares fit (``perf/allreduce.py``) to
-reference/data/aiconfigurator_allreduce.csv, 16-bit rows; ``benchmarks/allreduce_fit.py`` refits
-them and prints the errors. Where a custom all-reduce table exists (vLLM / TRT-LLM with CUDA graphs,
-what TP decode really uses) the cost is the faster of custom and NCCL, as engines switch to NCCL
-for large messages. Group sizes between fitted ones are interpolated linearly in n; beyond the
-largest, alpha grows with (n - 1) (ring steps) and busbw stays.
+``two_level_link(inter, intra, gpus_per_node)`` joins the two for a TP group that spans nodes.
+
+All-reduce: for the kinds with measured data (reference/data/aiconfigurator_allreduce.csv, 16-bit
+rows) the measured curve itself, interpolated in log size (``allreduce.Curve``; the tables are in
+``allreduce_tables.py``; beyond the largest measured size the last doubling's bandwidth); the
+other kinds use their alpha-beta constants ``alpha_us + S*2(n-1)/n / busbw`` per group size n.
+``benchmarks/allreduce_fit.py`` refits the constants (weighted least squares), prints the errors
+and rewrites the tables. Where a custom all-reduce table exists (vLLM / TRT-LLM with CUDA graphs,
+what TP decode really uses) the cost is the faster of custom and NCCL, as engines switch to NCCL for
+large messages. Group sizes between measured ones are interpolated linearly in n; beyond the
+largest, the alpha-beta fit's growth is added (alpha grows with (n - 1), the ring steps; busbw
+stays).
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from functools import cache
 
-from toposched.errors import InfeasibleError
-from toposched.perf.allreduce import AlphaBeta
+from toposched.errors import InfeasibleError, InputError
+from toposched.perf.allreduce import AlphaBeta, Curve
+from toposched.perf.allreduce_tables import MEASURED
 from toposched.registry import Registry
 
 
@@ -38,10 +44,17 @@ class LinkSpec:
     description: str
     nccl: dict[int, AlphaBeta]  # all-reduce fits by group size
     custom: dict[int, AlphaBeta] = field(default_factory=dict)  # custom all-reduce (CUDA graphs)
+    nccl_measured: dict[int, Curve] = field(default_factory=dict)  # measured curves of ``nccl``'s series
+    custom_measured: dict[int, Curve] = field(default_factory=dict)  # measured curves of ``custom``'s
     p2p_alpha_us: float = 10.0  # AIC p2p_latency 10 µs (perf-anchors §0)
     p2p_bandwidth_gbps: float = 50.0
     max_group: int | None = None
     source: str = ""
+    intra: LinkSpec | None = None  # two-level: the link inside each node (``two_level_link``)
+    gpus_per_node: int = 0
+    switch_reduction: bool = False
+    """NVLink SHARP (NVLS): the NVSwitch reduces in the switch (third-generation NVSwitch, H100 on),
+    which lets NCCL pipeline a node's reduction with the network stage of a multi-node all-reduce."""
 
     def allreduce_us(self, nbytes: float, n: int) -> float:
         """Time of one all-reduce of ``nbytes`` across ``n`` GPUs joined by this link."""
@@ -49,9 +62,33 @@ class LinkSpec:
             return 0.0
         if self.max_group is not None and n > self.max_group:
             raise InfeasibleError(f"link {self.name!r} joins at most {self.max_group} GPUs, not {n}")
-        best = _at(self.nccl, n).time_us(nbytes, n)
+        if self.intra is not None:
+            return self._two_level_us(self.intra, nbytes, n)
+        return self._flat_us(nbytes, n)
+
+    def _two_level_us(self, intra: LinkSpec, nbytes: float, n: int) -> float:
+        """NCCL across nodes: reduce inside each node over ``intra``, all-reduce ``1/g`` of the message
+        per NIC across the nodes, broadcast inside the node. With in-switch reduction (NVLS trees) the
+        node and network stages are pipelined, so the slower one sets the pace and the faster adds
+        its latency (its time for one byte); without it they add."""
+        g = min(n, self.gpus_per_node)
+        if g == n:
+            return intra.allreduce_us(nbytes, n)
+        nodes = -(-n // g)
+        # NCCL runs both levels (an engine's custom all-reduce does not span nodes)
+        local, across = intra._nccl_us(nbytes, g), self._flat_us(nbytes / g, nodes)
+        if not intra.switch_reduction:
+            return local + across
+        fill = intra._nccl_us(1, g) if local < across else self._flat_us(1, nodes)
+        return max(local, across) + fill
+
+    def _nccl_us(self, nbytes: float, n: int) -> float:
+        return _time(self.nccl, self.nccl_measured, nbytes, n)
+
+    def _flat_us(self, nbytes: float, n: int) -> float:
+        best = self._nccl_us(nbytes, n)
         if self.custom:
-            best = min(best, _at(self.custom, n).time_us(nbytes, n))
+            best = min(best, _time(self.custom, self.custom_measured, nbytes, n))
         return best
 
     def p2p_us(self, nbytes: float) -> float:
@@ -73,6 +110,26 @@ def _at(table: dict[int, AlphaBeta], n: int) -> AlphaBeta:
     w = (n - lo) / (hi - lo)
     a, b = table[lo], table[hi]
     return AlphaBeta(a.alpha_us + w * (b.alpha_us - a.alpha_us), a.busbw_gbps + w * (b.busbw_gbps - a.busbw_gbps))
+
+
+def _time(fits: dict[int, AlphaBeta], curves: dict[int, Curve], nbytes: float, n: int) -> float:
+    """All-reduce time from the measured curves where there are some, else from the alpha-beta fits."""
+    if not curves:
+        return _at(fits, n).time_us(nbytes, n)
+    if n in curves:
+        return curves[n].time_us(nbytes, n)
+    sizes = sorted(curves)
+    if n < sizes[0]:
+        return curves[sizes[0]].time_us(nbytes, n)
+    if n > sizes[-1]:
+        top = sizes[-1]
+        grow = _at(fits, n).time_us(nbytes, n) - fits[top].time_us(nbytes, top)
+        return curves[top].time_us(nbytes, top) + grow
+    lo = max(s for s in sizes if s < n)
+    hi = min(s for s in sizes if s > n)
+    w = (n - lo) / (hi - lo)
+    t_lo, t_hi = curves[lo].time_us(nbytes, lo), curves[hi].time_us(nbytes, hi)
+    return t_lo + w * (t_hi - t_lo)
 
 
 def _ab(*rows: tuple[int, float, float]) -> dict[int, AlphaBeta]:
@@ -117,22 +174,26 @@ FITTED_SERIES: dict[str, dict[int, AlphaBeta]] = {
 LINKS_TABLE: tuple[LinkSpec, ...] = (
     LinkSpec(
         "nvlink3", "A100 NVSwitch (NVLink 3)", _A100_NCCL, _A100_CUSTOM,
+        MEASURED["a100_sxm_comm_nccl_2.27.3"], MEASURED["car_a100_sxm_comm_vllm_0.14.0:vllm_graph"],
         p2p_bandwidth_gbps=264.0,  # 88 % of 300 GB/s (STAS pairwise copy efficiency, perf-anchors §2)
         source="AIC a100_sxm nccl + vLLM 0.14 custom AR (fit)",
     ),
     LinkSpec(
         "nvlink4", "H100/H200 NVSwitch (NVLink 4)", _H100_NCCL, _H100_CUSTOM,
+        MEASURED["h100_sxm_comm_nccl_2.27.3"], MEASURED["car_h100_sxm_comm_vllm_0.19.0:vllm_graph"],
         p2p_bandwidth_gbps=396.0,  # 8x H200 pairwise copy 396.40 GB/s uni (perf-anchors §2)
+        switch_reduction=True,
         source="AIC h100_sxm nccl + vLLM 0.19 custom AR (fit)",
     ),
     LinkSpec(
-        "nvlink5", "B200 NVSwitch (NVLink 5)", _B200_NCCL,
+        "nvlink5", "B200 NVSwitch (NVLink 5)", _B200_NCCL, nccl_measured=MEASURED["b200_sxm_comm_nccl_2.27.3"],
         p2p_bandwidth_gbps=792.0,  # 88 % of 900 GB/s (STAS efficiency, perf-anchors §2)
+        switch_reduction=True,
         source="AIC b200_sxm nccl (fit); no custom AR table",
     ),
     LinkSpec(
-        "mnnvl", "multi-node NVLink (GB200 NVL72)", _B200_NCCL,
-        p2p_bandwidth_gbps=792.0,
+        "mnnvl", "multi-node NVLink (GB200 NVL72)", _B200_NCCL, nccl_measured=MEASURED["b200_sxm_comm_nccl_2.27.3"],
+        p2p_bandwidth_gbps=792.0, switch_reduction=True,
         source="no measured table: nvlink5 figures (assumption)",
     ),
     LinkSpec(
@@ -144,16 +205,19 @@ LINKS_TABLE: tuple[LinkSpec, ...] = (
     ),
     LinkSpec(
         "pcie4", "PCIe Gen4 only, P2P on (L40S box)", _L40S_P2P_NCCL,
+        nccl_measured={2: MEASURED["l40s_comm_nccl_2.27.3"][2]},  # n=2 measured; n=4/8 add the [D] fits' growth
         p2p_bandwidth_gbps=27.0,  # 88 % of Gen4 x16 31 GB/s (perf-anchors §2)
         source="AIC l40s nccl n=2 fit; n=4/8 scaled by the PCIe Gen5 box's busbw ratios [D]",
     ),
     LinkSpec(
         "pcie4-nop2p", "PCIe Gen4 only, P2P off or across sockets", _L40S_NCCL, _L40S_CUSTOM,
+        MEASURED["l40s_comm_nccl_2.27.3"], MEASURED["car_l40s_comm_vllm_0.22.0:vllm_graph"],
         p2p_bandwidth_gbps=27.0,
         source="AIC l40s nccl + vLLM custom AR (fit); 4/8-GPU data show P2P off (perf-anchors §1.3)",
     ),
     LinkSpec(
         "pcie5", "PCIe Gen5 only (RTX PRO 6000 box)", _RTXPRO_NCCL,
+        nccl_measured=MEASURED["rtx_pro_6000_server_comm_nccl_2.29.2"],
         p2p_bandwidth_gbps=55.4,  # Gen5 x16 measured 55.43 GB/s on H200 (perf-anchors §2)
         source="AIC rtx_pro_6000_server nccl (fit)",
     ),
@@ -189,6 +253,20 @@ LINKS_TABLE: tuple[LinkSpec, ...] = (
         source="perf-anchors §1.5 (nccl #450)",
     ),
 )  # fmt: skip
+
+
+@cache
+def two_level_link(inter: str, intra: str, gpus_per_node: int) -> LinkSpec:
+    """A TP group spanning nodes: ``gpus_per_node`` GPUs per node joined by ``intra``, the nodes by
+    ``inter`` (one NIC per GPU). Its all-reduce is the two-level one of ``LinkSpec._two_level_us``;
+    stage-to-stage hand-offs cross ``inter``."""
+    if gpus_per_node < 1:
+        raise InputError(f"gpus_per_node must be positive, got {gpus_per_node}")
+    outer, inner = get_link(inter), get_link(intra)
+    return replace(
+        outer, name=f"{outer.name}+{inner.name}x{gpus_per_node}", intra=inner, gpus_per_node=gpus_per_node,
+        description=f"{outer.description}; {gpus_per_node} GPUs per node over {inner.description}",
+    )  # fmt: skip
 
 
 @cache

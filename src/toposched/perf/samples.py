@@ -27,6 +27,10 @@ class Sample(BaseModel):
     kv_dtype: str | None = Field(default=None, max_length=40)
     link: str | None = Field(default=None, max_length=40, description="perf link key between TP ranks")
     batch: int = Field(default=1, ge=1, le=1_000_000, description="concurrency / running batch")
+    request_rate: float | None = Field(
+        default=None, gt=0, le=1e6, description="offered requests/s of an open-loop run; None: closed loop at batch"
+    )
+    num_requests: int | None = Field(default=None, ge=1, le=1_000_000_000, description="requests in the run")
     input_len: int = Field(ge=1, le=10_000_000)
     output_len: int = Field(ge=1, le=10_000_000)
     ttft_ms: float | None = Field(default=None, gt=0, le=1e9)
