@@ -253,3 +253,22 @@ def test_the_headroom_wait_is_bounded() -> None:
     assert small.copy is None or small.copy.placement.ranks[0].node == "hgx-h100-1"
     off, unit = _one_node_full(_crafted(keep_whole_domains=0))
     assert unit.state == "active" and not unit.held_headroom and compute(off)["held_for_headroom_rate"] == 0.0
+
+
+def test_nvlink_down_moves_the_gpu_out_of_its_domain() -> None:
+    from toposched.errors import InputError
+    from toposched.sim.scenario import load_cluster
+    from toposched.topology.domains import build_domain_map
+    from toposched.topology.faults import without_nvlink
+    from toposched.topology.model import Health, LinkKind
+
+    cluster = load_cluster("2xhgx-h100")
+    cut = without_nvlink(cluster, "hgx-h100-1/4")
+    node = cut.node("hgx-h100-1")
+    assert node.gpu(4).health is Health.DEGRADED
+    assert all(link.kind is not LinkKind.NVLINK for link in node.links if 4 in (link.a, link.b))
+    domains = build_domain_map(cut).gpu_domain
+    assert domains.get("hgx-h100-1/4") != domains["hgx-h100-1/5"] == domains["hgx-h100-1/0"]
+    assert cluster.node("hgx-h100-1").gpu(4).health is Health.OK  # the input is not changed
+    with pytest.raises(InputError, match="hgx-h100-9/0"):
+        without_nvlink(cluster, "hgx-h100-9/0")

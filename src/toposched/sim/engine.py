@@ -47,7 +47,7 @@ from toposched.sim.workload import SimRequest
 from toposched.solver.request import Placement, PlacementRequest, SloClass
 from toposched.solver.scheduler import Scheduler
 from toposched.solver.stepcost import step_cost
-from toposched.topology.model import Health, LinkKind, nominal_link
+from toposched.topology.faults import without_nvlink
 from toposched.workload.memory import MemoryConfig
 
 if TYPE_CHECKING:
@@ -492,25 +492,7 @@ class Simulation:
         """A GPU loses its NVLinks: it leaves its NVLink domain (the DomainMap changes) but can still
         serve alone. Its peers now reach it over PCIe (NODE within its NUMA node, SYS across).
         Returns the instances whose TP group used NVLink to it (they stop and are placed again)."""
-        node_name, _, index_text = ref.rpartition("/")
-        index = int(index_text)
-        cluster = self.scheduler.cluster
-        node = cluster.node(node_name)
-        numa = {g.index: g.numa_node for g in node.gpus}
-        links = []
-        for link in node.links:
-            if index in (link.a, link.b) and link.kind is LinkKind.NVLINK:
-                same = numa[link.a] is not None and numa[link.a] == numa[link.b]
-                kind = LinkKind.NODE if same else LinkKind.SYS
-                bandwidth, latency = nominal_link(kind)
-                link = link.model_copy(
-                    update={"kind": kind, "nvlinks": 0, "bandwidth_gbps": bandwidth, "latency_us": latency}
-                )
-            links.append(link)
-        gpus = tuple(g.model_copy(update={"health": Health.DEGRADED}) if g.index == index else g for g in node.gpus)
-        changed = node.model_copy(update={"links": tuple(links), "gpus": gpus})
-        nodes = tuple(changed if n.name == node_name else n for n in cluster.nodes)
-        self.scheduler.update_topology(cluster.model_copy(update={"nodes": nodes}))
+        self.scheduler.update_topology(without_nvlink(self.scheduler.cluster, ref))
         return [
             pid
             for pid, p in self.scheduler.placements.items()

@@ -48,7 +48,7 @@ from dataclasses import dataclass, field
 
 from ortools.sat.python import cp_model
 
-from toposched.errors import InfeasibleError, InputError
+from toposched.errors import InfeasibleError
 from toposched.solver.index import ClusterIndex, Group
 from toposched.solver.layout import layout_problem, per_node_choices
 from toposched.solver.locality import pick_in_group
@@ -138,7 +138,7 @@ def objective(
         refs = p.gpu_refs
         used.update(refs)
         cost += W_GPU * len(refs)
-        if not next(c for c in p.constraints if c.name == "slo").held:
+        if not p.check("slo").held:
             cost += W_SLO
         for s in range(p.pp):
             stage = [f"{r.node}/{r.gpu}" for r in p.ranks if r.stage == s]
@@ -184,12 +184,7 @@ def place_exact(
     outcome = Outcome()
     instances: list[_Instance] = []
     for request in requests:
-        if request.near_required and request.near not in scheduler.placements:
-            raise InputError(
-                f"near: placement {request.near!r} is not placed here, so nothing can be required near it",
-                fix="place it first, or make the affinity a preference (near_required false)",
-            )
-        scheduler._class_of[request.id] = request.slo_class
+        scheduler.admit(request)
         cands, dropped = scheduler.candidates(request)
         for replica, pid in enumerate(instance_ids(request.id, request.replicas)):
             existing = scheduler.placements.get(pid)
@@ -274,7 +269,7 @@ def _recheck(s: Scheduler, inst: _Instance, choice: _Choice) -> Assessment | str
     result = assess(
         s.index, cand.options, option, choice.stages, placement_id=inst.pid, request_id=inst.request.id,
         policy="exact", required_level=choice.level,
-        budget_left_gbps=s._class_budget_left(inst.request.slo_class),
+        budget_left_gbps=s.class_budget_left(inst.request.slo_class),
     )  # fmt: skip
     problems = [f"{c.name}: {c.detail}" for c in result.placement.constraints if not c.held and c.name != "slo"]
     layout = layout_problem(result.placement.ranks, option.tp)
@@ -456,7 +451,7 @@ def _option(
                 index, cand.options, option, [sample] * pp, placement_id="probe", request_id=request.id,
                 policy="exact", required_level=level, budget_left_gbps=float("inf"),
             )  # fmt: skip
-            capacity = next(c for c in probe.placement.constraints if c.name == "capacity")
+            capacity = probe.placement.check("capacity")
             if not capacity.held:
                 note.append(f"{what}: {capacity.detail}: not enough KV left")
                 return None
@@ -533,7 +528,7 @@ def _option(
     estimate = _traffic(model, request, option, ov, stage_in, out_flags, tpots, out_per_step, f"{i}_{o}")
     if out_per_step > 0:
         worst = out_per_step * 1000.0 / min(tpots)
-        left = s._class_budget_left(request.slo_class)
+        left = s.class_budget_left(request.slo_class)
         if worst > left:
             note.append(
                 f"{what}: a TP group spanning NVLink domains here moves about {worst:.2f} GB/s cross-domain, "
@@ -616,7 +611,7 @@ def _budget(model: cp_model.CpModel, s: Scheduler, traffic: dict[str, list[cp_mo
     if not traffic:
         return
     for cls, parts in traffic.items():
-        model.add(sum(parts) <= math.floor(s._class_budget_left(cls) * 1000))
+        model.add(sum(parts) <= math.floor(s.class_budget_left(cls) * 1000))
     total_left = max(0.0, s.budget_gbps - sum(s.cross_used.values()))
     model.add(sum(p for parts in traffic.values() for p in parts) <= math.floor(total_left * 1000))
 

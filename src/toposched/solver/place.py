@@ -19,6 +19,7 @@ from dataclasses import dataclass
 
 from toposched.perf.hardware import GpuSpec
 from toposched.perf.step import COMPRESSION_RATIO, COMPRESSION_US_PER_ALLREDUCE
+from toposched.solver.constraints import LEVEL_ORDER, CheckContext, run_checks
 from toposched.solver.experts import place_experts
 from toposched.solver.index import ClusterIndex, Group, LevelIndex
 from toposched.solver.layout import layout_problem, per_node_choices
@@ -26,7 +27,6 @@ from toposched.solver.locality import pick_in_group
 from toposched.solver.options import DegreeOption, OptionSet
 from toposched.solver.request import (
     SLO_CLASSES,
-    ConstraintCheck,
     ExpertReport,
     HbmShare,
     Placement,
@@ -373,14 +373,7 @@ def assess(
             overlap = OVERLAP_FRACTION
             tpot -= comm * OVERLAP_FRACTION
             ttft -= prefill_comm * OVERLAP_FRACTION
-    meets = (request.slo_tpot_ms is None or tpot <= request.slo_tpot_ms) and (
-        request.slo_ttft_ms is None or ttft <= request.slo_ttft_ms
-    )
-    level = max(
-        (index.tightest_level(stage) for stage in stages), key=["nvlink", "pcie-switch", "numa", "node", "none"].index
-    )
-    order = ["nvlink", "pcie-switch", "numa", "node", "none"]
-    affinity_held = required_level is None or order.index(level) <= order.index(required_level)
+    level = max((index.tightest_level(stage) for stage in stages), key=LEVEL_ORDER.index)
     mem = option.memory
     kv_bytes, kv_tokens, weights = max(mem.kv_budget_bytes, 0), mem.kv_tokens_capacity, mem.weights_bytes_per_gpu
     experts = _experts(request, option)
@@ -390,31 +383,20 @@ def assess(
         kv_bytes = max(kv_bytes - experts.extra_bytes_per_gpu, 0)
     seq_tokens = request.concurrent_seqs * request.max_model_len
     fits = mem.fits and (experts is None or kv_tokens >= min(seq_tokens, mem.kv_tokens_capacity))
-    checks = (
-        ConstraintCheck(
-            name="domain-affinity",
-            held=affinity_held,
-            detail=f"TP groups at level {level}" + (f" (required {required_level})" if required_level else ""),
-        ),
-        ConstraintCheck(
-            name="cross-domain-budget",
-            held=cross <= budget_left_gbps + 1e-9,
-            detail=f"{cross:.2f} GB/s cross-domain, {budget_left_gbps:.2f} GB/s left for class {request.slo_class}",
-        ),
-        ConstraintCheck(
-            name="capacity",
-            held=fits,
-            detail=f"{mem.budget_bytes / 2**30:.2f} GiB per GPU; KV holds {kv_tokens} tokens"
-            + (f" after {experts.replicas} hot-expert copies" if experts is not None and experts.replicas else ""),
-        ),
-        ConstraintCheck(
-            name="slo",
-            held=meets,
-            detail=f"TPOT {tpot:.2f} ms"
-            + (f" (SLO {request.slo_tpot_ms:g})" if request.slo_tpot_ms else "")
-            + f", TTFT {ttft:.1f} ms"
-            + (f" (SLO {request.slo_ttft_ms:g})" if request.slo_ttft_ms else ""),
-        ),
+    checks = run_checks(
+        CheckContext(
+            request=request,
+            level=level,
+            required_level=required_level,
+            cross_gbps=cross,
+            budget_left_gbps=budget_left_gbps,
+            fits=fits,
+            budget_gib=mem.budget_bytes / 2**30,
+            kv_tokens=kv_tokens,
+            expert_copies=experts.replicas if experts is not None else 0,
+            tpot_ms=tpot,
+            ttft_ms=ttft,
+        )
     )
     ranks = tuple(
         Rank(rank=s * option.tp + t, node=index.info[ref].node, gpu=index.info[ref].index, stage=s, tp_rank=t)
@@ -452,7 +434,7 @@ def assess(
         fallbacks=option.fallbacks,
         experts=experts,
     )
-    return Assessment(placement, meets, cross)
+    return Assessment(placement, placement.check("slo").held, cross)
 
 
 def _experts(request: PlacementRequest, option: DegreeOption) -> ExpertReport | None:

@@ -190,6 +190,13 @@ class Placement(BaseModel):
     fallbacks: tuple[str, ...] = ()
     experts: ExpertReport | None = None
 
+    def check(self, name: str) -> ConstraintCheck:
+        """The constraint check called ``name`` (``solver/constraints.py``); KeyError if it has none."""
+        for c in self.constraints:
+            if c.name == name:
+                return c
+        raise KeyError(f"placement {self.id} has no constraint check {name!r}")
+
     @property
     def gpu_refs(self) -> tuple[str, ...]:
         return tuple(f"{r.node}/{r.gpu}" for r in self.ranks)

@@ -26,6 +26,7 @@ from __future__ import annotations
 
 import dataclasses
 import random
+from collections import Counter
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from functools import partial
@@ -36,6 +37,7 @@ from toposched.ledger.base import GIB, Ledger, capacities_from_cluster
 from toposched.ledger.memory import MemoryLedger
 from toposched.perf.hardware import GpuSpec
 from toposched.registry import Registry
+from toposched.solver.constraints import FilterContext, first_failure, node_filters
 from toposched.solver.index import LEVELS, ClusterIndex, Group
 from toposched.solver.options import DegreeOption, OptionSet, build_options, gpu_type_for
 from toposched.solver.place import (
@@ -48,6 +50,7 @@ from toposched.solver.place import (
     fragmentation,
 )
 from toposched.solver.request import SLO_CLASSES, Placement, PlacementRequest, Unplaced, instance_ids
+from toposched.topology.domains import gpu_ref
 from toposched.topology.model import Cluster
 
 DEFAULT_BUDGET_GBPS = 256.0
@@ -103,10 +106,22 @@ class Scheduler:
         self._options: dict[tuple[Any, ...], tuple[list[Candidate], list[str]]] = {}
         self._cross_of: dict[str, tuple[str, float]] = {}  # placement id -> (SLO class, GB/s)
         self._class_of: dict[str, str] = {}  # request id -> SLO class
+        self.node_filters = node_filters(self.index.nodes)
 
     # ------------------------------------------------------------------ candidates
 
-    def _class_budget_left(self, slo_class: str) -> float:
+    def admit(self, request: PlacementRequest) -> None:
+        """Check what the request refers to and remember its SLO class (its placements' budget share).
+
+        Every decision path calls this first (``_decide`` here, ``place_exact``)."""
+        if request.near_required and request.near not in self.placements:
+            raise InputError(
+                f"near: placement {request.near!r} is not placed here, so nothing can be required near it",
+                fix="place it first, or make the affinity a preference (near_required false)",
+            )
+        self._class_of[request.id] = request.slo_class
+
+    def class_budget_left(self, slo_class: str) -> float:
         total_weight = sum(c.weight for c in SLO_CLASSES.values())
         share = self.budget_gbps * SLO_CLASSES[slo_class].weight / total_weight
         used_total = sum(self.cross_used.values())
@@ -170,33 +185,24 @@ class Scheduler:
             return (len(o.fallbacks), o.pp, o.gpus, -o.tp, cand.options.gpu.name)
         return (len(o.fallbacks), o.gpus, -o.tp, o.pp, cand.options.gpu.name)
 
+    def filter_context(
+        self, request: PlacementRequest, nodes: frozenset[str], replica_nodes: set[str], *, near_strict: bool = False
+    ) -> FilterContext:
+        near = self.placements.get(request.near) if request.near else None
+        return FilterContext(request, nodes, replica_nodes, near, near_strict)
+
     def group_filter(
         self, request: PlacementRequest, nodes: frozenset[str], replica_nodes: set[str], *, near_strict: bool = False
     ) -> Callable[[Group], bool]:
-        """Which groups this request may use: node type, selectors, racks/zones, spreading, role affinity."""
-
-        def ok_node(name: str) -> bool:
-            node = self.index.nodes[name]
-            if name not in nodes:
-                return False
-            if any(node.labels.get(k) != v for k, v in request.node_selector.items()):
-                return False
-            if request.racks is not None and node.rack not in request.racks:
-                return False
-            if request.zones is not None and node.zone not in request.zones:
-                return False
-            if request.spread_replicas and name in replica_nodes:
-                return False
-            near = self.placements.get(request.near) if request.near else None
-            if near is not None and (request.near_required or near_strict):
-                return self._near(near, node.name, request.near_level)
-            return True
-
-        return lambda group: all(ok_node(n) for n in group.nodes)
+        """Which groups this request may use: every node of the group passes every node filter
+        (``solver/constraints.py``: GPU type, selectors, racks/zones, spreading, role affinity)."""
+        ctx = self.filter_context(request, nodes, replica_nodes, near_strict=near_strict)
+        filters, by_name = self.node_filters, self.index.nodes
+        return lambda group: all(first_failure(filters, ctx, by_name[n]).ok for n in group.nodes)
 
     def filters_nothing(self, request: PlacementRequest, nodes: frozenset[str]) -> bool:
         """Whether ``group_filter(request, nodes, ...)`` would accept every node (so callers on a hot
-        path need not call it per group). Keep in step with ``group_filter``'s conditions."""
+        path need not call it per group). Keep in step with ``constraints.node_filters``."""
         return (
             not request.node_selector
             and request.racks is None
@@ -205,18 +211,6 @@ class Scheduler:
             and not request.near
             and len(nodes) == len(self.index.nodes)
         )
-
-    def _near(self, other: Placement, node: str, level: str) -> bool:
-        mine = self.index.nodes[node]
-        for rank in other.ranks:
-            theirs = self.index.nodes[rank.node]
-            if level == "node" and theirs.name == mine.name:
-                return True
-            if level == "rack" and theirs.rack is not None and theirs.rack == mine.rack:
-                return True
-            if level == "zone" and theirs.zone is not None and theirs.zone == mine.zone:
-                return True
-        return False
 
     # ------------------------------------------------------------------ placing
 
@@ -242,12 +236,7 @@ class Scheduler:
         self, request: PlacementRequest, choose: Policy, take: Callable[[Assessment], None], outcome: Outcome
     ) -> None:
         """The replica loop of one request: ids already placed are reused, each new choice goes to ``take``."""
-        if request.near_required and request.near not in self.placements:
-            raise InputError(
-                f"near: placement {request.near!r} is not placed here, so nothing can be required near it",
-                fix="place it first, or make the affinity a preference (near_required false)",
-            )
-        self._class_of[request.id] = request.slo_class
+        self.admit(request)
         replica_nodes: set[str] = set()
         for replica, pid in enumerate(instance_ids(request.id, request.replicas)):
             existing = self.placements.get(pid)
@@ -400,6 +389,7 @@ class Scheduler:
         held = set(self.index.info) - self.index.free
         self.cluster = cluster
         self.index = ClusterIndex(cluster, busy=held | self.failed)
+        self.node_filters = node_filters(self.index.nodes)
 
     def release(self, placement_id: str) -> bool:
         placement = self.placements.pop(placement_id, None)
@@ -411,14 +401,51 @@ class Scheduler:
         self.cross_used[cls] = max(0.0, self.cross_used.get(cls, 0.0) - gbps)
         return True
 
-    def why_not(self, need: int) -> list[str]:
-        """Per-domain/node reasons when no group has room."""
-        reasons: list[str] = []
-        for node in self.cluster.nodes[:32]:
-            free = [g.index for g in node.gpus if f"{node.name}/{g.index}" in self.index.free]
-            reasons.append(f"node {node.name}: {len(free)} free GPU(s) {free}, need groups of {need}")
-        if len(self.cluster.nodes) > 32:
-            reasons.append(f"... and {len(self.cluster.nodes) - 32} more nodes")
+    def why_not(
+        self,
+        need: int,
+        request: PlacementRequest | None = None,
+        nodes: frozenset[str] | None = None,
+        level: str = "nvlink",
+    ) -> list[str]:
+        """Why no group of ``level`` has ``need`` free GPUs for ``request``, over *every* node.
+
+        Each node gets one verdict: the first node filter that rules it out (``constraints.py``), a
+        failed GPU, or the most free GPUs it has in one group of ``level``. The verdicts are counted
+        (one line per reason, most common first, as the Kubernetes scheduler reports "0/N nodes are
+        available"), then the nodes that came closest are listed with their free GPUs.
+        """
+        ctx = None
+        if request is not None:
+            ctx = self.filter_context(request, nodes if nodes is not None else frozenset(self.index.nodes), set())
+        level_index = self.index.levels[level]
+        room: dict[str, int] = {}
+        counts: Counter[str] = Counter()
+        example: dict[str, str] = {}
+        for node in self.cluster.nodes:
+            status = first_failure(self.node_filters, ctx, node) if ctx is not None else None
+            if status is not None and not status.ok:
+                key = f"excluded by {status.plugin}"
+                counts[key] += 1
+                example.setdefault(key, f"{node.name}: {status.reason}")
+                continue
+            refs = [gpu_ref(node.name, g.index) for g in node.gpus]
+            most = max((level_index.free_count[g] for ref in refs for g in level_index.of_gpu.get(ref, ())), default=0)
+            room[node.name] = most
+            failed = sum(1 for ref in refs if ref in self.failed)
+            if failed:
+                counts[f"with {failed} failed GPU(s) and at most {most} free in one {level} group"] += 1
+            else:
+                counts[f"with at most {most} free GPU(s) in one {level} group"] += 1
+        total = len(self.cluster.nodes)
+        reasons = [f"0/{total:,} nodes have {need} free GPUs in one {level} group for this request:"]
+        for why, n in sorted(counts.items(), key=lambda kv: (-kv[1], kv[0])):
+            reasons.append(f"  {n:,} node(s) {why}" + (f" (e.g. {example[why]})" if why in example else ""))
+        closest = sorted(room, key=lambda name: -room[name])[:8]
+        for name in closest:
+            node = self.index.nodes[name]
+            free = [g.index for g in node.gpus if gpu_ref(name, g.index) in self.index.free]
+            reasons.append(f"node {name}: {len(free)} free GPU(s) {free}, need groups of {need}")
         return reasons
 
 
@@ -435,7 +462,7 @@ def _search(
     cands, dropped = s.candidates(request)
     reasons = list(dropped)
     best_violating: Assessment | None = None
-    budget_left = s._class_budget_left(request.slo_class)
+    budget_left = s.class_budget_left(request.slo_class)
     winner: tuple[Assessment, tuple[int, int], tuple[Any, ...]] | None = None
     for cand in order(cands):
         option = cand.option
@@ -464,7 +491,7 @@ def _search(
             s.index, cand.options, option, stages, placement_id=pid, request_id=request.id, policy=policy,
             required_level=level, budget_left_gbps=budget_left,
         )  # fmt: skip
-        capacity = next(c for c in result.placement.constraints if c.name == "capacity")
+        capacity = result.placement.check("capacity")
         if not capacity.held:
             reasons.append(f"tp={option.tp} pp={option.pp}: {capacity.detail}: not enough KV left")
             continue
@@ -483,7 +510,7 @@ def _search(
             continue
         if best_violating is None or result.placement.tpot_ms < best_violating.placement.tpot_ms:
             best_violating = result
-        reasons.append(f"tp={option.tp} pp={option.pp}: {result.placement.constraints[3].detail}")
+        reasons.append(f"tp={option.tp} pp={option.pp}: {result.placement.check('slo').detail}")
     if winner is not None:
         return winner[0]
     if request.allow_cross_domain:
@@ -498,7 +525,9 @@ def _search(
     if not cands:
         reasons.append(f"{request.model} fits no degree within the limits (max pp {request.max_pp})")
     else:
-        reasons.extend(s.why_not(cands[0].option.tp))
+        first = cands[0]
+        level = s.index.resolve_level(request.affinity, first.option.tp)
+        reasons.extend(s.why_not(first.option.tp, request, first.nodes, level))
     return Unplaced(request_id=request.id, replica=0, status="queued" if cands else "rejected", reasons=tuple(reasons))
 
 
