@@ -96,16 +96,19 @@ class LevelIndex:
         partly used group before it breaks a wholly free one of the same room. With ``keep_whole``
         every partly used group comes before every wholly free one (``Scheduler.place_batch`` tries
         both orders on a batch and keeps the better outcome).
+
+        The buckets are iterated in place (a copy of each was O(groups) per decision, the part of a
+        decision that grew with the cluster, issue 17): callers take or give no GPU while iterating.
         """
         if self.keep_whole:
             for count in range(max(size, 1), self.max_size + 1):
-                yield from list(self.buckets[count])
+                yield from self.buckets[count]
             for count in range(max(size, 1), self.max_size + 1):
-                yield from list(self.whole[count])
+                yield from self.whole[count]
             return
         for count in range(max(size, 1), self.max_size + 1):
-            yield from list(self.buckets[count])
-            yield from list(self.whole[count])
+            yield from self.buckets[count]
+            yield from self.whole[count]
 
     def largest_group(self) -> int:
         return self.max_size
