@@ -60,7 +60,7 @@ def test_release_gives_the_budget_back() -> None:
     (p,) = s.place(tp8(allow_cross_domain=True)).placements
     assert sum(s.cross_used.values()) > 0
     assert s.release(p.id) is True
-    assert sum(s.cross_used.values()) == 0 and s._class_budget_left("batch") == pytest.approx(256.0 / 15)
+    assert sum(s.cross_used.values()) == 0 and s.class_budget_left("batch") == pytest.approx(256.0 / 15)
     assert s.index.free == free_before and s.ledger.reservations() == []
 
 
