@@ -1,16 +1,22 @@
 """Reservations per second of each persistent ledger backend with 1, 4 and 16 client processes.
 
-    .venv/bin/python benchmarks/ledger_bench.py [--ops N] [--repeat R] [--endpoint http://HOST:PORT]
+    .venv/bin/python benchmarks/ledger_bench.py [--ops N] [--repeat R] [--backend sqlite|etcd|both]
+                                                [--clients 1,4,16] [--endpoint http://HOST:PORT]
 
 Each figure is the median of R runs (default 3) of the stress load generator (``toposched ledger
 stress``: 55 % reserve, 35 % release, 10 % renew on 8 GPUs, with the independent checker running).
-``reservations/s`` counts successful bookings; ``ops/s`` every call. Without ``--endpoint`` an etcd
-(``/usr/bin/etcd``) is started on free loopback ports in a temporary folder and stopped afterwards.
+``reservations/s`` counts successful bookings; ``ops/s`` every call. CPU per operation, in ms:
+``client`` is the client processes and the checker together (their rusage), ``etcd`` the etcd
+server's (from ``/proc``; only when the script started it). On a machine with few cores the wall
+figures are bounded by the sum of the two. Without ``--endpoint`` an etcd (``/usr/bin/etcd``) is
+started on free loopback ports in a temporary folder and stopped afterwards.
 """
 
 from __future__ import annotations
 
 import argparse
+import os
+import resource
 import shutil
 import socket
 import statistics
@@ -18,6 +24,7 @@ import subprocess
 import tempfile
 import time
 from pathlib import Path
+from typing import Any
 
 import httpx
 
@@ -57,27 +64,65 @@ def start_etcd(data: Path) -> tuple[subprocess.Popen[bytes], str]:
     raise SystemExit(f"etcd did not start at {client}")
 
 
+def process_cpu_s(pid: int) -> float:
+    """User + system CPU seconds of a running process (Linux ``/proc``)."""
+    fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+
+def children_cpu_s() -> float:
+    usage = resource.getrusage(resource.RUSAGE_CHILDREN)
+    return usage.ru_utime + usage.ru_stime
+
+
+def measured_run(cfg: StressConfig, server_pid: int | None) -> dict[str, Any]:
+    """One stress run, with the CPU its processes (and the etcd server, if ours) spent per operation."""
+    server_before = process_cpu_s(server_pid) if server_pid else 0.0
+    clients_before = children_cpu_s()
+    result = run_stress(cfg)
+    ops = max(1, result["ops"])
+    result["client_cpu_ms"] = (children_cpu_s() - clients_before) / ops * 1e3
+    result["server_cpu_ms"] = (process_cpu_s(server_pid) - server_before) / ops * 1e3 if server_pid else None
+    return result
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--ops", type=int, default=2000, help="operations per run, in total")
     parser.add_argument("--repeat", type=int, default=3)
+    parser.add_argument("--backend", choices=("sqlite", "etcd", "both"), default="both")
+    parser.add_argument("--clients", default="1,4,16", help="client process counts, comma-separated")
     parser.add_argument("--endpoint", help="an etcd to use instead of starting one")
     args = parser.parse_args()
+    backends = ("sqlite", "etcd") if args.backend == "both" else (args.backend,)
+    counts = [int(c) for c in args.clients.split(",")]
     with tempfile.TemporaryDirectory() as tmp:
-        proc, endpoint = (None, args.endpoint) if args.endpoint else start_etcd(Path(tmp) / "etcd")
+        need_etcd = "etcd" in backends and not args.endpoint
+        proc, endpoint = start_etcd(Path(tmp) / "etcd") if need_etcd else (None, args.endpoint)
         try:
-            print(f"{'backend':8} {'clients':>7} {'reservations/s':>15} {'ops/s':>9} {'double':>7} {'lost':>5}")
-            for backend in ("sqlite", "etcd"):
-                for clients in (1, 4, 16):
+            print(
+                f"{'backend':8} {'clients':>7} {'reservations/s':>15} {'ops/s':>9} {'double':>7} {'lost':>5} "
+                f"{'client CPU ms/op':>17} {'etcd CPU ms/op':>15}"
+            )
+            for backend in backends:
+                server = proc.pid if backend == "etcd" and proc is not None else None
+                for clients in counts:
                     runs = []
                     for i in range(args.repeat):
                         url = f"sqlite:{tmp}/{clients}-{i}.sqlite3" if backend == "sqlite" else f"etcd:{endpoint}/b{i}"
-                        runs.append(run_stress(StressConfig(url=url, clients=clients, ops=args.ops, seed=i)))
+                        cfg = StressConfig(url=url, clients=clients, ops=args.ops, seed=i)
+                        runs.append(measured_run(cfg, server))
                     res = statistics.median(r["reservations_per_s"] for r in runs)
                     ops = statistics.median(r["ops_per_s"] for r in runs)
                     bad = sum(r["double_bookings"] for r in runs)
                     lost = sum(r["lost"] for r in runs)
-                    print(f"{backend:8} {clients:>7} {res:>15.0f} {ops:>9.0f} {bad:>7} {lost:>5}", flush=True)
+                    client_cpu = statistics.median(r["client_cpu_ms"] for r in runs)
+                    server_cpu = "-" if server is None else f"{statistics.median(r['server_cpu_ms'] for r in runs):.2f}"
+                    print(
+                        f"{backend:8} {clients:>7} {res:>15.0f} {ops:>9.0f} {bad:>7} {lost:>5} "
+                        f"{client_cpu:>17.2f} {server_cpu:>15}",
+                        flush=True,
+                    )
         finally:
             if proc is not None:
                 proc.terminate()

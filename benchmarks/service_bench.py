@@ -1,35 +1,47 @@
-"""Loopback load test of ``toposched serve``: place + release pairs per second, SQLite and etcd.
+"""Load test of ``toposched serve``: create + delete pairs from an async client, with the server's CPU per pair.
 
-    .venv/bin/python benchmarks/service_bench.py [--pairs 4000] [--clients 4] [--backend sqlite|etcd|both]
+    .venv/bin/python benchmarks/service_bench.py [--backend sqlite|etcd|both] [--concurrency 1,8,32]
+        [--pairs 600] [--repeat 3] [--gpus 256] [--live-gpus 1280] [--live 1000] [--json]
 
-Starts one server (``--preset hgx-h100``) on a free loopback port for each backend (etcd: Debian's
-``/usr/bin/etcd`` on free ports in a temporary folder), then ``--clients`` processes each run a share of
-``--pairs`` sequential ``POST /v1/placements`` + ``DELETE /v1/placements/{id}`` pairs on one keep-alive
-connection (``http.client``: the lightest client, so the figure is the server's). Every answer is checked
-(201 then 200). Prints one line per backend; ``--json`` prints the figures as JSON. Bounded: at most
-``--pairs`` pairs, at most ``--timeout`` seconds per backend.
+Starts one server (``toposched serve``: uvicorn, a process of its own) per backend and cluster on a free
+loopback port, on a cluster spec of HGX H100 nodes (SQLite state in a temporary folder; etcd: Debian's
+``/usr/bin/etcd`` on free loopback ports). The client is this process: ``httpx.AsyncClient`` with as many
+tasks (and keep-alive connections) as the concurrency, each running ``POST /v1/placements`` (llama-3.1-8b,
+one GPU) then ``DELETE /v1/placements/{id}``; every answer is checked (201 then 200).
+
+Why the server's CPU: on a machine with few cores the client's own CPU slows the server down, so pairs
+per second measure both. ``server ms/pair`` is the server process's CPU (user + system, from ``/proc``)
+over a measured run divided by its pairs: the figure the service is judged by. It includes the
+server's background ticks during the run. ``client ms/pair`` is this process's CPU, for comparison.
+
+Rows: the ``--gpus`` cluster with no other placement at each concurrency, then the ``--live-gpus``
+cluster with no other placement and with ``--live`` placements held (booked before the measured runs)
+at the middle concurrency, so the CPU per pair can be compared as live placements grow. Each figure is
+the median of ``--repeat`` runs of ``--pairs`` pairs on the same server, after a warm-up run.
 """
 
 from __future__ import annotations
 
 import argparse
-import http.client
+import asyncio
 import json
-import multiprocessing
 import os
 import shutil
 import signal
 import socket
+import statistics
 import subprocess
 import sys
 import tempfile
 import time
 from pathlib import Path
+from typing import Any
 
 import httpx
 
 TOKEN = "bench-token-0123456789"
-BODY = json.dumps({"model": "llama-3.1-8b", "replicas": 1})
+HEADERS = {"Authorization": f"Bearer {TOKEN}"}
+GPUS_PER_NODE = 8  # an HGX H100 node
 
 
 def free_port() -> int:
@@ -38,24 +50,30 @@ def free_port() -> int:
         return int(sock.getsockname()[1])
 
 
-def wait_ready(url: str, proc: subprocess.Popen[bytes], seconds: float = 30.0) -> None:
+def process_cpu_s(pid: int) -> float:
+    """User + system CPU seconds of a running process (Linux ``/proc``)."""
+    fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+
+def wait_ready(check: str, proc: subprocess.Popen[bytes], *, post: bool = False, seconds: float = 60.0) -> None:
     deadline = time.monotonic() + seconds
     while time.monotonic() < deadline:
         if proc.poll() is not None:
-            raise SystemExit(f"{url}: the process exited with {proc.returncode}")
+            raise SystemExit(f"{check}: the process exited with {proc.returncode}")
         try:
-            if httpx.get(url, timeout=1).status_code == 200:
+            answer = httpx.post(check, json={"key": "eA=="}, timeout=1) if post else httpx.get(check, timeout=1)
+            if answer.status_code == 200:
                 return
         except httpx.TransportError:
             pass
         time.sleep(0.1)
-    raise SystemExit(f"{url} did not answer within {seconds:g} s")
+    raise SystemExit(f"{check} did not answer within {seconds:g} s")
 
 
 def start_etcd(folder: Path) -> tuple[subprocess.Popen[bytes], str]:
     binary = shutil.which("etcd") or "/usr/bin/etcd"
-    client, peer = free_port(), free_port()
-    url, peer_url = f"http://127.0.0.1:{client}", f"http://127.0.0.1:{peer}"
+    url, peer_url = f"http://127.0.0.1:{free_port()}", f"http://127.0.0.1:{free_port()}"
     proc = subprocess.Popen(
         [
             binary, "--name=bench", f"--data-dir={folder / 'etcd'}", f"--listen-client-urls={url}",
@@ -65,77 +83,36 @@ def start_etcd(folder: Path) -> tuple[subprocess.Popen[bytes], str]:
         stdout=subprocess.DEVNULL,
         stderr=subprocess.DEVNULL,
     )  # fmt: skip
-    wait_ready_etcd(url, proc)
+    wait_ready(f"{url}/v3/kv/range", proc, post=True)
     return proc, url
 
 
-def wait_ready_etcd(url: str, proc: subprocess.Popen[bytes]) -> None:
-    deadline = time.monotonic() + 20
-    while time.monotonic() < deadline:
-        if proc.poll() is not None:
-            raise SystemExit("etcd exited")
-        try:
-            if httpx.post(f"{url}/v3/kv/range", json={"key": "eA=="}, timeout=1).status_code == 200:
-                return
-        except httpx.TransportError:
-            pass
-        time.sleep(0.1)
-    raise SystemExit("etcd did not start")
+def cluster_spec(folder: Path, gpus: int) -> Path:
+    """A cluster spec of ``gpus / 8`` HGX H100 nodes (as ``cluster-32x-hgx-h100`` for 256)."""
+    if gpus % GPUS_PER_NODE:
+        raise SystemExit(f"--gpus {gpus}: give a multiple of {GPUS_PER_NODE} (whole HGX H100 nodes)")
+    path = folder / f"cluster-{gpus}.yaml"
+    path.write_text(
+        "name: bench\nfabric: {kind: IB, nic_gbps: 50, nics_per_node: 8, rail_optimized: true}\n"
+        f'nodes:\n  - {{name: "gpu-{{i:04d}}", count: {gpus // GPUS_PER_NODE}, preset: hgx-h100, '
+        "rack: rack0, zone: zone-a}\n"
+    )
+    return path
 
 
-def start_server(state: str, port: int, folder: Path) -> subprocess.Popen[bytes]:
+def start_server(state: str, spec: Path, folder: Path) -> tuple[subprocess.Popen[bytes], str]:
     exe = Path(sys.executable).parent / "toposched"
-    env = {**os.environ, "TOPOSCHED_API_TOKEN": TOKEN}
+    port = free_port()
     log = open(folder / f"serve-{port}.log", "wb")  # noqa: SIM115 (lives as long as the process)
     proc = subprocess.Popen(
-        [str(exe), "serve", "--port", str(port), "--preset", "hgx-h100", "--state", state],
-        env=env,
+        [str(exe), "serve", "--port", str(port), "--cluster", str(spec), "--state", state],
+        env={**os.environ, "TOPOSCHED_API_TOKEN": TOKEN},
         stdout=log,
         stderr=subprocess.STDOUT,
     )
-    wait_ready(f"http://127.0.0.1:{port}/readyz", proc)
-    return proc
-
-
-def client(port: int, n: int, prefix: str, out: multiprocessing.Queue[tuple[int, int]]) -> None:
-    """``n`` place+release pairs on one keep-alive connection; reports (good pairs, bad answers)."""
-    conn = http.client.HTTPConnection("127.0.0.1", port, timeout=30)
-    headers = {"Authorization": f"Bearer {TOKEN}", "Content-Type": "application/json"}
-    good = bad = 0
-    for i in range(n):
-        body = json.dumps({"model": "llama-3.1-8b", "replicas": 1, "id": f"{prefix}-{i}"})
-        conn.request("POST", "/v1/placements", body, headers)
-        r = conn.getresponse()
-        data = r.read()
-        if r.status != 201:
-            bad += 1
-            continue
-        pid = json.loads(data)["id"]
-        conn.request("DELETE", f"/v1/placements/{pid}", headers=headers)
-        r = conn.getresponse()
-        r.read()
-        good += r.status == 200
-        bad += r.status != 200
-    out.put((good, bad))
-
-
-def run_load(port: int, pairs: int, clients: int, timeout: float) -> dict[str, float]:
-    ctx = multiprocessing.get_context("fork")
-    out: multiprocessing.Queue[tuple[int, int]] = ctx.Queue()
-    share = [pairs // clients + (1 if k < pairs % clients else 0) for k in range(clients)]
-    procs = [
-        ctx.Process(target=client, args=(port, share[k], f"c{k}-{time.monotonic_ns()}", out)) for k in range(clients)
-    ]
-    started = time.perf_counter()
-    for p in procs:
-        p.start()
-    results = [out.get(timeout=timeout) for _ in procs]
-    seconds = time.perf_counter() - started
-    for p in procs:
-        p.join(5)
-    good = sum(g for g, _ in results)
-    bad = sum(b for _, b in results)
-    return {"pairs": good, "bad_answers": bad, "seconds": round(seconds, 3), "pairs_per_s": round(good / seconds, 1)}
+    url = f"http://127.0.0.1:{port}"
+    wait_ready(f"{url}/readyz", proc)
+    return proc, url
 
 
 def stop(proc: subprocess.Popen[bytes]) -> None:
@@ -148,49 +125,125 @@ def stop(proc: subprocess.Popen[bytes]) -> None:
             proc.wait()
 
 
-def bench(backend: str, pairs: int, clients: int, timeout: float) -> dict[str, float]:
+async def _pairs(client: httpx.AsyncClient, ids: list[str], bad: list[str]) -> None:
+    """Create and delete each of ``ids`` in turn; wrong answers go to ``bad``."""
+    for pid in ids:
+        body = {"model": "llama-3.1-8b", "replicas": 1, "id": pid}
+        created = await client.post("/v1/placements", json=body)
+        if created.status_code != 201:
+            bad.append(f"POST {pid}: {created.status_code} {created.text[:200]}")
+            continue
+        deleted = await client.delete(f"/v1/placements/{pid}")
+        if deleted.status_code != 200:
+            bad.append(f"DELETE {pid}: {deleted.status_code} {deleted.text[:200]}")
+
+
+async def _hold(client: httpx.AsyncClient, ids: list[str], bad: list[str]) -> None:
+    for pid in ids:
+        created = await client.post("/v1/placements", json={"model": "llama-3.1-8b", "replicas": 1, "id": pid})
+        if created.status_code != 201:
+            bad.append(f"POST {pid}: {created.status_code} {created.text[:200]}")
+
+
+async def load(url: str, prefix: str, pairs: int, concurrency: int, *, hold: bool = False) -> list[str]:
+    """``pairs`` create + delete pairs (or, with ``hold``, creates only) by ``concurrency`` tasks; the
+    wrong answers."""
+    limits = httpx.Limits(max_connections=concurrency, max_keepalive_connections=concurrency)
+    bad: list[str] = []
+    async with httpx.AsyncClient(base_url=url, headers=HEADERS, limits=limits, timeout=60) as client:
+        shares = [[f"{prefix}-{k}-{i}" for i in range(k, pairs, concurrency)] for k in range(concurrency)]
+        await asyncio.gather(*((_hold if hold else _pairs)(client, ids, bad) for ids in shares))
+    return bad
+
+
+def measure(server: subprocess.Popen[bytes], url: str, run: str, pairs: int, concurrency: int) -> dict[str, float]:
+    """One measured run: wall seconds and the server's and this client's CPU."""
+    server_cpu, client_cpu, began = process_cpu_s(server.pid), time.process_time(), time.perf_counter()
+    bad = asyncio.run(load(url, run, pairs, concurrency))
+    seconds = time.perf_counter() - began
+    if bad:
+        raise SystemExit(f"{len(bad)} wrong answers, first: {bad[0]}")
+    return {
+        "pairs_per_s": pairs / seconds,
+        "server_ms": (process_cpu_s(server.pid) - server_cpu) / pairs * 1e3,
+        "client_ms": (time.process_time() - client_cpu) / pairs * 1e3,
+    }
+
+
+def bench(
+    backend: str, gpus: int, live: int, concurrencies: list[int], pairs: int, repeat: int, *, show: bool
+) -> list[dict[str, Any]]:
+    """The rows of one server: ``live`` placements held, then each concurrency."""
+    if live + max(concurrencies) > gpus:
+        raise SystemExit(f"{live} live placements and {max(concurrencies)} in flight need more than {gpus} GPUs")
     with tempfile.TemporaryDirectory(prefix="toposched-bench-") as tmp:
         folder = Path(tmp)
         etcd = None
         if backend == "etcd":
-            etcd, url = start_etcd(folder)
-            state = f"etcd:{url}/bench"
+            etcd, etcd_url = start_etcd(folder)
+            state = f"etcd:{etcd_url}/bench"
         else:
             state = f"sqlite:{folder / 'state.sqlite3'}"
-        port = free_port()
-        server = start_server(state, port, folder)
+        server, url = start_server(state, cluster_spec(folder, gpus), folder)
         try:
-            run_load(port, min(50, pairs), 1, timeout)  # warm up (catalog, candidates cache, connections)
-            return {"backend": backend, "clients": clients, **run_load(port, pairs, clients, timeout)}  # type: ignore[dict-item]
+            bad = asyncio.run(load(url, "held", live, 8, hold=True)) if live else []
+            if bad:
+                raise SystemExit(f"booking the live placements: {bad[0]}")
+            rows = []
+            for concurrency in concurrencies:
+                measure(server, url, f"warm-{concurrency}", min(pairs, 100), concurrency)
+                runs = [measure(server, url, f"c{concurrency}-r{r}", pairs, concurrency) for r in range(repeat)]
+                row: dict[str, Any] = {"backend": backend, "gpus": gpus, "live": live, "concurrency": concurrency}
+                row |= {key: statistics.median(r[key] for r in runs) for key in runs[0]}
+                rows.append(row)
+                if show:
+                    print(format_row(row), flush=True)
+            return rows
         finally:
             stop(server)
             if etcd is not None:
                 stop(etcd)
 
 
+HEADER = (
+    f"{'backend':8} {'GPUs':>5} {'live':>5} {'concurrency':>11} {'pairs/s':>8} {'server ms/pair':>15} "
+    f"{'client ms/pair':>15}"
+)
+
+
+def format_row(r: dict[str, Any]) -> str:
+    return (
+        f"{r['backend']:8} {r['gpus']:>5} {r['live']:>5} {r['concurrency']:>11} {r['pairs_per_s']:>8.0f} "
+        f"{r['server_ms']:>15.3f} {r['client_ms']:>15.3f}"
+    )
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--pairs", type=int, default=4000)
-    parser.add_argument("--etcd-pairs", type=int, default=600, help="pairs for etcd (slower: fsync per change)")
-    parser.add_argument("--clients", type=int, default=4)
-    parser.add_argument("--backend", choices=("sqlite", "etcd", "both"), default="both")
-    parser.add_argument("--timeout", type=float, default=300.0)
+    parser.add_argument("--backend", choices=("sqlite", "etcd", "both"), default="sqlite")
+    parser.add_argument("--concurrency", default="1,8,32", help="client tasks, comma-separated")
+    parser.add_argument("--pairs", type=int, default=600, help="pairs per measured run")
+    parser.add_argument("--etcd-pairs", type=int, default=200, help="pairs per run for etcd (fsync per change)")
+    parser.add_argument("--repeat", type=int, default=3)
+    parser.add_argument("--gpus", type=int, default=256)
+    parser.add_argument("--live-gpus", type=int, default=1280, help="the cluster for the live-placement rows")
+    parser.add_argument("--live", type=int, default=1000, help="placements held in the live rows (0: skip them)")
     parser.add_argument("--json", action="store_true")
     args = parser.parse_args()
-    backends = ("sqlite", "etcd") if args.backend == "both" else (args.backend,)
+    concurrencies = [int(c) for c in args.concurrency.split(",")]
+    middle = concurrencies[len(concurrencies) // 2]
     rows = []
-    for backend in backends:
+    if not args.json:
+        print(HEADER, flush=True)
+    for backend in ("sqlite", "etcd") if args.backend == "both" else (args.backend,):
         pairs = args.pairs if backend == "sqlite" else args.etcd_pairs
-        rows.append(bench(backend, pairs, args.clients, args.timeout))
+        show = not args.json
+        rows += bench(backend, args.gpus, 0, concurrencies, pairs, args.repeat, show=show)
+        if args.live:
+            rows += bench(backend, args.live_gpus, 0, [middle], pairs, args.repeat, show=show)
+            rows += bench(backend, args.live_gpus, args.live, [middle], pairs, args.repeat, show=show)
     if args.json:
         print(json.dumps(rows, indent=2))
-        return
-    print(f"{'backend':8} {'clients':>7} {'pairs':>6} {'seconds':>8} {'pairs/s':>8} {'bad':>4}")
-    for r in rows:
-        print(
-            f"{r['backend']!s:8} {r['clients']:>7} {r['pairs']:>6} {r['seconds']:>8} {r['pairs_per_s']:>8} "
-            f"{r['bad_answers']:>4}"
-        )
 
 
 if __name__ == "__main__":

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import random
 import threading
 import time
@@ -190,3 +191,75 @@ def test_a_ledger_in_the_old_key_layout_is_not_read_as_empty(etcd_url: str) -> N
     with pytest.raises(StateError, match="another key layout") as caught:
         ledger.set_capacity({"n/0": 80 * GIB})
     assert caught.value.fix and "new namespace" in caught.value.fix
+
+
+def _count_posts(ledger: EtcdLedger) -> list[str]:
+    """The gateway paths ``ledger`` calls from now on, in order."""
+    calls: list[str] = []
+    post = ledger.client.post
+
+    def counted(path: str, body: Json) -> Json:
+        calls.append(path)
+        return post(path, body)
+
+    ledger.client.post = counted  # type: ignore[method-assign]
+    return calls
+
+
+def test_round_trips_per_change(etcd_url: str) -> None:
+    """A reserve reads once and commits once; leases are shared, never revoked; a release or renew of a
+    reservation this ledger booked is one transaction."""
+    ledger = EtcdLedger(etcd_url)
+    ledger.set_capacity({f"n/{i}": 80 * GIB for i in range(4)})
+    calls = _count_posts(ledger)
+    for k in range(10):
+        assert ledger.reserve(f"r{k}", {f"n/{k % 4}": GIB, f"n/{(k + 1) % 4}": GIB}, ttl_s=30).ok
+    assert calls.count("/v3/lease/grant") == 1 and calls.count("/v3/kv/txn") == 20
+    calls.clear()
+    assert ledger.renew("r0", 30) is not None and ledger.release("r1") and ledger.release("r0")
+    assert calls == ["/v3/kv/txn"] * 3
+    assert sorted(r.id for r in ledger.reservations()) == [f"r{k}" for k in range(2, 10)]
+
+
+def test_a_change_from_stale_memory_acts_on_the_reservation_as_it_is_now(etcd_url: str) -> None:
+    """Replica A remembers ``x`` as it booked it; B releases it and books ``x`` again on other GPUs. A's
+    release must fail its compare, read ``x`` afresh and free B's GPUs, not the ones A remembers."""
+    a, b = EtcdLedger(etcd_url), EtcdLedger(etcd_url)
+    a.set_capacity({"n/0": 80 * GIB, "n/1": 80 * GIB})
+    assert a.reserve("x", {"n/0": 10 * GIB}, ttl_s=30).ok
+    assert b.release("x")
+    assert b.reserve("x", {"n/1": 20 * GIB}, ttl_s=30).ok
+    renewed = a.renew("x", 30)
+    assert renewed is not None and renewed.gpus == {"n/1": 20 * GIB}
+    assert a.release("x")
+    assert {ref: acc.reserved_bytes for ref, acc in b.accounts().items()} == {"n/0": 0, "n/1": 0}
+    assert a.release("x") is False and b.release("x") is False
+    assert [e.action for e in a.audit()] == ["reserve", "release", "reserve", "renew", "release"]
+
+
+def test_a_renewal_does_not_extend_the_others_on_its_lease(etcd_url: str) -> None:
+    """Two reservations share a lease; renewing one moves it to a new lease, the other still runs out."""
+    ledger = EtcdLedger(etcd_url)
+    ledger.set_capacity({"n/0": 80 * GIB})
+    assert ledger.reserve("kept", {"n/0": GIB}, ttl_s=2).ok and ledger.reserve("left", {"n/0": GIB}, ttl_s=2).ok
+    deadline = time.monotonic() + 8
+    while ledger.get("left") is not None and time.monotonic() < deadline:
+        assert ledger.renew("kept", 2) is not None
+        time.sleep(0.5)
+    assert ledger.get("left") is None and ledger.get("kept") is not None
+
+
+def test_a_shared_lease_that_is_gone_is_replaced(etcd_url: str) -> None:
+    """A lease that ran out (here: revoked, as if while etcd was down) is not reused: the next reserve or
+    renew that would take it is refused by etcd, grants a new one and goes through."""
+    ledger = EtcdLedger(etcd_url)
+    ledger.set_capacity({"n/0": 80 * GIB})
+    assert ledger.reserve("short", {"n/0": GIB}, ttl_s=5).ok and ledger.reserve("long", {"n/0": GIB}, ttl_s=30).ok
+    kvs, _rev = ledger.client.range(f"{ledger.prefix}res/short")
+    ledger.client.post("/v3/lease/revoke", {"ID": json.loads(kvs[0].value)["lease"]})
+    assert ledger.get("short") is None
+    renewed = ledger.renew("long", 5)  # the shared lease for 5 s is the revoked one
+    assert renewed is not None and ledger.get("long") is not None
+    assert ledger.reserve("again", {"n/0": GIB}, ttl_s=5).ok and ledger.get("again") is not None
+    # the expiry is logged when something needs it: here the audit read
+    assert [e.action for e in ledger.audit()] == ["reserve", "reserve", "renew", "reserve", "expire"]

@@ -25,6 +25,18 @@ one. Any booking on those GPUs, or capacity change, after R fails the compare; t
 again and retries. Deletes (release, logged expiry) only free bytes, so missing one between the read
 and the commit can refuse too much, never book too much.
 
+Round trips: a reserve reads once and commits once; the commit's failure branch reads the same keys
+again, so a lost race costs one more round trip, not two. A release or renew of a reservation this
+ledger object booked (or read) commits in one round trip: it compares the ``mod_revision`` of
+``res/ID`` and ``index/ID`` it remembers, which proves that what it remembers is current; when the
+compare fails, the failure branch brings the keys as they are now.
+
+Leases are shared: reservations booked within about a second with the same TTL (in whole seconds)
+hang their ``res/ID`` on one etcd lease, granted ``LEASE_SPARE_S`` longer than asked, so a reserve
+rarely grants a lease and a release never revokes one (a lease left without keys simply runs out). A
+renew moves ``res/ID`` to a current shared lease; it never keeps a lease alive, which would extend the
+other reservations on it.
+
 Leases and the audit log: only ``res/ID`` is attached to the etcd lease. Hold keys stay until the
 transaction that logs the reservation's end (release, or ``expire`` once the lease is gone) deletes
 them, so a reserve counts an expired reservation's bytes as held until its ``expire`` entry is
@@ -34,20 +46,23 @@ ledger is. ``accounts()`` and ``reservations()`` count only live reservations (`
 
 Leases are etcd's: whole seconds, at least etcd's minimum (about 2 s), kept by etcd's clock, so the
 clock given to ``open_ledger`` only stamps times (``Feature.CLOCK`` is unsupported). ``expires_at`` is
-the clock read *before* the lease was granted (or kept alive) plus its TTL, never after the lease's
-real end. A call made while etcd is down raises ``StateError``; a ``reserve`` whose answer was lost
-is retried safely with the same id (idempotent).
+the clock read before the commit plus the TTL asked for, capped at the clock read *before* the lease was
+granted plus its TTL, so never after the lease's real end; the lease outlives it by at most about two
+seconds (the spare second and etcd's whole seconds). A call made while etcd is down raises
+``StateError``; a ``reserve`` whose answer was lost is retried safely with the same id (idempotent).
 """
 
 from __future__ import annotations
 
+import functools
 import json
 import math
 import random
+import threading
 import time
 import uuid
 import zlib
-from collections.abc import Iterator, Mapping, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any, ClassVar
 from urllib.parse import quote, unquote, urlsplit
@@ -74,12 +89,15 @@ from toposched.ledger.etcd_client import (
     Json,
     KeyValue,
     absent,
+    b64,
+    count_of,
     delete_op,
     kvs_of,
     mod_equals,
     op_bytes,
     put_op,
     range_op,
+    unb64,
     unchanged_since,
 )
 
@@ -90,7 +108,9 @@ CAPACITY_CHUNK = 100  # capacity keys per transaction
 CHUNK_BYTES = 512 * 1024  # and at most about this many bytes
 SEQ_PER_REVISION = 16  # audit seq = revision * 16 + position in the transaction
 MAX_ATTEMPTS = 200
-ETCD_MIN_TTL_S = 2  # etcd raises shorter lease TTLs to about this
+FRESH_READS_AFTER = 3  # lost races answered from the failure branch; later ones back off and read again
+LEASE_SPARE_S = 1  # a shared lease is granted this much longer than asked, and shared while it has it to spare
+KNOWN_MAX = 4096  # reservations remembered per ledger object, for one-round-trip releases and renewals
 
 
 def split_url(url: str) -> tuple[str, str]:
@@ -101,10 +121,13 @@ def split_url(url: str) -> tuple[str, str]:
     return f"{parts.scheme}://{parts.netloc}", parts.path.strip("/") or "toposched"
 
 
+@functools.lru_cache(maxsize=1 << 16)
 def _q(text: str) -> str:
+    """A ref or id, percent-encoded for a key (cached: every call builds the same few keys again)."""
     return quote(text, safe="")
 
 
+@functools.lru_cache(maxsize=1 << 16)
 def bucket_of(ref: str) -> str:
     """The bucket of a GPU ref: its node's name (``node`` of ``node/index``) hashed into 64."""
     node = ref.rpartition("/")[0] or ref
@@ -130,6 +153,24 @@ class _Holds:
         return {rid for rid, h in self.by_id.items() if refs & h.keys()}
 
 
+@dataclass(frozen=True)
+class _SharedLease:
+    """An etcd lease that reservations asking the same TTL share while it has ``LEASE_SPARE_S`` to spare."""
+
+    id: int
+    stamp: float  # the ledger's clock, read before the grant
+    born: float  # time.monotonic(), read before the grant
+    granted_s: int  # the TTL etcd granted
+
+    def fits(self, ttl_s: float) -> bool:
+        """Whether the lease still lasts ``ttl_s`` from now."""
+        return time.monotonic() - self.born + ttl_s <= self.granted_s
+
+    def expires_at(self, now: float, ttl_s: float) -> float:
+        """What a reservation of ``ttl_s`` booked ``now`` reports: never after the lease's real end."""
+        return min(now + ttl_s, self.stamp + self.granted_s)
+
+
 class EtcdLedger:
     """A ledger shared by scheduler replicas through etcd. The constructor does no I/O."""
 
@@ -151,6 +192,9 @@ class EtcdLedger:
         self._clock = clock
         self.prefix = f"/{namespace}/ledger/"
         self.max_request_bytes = max_request_bytes
+        self._leases: dict[int, _SharedLease] = {}  # by the TTL asked for, in whole seconds
+        self._lease_lock = threading.Lock()
+        self._known: dict[str, tuple[KeyValue, KeyValue]] = {}  # id -> (res/ID, index/ID) as last seen
 
     # ------------------------------------------------------------------------------ keys
 
@@ -201,12 +245,6 @@ class EtcdLedger:
         try:
             return Reservation.model_validate_json(kv.value)
         except ValidationError as exc:
-            raise self._damaged(kv.key, exc) from exc
-
-    def _lease_of(self, kv: KeyValue) -> int:
-        try:
-            return int(json.loads(kv.value)["lease"])
-        except (ValueError, KeyError, TypeError) as exc:
             raise self._damaged(kv.key, exc) from exc
 
     def _holds(self, kvs: Sequence[KeyValue]) -> _Holds:
@@ -287,9 +325,44 @@ class EtcdLedger:
 
     def _find(self, rid: str) -> tuple[KeyValue | None, KeyValue | None]:
         """(``res/ID``, ``index/ID``) as they are now."""
-        _ok, data = self.client.txn([], [range_op(self._res(rid)), range_op(self._index(rid))])
-        res, index = (kvs_of(r) for r in data["responses"])
+        _ok, data = self.client.txn([], self._find_ops(rid))
+        return self._found(rid, data)
+
+    def _find_ops(self, rid: str) -> list[Json]:
+        return [range_op(self._res(rid)), range_op(self._index(rid))]
+
+    def _found(self, rid: str, data: Json) -> tuple[KeyValue | None, KeyValue | None]:
+        """(``res/ID``, ``index/ID``) from the answer to ``_find_ops``; remembers them when both exist."""
+        res, index = (kvs_of(r) for r in data["responses"][:2])
+        if res and index:
+            self._remember(rid, res[0], index[0])
+        else:
+            self._known.pop(rid, None)
         return (res[0] if res else None), (index[0] if index else None)
+
+    def _remember(self, rid: str, res: KeyValue, index: KeyValue) -> None:
+        self._known.pop(rid, None)
+        self._known[rid] = (res, index)
+        while len(self._known) > KNOWN_MAX:  # forget the oldest: they are read again when needed
+            self._known.pop(next(iter(self._known)), None)
+
+    def _remember_commit(self, rid: str, success: Sequence[Json], at: int, created: tuple[int, int]) -> None:
+        """Remember ``rid``'s keys as a transaction committed at revision ``at`` left them (``created``:
+        their create revisions, 0 when it created them); forget them when it did not write both."""
+        puts = {op["requestPut"]["key"]: op["requestPut"] for op in success if "requestPut" in op}
+        pair: list[KeyValue] = []
+        for key, create in zip((self._res(rid), self._index(rid)), created, strict=True):
+            put = puts.get(b64(key))
+            if put is None:
+                self._known.pop(rid, None)
+                return
+            pair.append(KeyValue(key, unb64(put["value"]), create or at, at, int(put.get("lease", 0))))
+        self._remember(rid, pair[0], pair[1])
+
+    def _last_seen(self, rid: str) -> tuple[KeyValue | None, KeyValue | None]:
+        """What this object last saw of ``rid`` (a commit's compares check it is current), else a read."""
+        known = self._known.get(rid)
+        return known if known is not None else self._find(rid)
 
     def get(self, rid: str) -> Reservation | None:
         res, index = self._find(rid)
@@ -307,11 +380,31 @@ class EtcdLedger:
         found = [self._reservation(kv) for kv in kvs_of(data["responses"][1])]
         return [r for r in found if r.id in live]
 
+    # ------------------------------------------------------------------------------ leases
+
+    def _lease(self, ttl_s: float) -> _SharedLease:
+        """A shared lease that lasts ``ttl_s`` from now: the current one for this TTL, or a new grant."""
+        want = max(1, math.ceil(ttl_s))
+        with self._lease_lock:
+            lease = self._leases.get(want)
+            if lease is None or not lease.fits(ttl_s):
+                stamp, born = self._clock(), time.monotonic()  # read before the grant: never late
+                lease_id, granted = self.client.grant(want + LEASE_SPARE_S)
+                lease = self._leases[want] = _SharedLease(lease_id, stamp, born, granted)
+            return lease
+
+    def _lease_gone(self, lease: _SharedLease) -> None:
+        """etcd no longer knows ``lease`` (it ran out, say while etcd was down): grant a new one next."""
+        with self._lease_lock:
+            for want in [want for want, held in self._leases.items() if held == lease]:
+                del self._leases[want]
+
     # ------------------------------------------------------------------------------ expiry
 
     def _log_expiry(self, index: KeyValue) -> bool:
         """Log ``expire`` for a reservation whose lease is gone, and free its bytes (one transaction)."""
         old = self._reservation(index)
+        self._known.pop(old.id, None)
         compare = [absent(self._res(old.id)), mod_equals(index.key, index.mod_revision)]
         success = [delete_op(index.key), *(delete_op(key) for key in self._hold_keys(old.id, old.gpus))]
         success.append(self._audit_op("expire", old, at=old.expires_at or self._clock()))
@@ -331,8 +424,21 @@ class EtcdLedger:
                     logged += self._log_expiry(index[0])
         return logged
 
-    def sweep(self) -> int:
-        """Log ``expire`` for every reservation whose lease ran out; how many were logged."""
+    def _sweep_reads(self) -> list[Json]:
+        """Counts of ``index/`` and ``res/`` keys: equal when no lease ran out unlogged (both are written
+        and deleted together; only a lease's end removes ``res/ID`` alone), so a sweep with nothing to do
+        reads two numbers, not every reservation's keys. (A damaged ``res/ID`` without its ``index/ID``
+        could hide one unlogged expiry; ``reserve`` still logs any expiry whose bytes it needs.)"""
+        return [
+            range_op(f"{self.prefix}index/", prefix=True, count_only=True),
+            range_op(f"{self.prefix}res/", prefix=True, count_only=True),
+        ]
+
+    def _sweep_answer(self, data: Json) -> int:
+        """Log ``expire`` for the reservations without a lease, when the answer to ``_sweep_reads``
+        shows there are some."""
+        if count_of(data["responses"][0]) == count_of(data["responses"][1]):
+            return 0
         _ok, data = self.client.txn(
             [],
             [
@@ -343,6 +449,10 @@ class EtcdLedger:
         index = self._names(kvs_of(data["responses"][0]), "index")
         live = self._names(kvs_of(data["responses"][1]), "res")
         return self._sweep_ids(index - live) if index - live else 0
+
+    def sweep(self) -> int:
+        """Log ``expire`` for every reservation whose lease ran out; how many were logged."""
+        return self._sweep_answer(self.client.txn([], self._sweep_reads())[1])
 
     # ------------------------------------------------------------------------------ changes
 
@@ -368,60 +478,53 @@ class EtcdLedger:
                 f"limit ({self.max_request_bytes} bytes, --max-request-bytes)"
             )
             return ReserveResult(status="invalid", reasons={"request": reason})
-        watched = self._watched(gpus)
-        lease, granted, stamp, born = 0, 0, 0.0, 0.0
-        try:
-            for attempt in range(MAX_ATTEMPTS):
-                reads = [range_op(self._res(rid)), range_op(self._index(rid))]
-                reads += [range_op(key, prefix=prefix) for key, prefix in watched]
+        reads = self._find_ops(rid) + [range_op(key, prefix=prefix) for key, prefix in self._watched(gpus)]
+        _ok, data = self.client.txn([], reads)
+        for attempt in range(MAX_ATTEMPTS):
+            revision = int(data["header"]["revision"])
+            found, index = self._found(rid, data)
+            if found is not None and index is None:
+                raise self._damaged(found.key, KeyError(f"no {self._index(rid)} next to it"))
+            if index is not None and found is None:  # an expired reservation under this id whose end is not logged
+                self._log_expiry(index)
                 _ok, data = self.client.txn([], reads)
-                revision = int(data["header"]["revision"])
-                found, index = kvs_of(data["responses"][0]), kvs_of(data["responses"][1])
-                if found and not index:
-                    raise self._damaged(found[0].key, KeyError(f"no {self._index(rid)} next to it"))
-                if index and not found:  # an expired reservation under this id whose end is not logged yet
-                    self._log_expiry(index[0])
+                continue
+            holds = self._holds([kv for r in data["responses"][2:] for kv in kvs_of(r)])
+            touched = {
+                ref: GpuAccount(ref=ref, capacity_bytes=holds.caps[ref], reserved_bytes=holds.used(ref))
+                for ref in gpus
+                if ref in holds.caps
+            }
+            refusal = judge(rid, gpus, self._reservation(index) if index is not None else None, touched)
+            if refusal is not None:
+                # bytes of reservations whose lease ran out count until their expiry is logged
+                if refusal.status == "insufficient" and self._sweep_ids(holds.holders(set(refusal.reasons))):
+                    _ok, data = self.client.txn([], reads)
                     continue
-                holds = self._holds([kv for r in data["responses"][2:] for kv in kvs_of(r)])
-                touched = {
-                    ref: GpuAccount(ref=ref, capacity_bytes=holds.caps[ref], reserved_bytes=holds.used(ref))
-                    for ref in gpus
-                    if ref in holds.caps
-                }
-                refusal = judge(rid, gpus, self._reservation(index[0]) if index else None, touched)
-                if refusal is not None:
-                    # bytes of reservations whose lease ran out count until their expiry is logged
-                    if refusal.status == "insufficient" and self._sweep_ids(holds.holders(set(refusal.reasons))):
-                        continue
-                    return refusal
-                if ttl_s is not None and (not lease or time.monotonic() - born > granted / 2):
-                    if lease:
-                        self.client.revoke(lease)
-                        lease = 0
-                    stamp, born = self._clock(), time.monotonic()  # read before the grant: never late
-                    lease, granted = self.client.grant(max(1, math.ceil(ttl_s)))
-                reservation = draft.model_copy(
-                    update={"created_at": self._clock(), "expires_at": None if ttl_s is None else stamp + granted}
-                )
-                compare, success = self._booking(reservation, lease, revision)
-                try:
-                    committed, _data = self.client.txn(compare, success)
-                except EtcdError as exc:
-                    if exc.code != 5:  # NotFound: the lease ran out while this reserve retried
-                        raise
-                    lease = 0
-                    continue
-                if committed:
-                    lease = 0  # now owned by the reservation
-                    return ReserveResult(status="reserved", reservation=reservation)
+                return refusal
+            lease = None if ttl_s is None else self._lease(ttl_s)
+            now = self._clock()
+            expires_at = None if lease is None or ttl_s is None else lease.expires_at(now, ttl_s)
+            reservation = draft.model_copy(update={"created_at": now, "expires_at": expires_at})
+            compare, success = self._booking(reservation, 0 if lease is None else lease.id, revision)
+            try:
+                committed, data = self.client.txn(compare, success, reads)  # lost: the failure branch reads again
+            except EtcdError as exc:
+                if exc.code != 5 or lease is None:  # NotFound: the shared lease ran out (etcd was down)
+                    raise
+                self._lease_gone(lease)
+                _ok, data = self.client.txn([], reads)
+                continue
+            if committed:
+                self._remember_commit(rid, success, int(data["header"]["revision"]), (0, 0))
+                return ReserveResult(status="reserved", reservation=reservation)
+            if attempt >= FRESH_READS_AFTER:  # many lost races: let the others through, then read afresh
                 self._backoff(attempt)
-            raise StateError(
-                f"etcd at {self.client.endpoint}: reserve {rid} lost {MAX_ATTEMPTS} races in a row",
-                fix="too many replicas booking the same GPUs at once; retry with the same id",
-            )
-        finally:
-            if lease:
-                self.client.revoke(lease)
+                _ok, data = self.client.txn([], reads)
+        raise StateError(
+            f"etcd at {self.client.endpoint}: reserve {rid} lost {MAX_ATTEMPTS} races in a row",
+            fix="too many replicas booking the same GPUs at once; retry with the same id",
+        )
 
     def _booking(self, reservation: Reservation, lease: int, revision: int) -> tuple[list[Json], list[Json]]:
         """The compares and writes that book ``reservation``, read at ``revision``."""
@@ -436,63 +539,69 @@ class EtcdLedger:
         ]
         return compare, success
 
+    def _change(
+        self, rid: str, write: Callable[[KeyValue, KeyValue], tuple[list[Json], Reservation | None]]
+    ) -> tuple[bool, Reservation | None]:
+        """Commit ``write(res, index)`` for the live reservation ``rid``, guarded by the ``mod_revision``s
+        of both keys: (False, None) when it is gone (its expiry logged if due), else (True, what ``write``
+        returned). Starts from what this object last saw of ``rid``, so it is one round trip when that is
+        current; a lost compare brings the keys as they are now, and it tries again."""
+        res, index = self._last_seen(rid)
+        for attempt in range(MAX_ATTEMPTS):
+            if res is None or index is None:
+                if index is not None:
+                    self._log_expiry(index)
+                self._known.pop(rid, None)
+                return False, None
+            compare = [mod_equals(res.key, res.mod_revision), mod_equals(index.key, index.mod_revision)]
+            created = (res.create_revision, index.create_revision)
+            success, changed = write(res, index)
+            committed, data = self.client.txn(compare, success, self._find_ops(rid))
+            if committed:
+                self._remember_commit(rid, success, int(data["header"]["revision"]), created)
+                return True, changed
+            res, index = self._found(rid, data)
+            if attempt >= FRESH_READS_AFTER:
+                self._backoff(attempt)
+                res, index = self._find(rid)
+        raise StateError(
+            f"etcd at {self.client.endpoint}: a change to {rid} lost {MAX_ATTEMPTS} races in a row",
+            fix="too many replicas changing the same reservation at once; retry",
+        )
+
     def renew(self, rid: str, ttl_s: float) -> Reservation | None:
         if not ttl_s > 0:
             raise ValueError(f"ttl_s must be positive (got {ttl_s})")
-        want = max(1, math.ceil(ttl_s))
-        for attempt in range(MAX_ATTEMPTS):
-            res, index = self._find(rid)
-            if res is None or index is None:
-                if index is not None:
-                    self._log_expiry(index)
-                return None
-            held, lease = self._reservation(index), self._lease_of(res)
-            compare = [mod_equals(res.key, res.mod_revision), mod_equals(index.key, index.mod_revision)]
-            stamp = self._clock()  # read before the keepalive or grant, so expires_at is never late
-            granted = self.client.keepalive(lease) if lease else -1
-            if granted == 0:
-                return None  # the lease ran out between the read and the keepalive
-            if granted == want or want < granted <= ETCD_MIN_TTL_S:
-                # the lease has the asked length; the keepalive reset it to its full TTL
-                renewed = held.model_copy(update={"expires_at": stamp + granted})
-                success = [put_op(index.key, renewed.model_dump_json()), self._audit_op("renew", renewed, at=stamp)]
-                if self.client.txn(compare, success)[0]:
-                    return renewed
-            else:
-                # move the reservation to a new lease of the asked length (only res/ID is on it)
-                new_lease, granted = self.client.grant(want)
-                renewed = held.model_copy(update={"expires_at": stamp + granted})
-                success = [
-                    put_op(res.key, json.dumps({"lease": new_lease}), lease=new_lease),
-                    put_op(index.key, renewed.model_dump_json()),
-                    self._audit_op("renew", renewed, at=stamp),
-                ]
-                if self.client.txn(compare, success)[0]:
-                    if lease:
-                        self.client.revoke(lease)
-                    return renewed
-                self.client.revoke(new_lease)
-            self._backoff(attempt)
-        raise StateError(f"etcd at {self.client.endpoint}: renew {rid} lost {MAX_ATTEMPTS} races in a row")
+        leases: list[_SharedLease] = []
+
+        def write(res: KeyValue, index: KeyValue) -> tuple[list[Json], Reservation | None]:
+            lease = self._lease(ttl_s)
+            leases[:] = [lease]
+            now = self._clock()
+            renewed = self._reservation(index).model_copy(update={"expires_at": lease.expires_at(now, ttl_s)})
+            value = json.dumps({"lease": lease.id})
+            ops = [put_op(res.key, value, lease=lease.id), put_op(index.key, renewed.model_dump_json())]
+            return [*ops, self._audit_op("renew", renewed, at=now)], renewed
+
+        for _ in range(MAX_ATTEMPTS):
+            try:
+                _live, renewed = self._change(rid, write)
+            except EtcdError as exc:
+                if exc.code != 5 or not leases:  # NotFound: the shared lease ran out (etcd was down)
+                    raise
+                self._lease_gone(leases[0])
+                continue
+            return renewed
+        raise StateError(f"etcd at {self.client.endpoint}: renew {rid} found no lease {MAX_ATTEMPTS} times")
 
     def release(self, rid: str) -> bool:
-        for attempt in range(MAX_ATTEMPTS):
-            res, index = self._find(rid)
-            if res is None or index is None:
-                if index is not None:
-                    self._log_expiry(index)
-                return False
-            held, lease = self._reservation(index), self._lease_of(res)
-            compare = [mod_equals(res.key, res.mod_revision), mod_equals(index.key, index.mod_revision)]
-            success = [delete_op(res.key), delete_op(index.key)]
-            success += [delete_op(key) for key in self._hold_keys(rid, held.gpus)]
-            success.append(self._audit_op("release", held, at=self._clock()))
-            if self.client.txn(compare, success)[0]:
-                if lease:
-                    self.client.revoke(lease)
-                return True
-            self._backoff(attempt)
-        raise StateError(f"etcd at {self.client.endpoint}: release {rid} lost {MAX_ATTEMPTS} races in a row")
+        def write(res: KeyValue, index: KeyValue) -> tuple[list[Json], Reservation | None]:
+            held = self._reservation(index)
+            ops = [delete_op(res.key), delete_op(index.key), *map(delete_op, self._hold_keys(rid, held.gpus))]
+            return [*ops, self._audit_op("release", held, at=self._clock())], None
+
+        released, _ = self._change(rid, write)
+        return released
 
     # ------------------------------------------------------------------------------ the audit log
 
@@ -504,13 +613,15 @@ class EtcdLedger:
             raise self._damaged(kv.key, exc) from exc
 
     def audit(self, *, since: int = 0, limit: int | None = None) -> list[AuditEntry]:
-        self.sweep()
-        kvs, _rev = self.client.range(
-            f"{self.prefix}audit/",
-            prefix=True,
-            sort_by_create=True,
-            min_create_revision=since // SEQ_PER_REVISION,
+        """The log after the expiries that are due are logged: one read when none are."""
+        entries_op = range_op(
+            f"{self.prefix}audit/", prefix=True, sort_by_create=True, min_create_revision=since // SEQ_PER_REVISION
         )
+        reads = [*self._sweep_reads(), entries_op]
+        _ok, data = self.client.txn([], reads)
+        if self._sweep_answer(data):
+            _ok, data = self.client.txn([], reads)
+        kvs = kvs_of(data["responses"][2])
         entries = sorted((e for e in map(self._entry, kvs) if e.seq > since), key=lambda e: e.seq)
         return entries if limit is None else entries[:limit]
 
