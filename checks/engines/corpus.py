@@ -50,6 +50,9 @@ GPU_FACTS: tuple[tuple[str, tuple[int, int], int], ...] = (
 GIB = 1024**3
 SGLANG_IMAGE = "lmsysorg/sglang:v0.5.23"
 """Container image for SGLang pods (toposched has no default for SGLang)."""
+TRTLLM_IMAGE = "registry.invalid/tensorrt-llm:pinned"
+"""Container image for TensorRT-LLM pods (no default either; only the objects' schemas are checked)."""
+IMAGES: dict[str, str] = {"sglang": SGLANG_IMAGE, "trtllm": TRTLLM_IMAGE}
 
 
 @dataclass(frozen=True)
@@ -286,7 +289,7 @@ def build(root: Path) -> Corpus:
         if plan.doc is None:
             continue
         doc = plan.doc
-        for engine in ("vllm", "sglang"):
+        for engine in ("vllm", "sglang", "trtllm"):
             try:
                 launches = build_launches(doc.placements, doc.request, doc.cluster, engine)
             except ToposchedError as exc:
@@ -295,6 +298,8 @@ def build(root: Path) -> Corpus:
             for launch in launches:
                 case_id = f"{plan.name}/{launch.placement}/{launch.node}"
                 corpus.launches.append((case_id, launch))
+                if engine == "trtllm":  # no parser to run here (tests/binding/test_trtllm.py checks its options)
+                    continue
                 corpus.engine_cases.append(
                     EngineCase(
                         case_id,
@@ -344,7 +349,7 @@ def k8s_variants(plan: Plan) -> Iterator[tuple[str, PlanDoc, Engine]]:
     """The plan for each way pods get GPUs (device plugin on the preset, DRA by UUID, DRA by bus id) and engine."""
     if plan.doc is None:
         return
-    for engine in ("vllm", "sglang"):
+    for engine in ("vllm", "sglang", "trtllm"):
         yield f"{plan.name}/device-plugin/{engine}", plan.doc, engine
         yield f"{plan.name}/dra-uuid/{engine}", captured(plan.doc, uuids=True), engine
         yield f"{plan.name}/dra-bus-id/{engine}", captured(plan.doc, uuids=False), engine

@@ -3,7 +3,8 @@
     .venv/bin/python -m checks.engines.run [--venv DIR] [--work DIR]
 
 1. Builds (or finds) the cached engines venv (``build_venv.sh``): vLLM 0.33.0, SGLang 0.5.23, CPU torch.
-2. Makes the corpus (``corpus.py``): plans on every preset, launched for vLLM, SGLang and Ray.
+2. Makes the corpus (``corpus.py``): plans on every preset, launched for vLLM, SGLang and Ray, and for
+   TensorRT-LLM as scripts and Kubernetes objects (no TensorRT-LLM parser can run here).
 3. Runs every distinct vLLM argv through vLLM's ``serve`` parser and config validation
    (``check_vllm.py``) and every SGLang argv through ``prepare_server_args`` and SGLang's checks
    (``check_sglang.py``), both in the engines venv, in parallel; what the engine resolved must agree

@@ -20,7 +20,7 @@ import jsonschema  # type: ignore[import-untyped]
 import kubernetes_validate
 
 from checks.engines import corpus as corpus_mod
-from checks.engines.corpus import SGLANG_IMAGE, Corpus, EngineCase, Plan
+from checks.engines.corpus import IMAGES, Corpus, EngineCase, Plan
 from checks.engines.crd_schemas import SCHEMAS, pod_templates
 from toposched.binding.k8s import K8sOptions, render_objects, render_roles
 from toposched.binding.plan_doc import PlanDoc
@@ -127,7 +127,8 @@ def scripts(corpus: Corpus, work: Path) -> list[tuple[str, str, Path]]:
     for (plan, engine), launches in by_plan.items():
         folder = work / "sh" / re.sub(r"[^A-Za-z0-9.-]+", "_", plan) / engine
         for path in write_scripts(launches, folder):
-            out.append((plan, f"{plan}/{engine}/{path.name}", path))
+            if path.suffix == ".sh":  # not the files a launch reads (TensorRT-LLM's options YAML, hostfile)
+                out.append((plan, f"{plan}/{engine}/{path.name}", path))
     return out
 
 
@@ -193,7 +194,7 @@ def k8s_renders(plans: list[Plan]) -> Iterable[tuple[str, str, Callable[[], Any]
     """(plan, case, render) for every variant: each plan alone, and a RoleBasedGroup per preset."""
     for plan in plans:
         for case, doc, engine in corpus_mod.k8s_variants(plan):
-            opts = K8sOptions(engine=engine, image=SGLANG_IMAGE if engine == "sglang" else None)
+            opts = K8sOptions(engine=engine, image=IMAGES.get(engine))
             yield plan.name, f"{case}/objects", partial(render_objects, doc, opts)
             if all(len({r.node for r in p.ranks}) == 1 for p in doc.placements):
                 yield plan.name, f"{case}/role-based-group", partial(render_roles, {"serve": doc}, plan.label, opts)

@@ -3,11 +3,13 @@
 Each case runs ``toposched plan ... --json`` in-process, writes the document to a file and reads it
 back with ``load_plan``: the path of ``toposched plan --json > P.json; toposched launch X --plan
 P.json``. Every placement must then satisfy ``layout_problem(...) is None`` and be accepted by the
-library functions behind ``launch vllm``, ``launch sglang`` (``build_launches``), ``launch k8s``
-(``k8s_objects``, both engines) and ``launch ray`` (``ray_document``), with the shape the engines need:
-one contiguous block of ranks of the same size on every node, ``--nnodes``/``--node-rank`` and
-``--headless`` where they belong, a LeaderWorkerSet of one pod per node asking for that node's GPUs,
-and Ray bundles pinned to the rank's node.
+library functions behind ``launch vllm``, ``launch sglang``, ``launch trtllm`` (``build_launches``),
+``launch k8s`` (``k8s_objects``, vLLM and SGLang) and ``launch ray`` (``ray_document``), with the shape
+the engines need: one contiguous block of ranks of the same size on every node, ``--nnodes``/
+``--node-rank`` and ``--headless`` where they belong, one ``mpirun`` over the nodes with ``G`` ranks
+each for TensorRT-LLM, a LeaderWorkerSet of one pod per node asking for that node's GPUs, and Ray
+bundles pinned to the rank's node. TensorRT-LLM may refuse one thing the planner chooses by itself,
+an INT8/INT4 KV-cache fallback (it is counted, not failed).
 
 Cases (deterministic: 286 plans, about 250 placements, 40-odd over several nodes; under 20 s):
 
@@ -121,6 +123,39 @@ def _check_engine_launches(doc: PlanDoc, engine: str) -> list[str]:
     return problems
 
 
+TRTLLM_KV_REFUSAL = "toposched launches TensorRT-LLM with an fp8 or 16-bit KV cache only"
+
+
+def _check_trtllm(doc: PlanDoc, counts: Counter[str]) -> list[str]:
+    """One launch per placement: trtllm-serve on one node, mpirun with G ranks on each node otherwise."""
+    problems = []
+    try:
+        launches = build_launches(doc.placements, doc.request, doc.cluster, "trtllm")
+    except ToposchedError as exc:
+        if TRTLLM_KV_REFUSAL in exc.message and any(p.kv_dtype in ("int8", "int4") for p in doc.placements):
+            counts["trtllm_refused_int_kv"] += 1
+            return []
+        raise
+    if [x.placement for x in launches] != [p.id for p in doc.placements]:
+        return [f"trtllm: launches for {[x.placement for x in launches]}"]
+    for p, x in zip(doc.placements, launches, strict=True):
+        blocks = node_blocks(p.ranks)
+        argv = x.argv
+        if argv[argv.index("--max_seq_len") + 1] != str(doc.request.max_model_len):
+            problems.append(f"trtllm {p.id}: --max_seq_len is not the plan's max model len")
+        if len(blocks) == 1:
+            if x.hosts or "mpirun" in argv or x.gpus != blocks[0][1]:
+                problems.append(f"trtllm {p.id}: one node but {x.hosts} / {x.gpus}")
+            continue
+        per_node = p.tp * p.pp // len(blocks)
+        slots = {line.split()[1] for line in x.files[argv[argv.index("--hostfile") + 1]].splitlines()}
+        if argv[0] != "mpirun" or x.hosts != [n for n, _ in blocks] or slots != {f"slots={per_node}"}:
+            problems.append(f"trtllm {p.id}: mpirun over {x.hosts} with {slots} for {blocks}")
+        if argv[argv.index("--gpus_per_node") + 1] != str(per_node):
+            problems.append(f"trtllm {p.id}: --gpus_per_node is not {per_node}")
+    return problems
+
+
 def _check_k8s(doc: PlanDoc, engine: str) -> list[str]:
     problems = []
     opts = K8sOptions(engine=engine, image=SGLANG_IMAGE if engine == "sglang" else None)  # type: ignore[arg-type]
@@ -170,11 +205,12 @@ def _check_ray(doc: PlanDoc) -> list[str]:
     return problems
 
 
-def _check(doc: PlanDoc) -> list[str]:
+def _check(doc: PlanDoc, counts: Counter[str]) -> list[str]:
     problems = [f"{p.id}: {layout_problem(p.ranks, p.tp)}" for p in doc.placements if layout_problem(p.ranks, p.tp)]
     checks: list[tuple[str, Callable[[PlanDoc], list[str]]]] = [
         ("vllm", partial(_check_engine_launches, engine="vllm")),
         ("sglang", partial(_check_engine_launches, engine="sglang")),
+        ("trtllm", partial(_check_trtllm, counts=counts)),
         ("k8s vllm", partial(_check_k8s, engine="vllm")),
         ("k8s sglang", partial(_check_k8s, engine="sglang")),
         ("ray", _check_ray),
@@ -208,7 +244,7 @@ def results(tmp_path_factory: pytest.TempPathFactory) -> Results:
         doc = load_plan(out / f"{i}.json")
         res.counts["placements"] += len(doc.placements)
         res.counts["multi_node"] += sum(_multi_node(p) for p in doc.placements)
-        problems = _check(doc)
+        problems = _check(doc, res.counts)
         if problems:
             shapes = ", ".join(f"tp{p.tp}xpp{p.pp} on {len({r.node for r in p.ranks})} node(s)" for p in doc.placements)
             res.failures.append(f"{label} [{shapes}]: " + "; ".join(problems))
@@ -235,3 +271,5 @@ def test_the_property_is_not_vacuous(results: Results) -> None:
     # Multi-node placements are the point of issue 12: some must have been emitted and launched.
     assert counts["multi_node"] >= 20, counts
     assert counts["launched_multi_node"] >= 20, counts
+    # TensorRT-LLM refuses only the planner's own INT8/INT4 KV fallback, and that rarely
+    assert counts["trtllm_refused_int_kv"] <= counts["launched"] // 10, counts

@@ -99,7 +99,7 @@ def test_bad_input_is_exit_2_and_a_missing_state_is_not_created(
     url, _spec = fragmented
     missing = tmp_path / "nope.sqlite3"
     result = run_cli("defrag", "--state", f"sqlite:{missing}", "--need-gpus", "8")
-    assert result.exit_code == 2 and "no state file" in result.stderr and not missing.exists()
+    assert result.exit_code == 2 and "does not exist" in result.stderr and not missing.exists()
     both = run_cli("defrag", "--state", url, "--need-gpus", "8", "--model", "llama-3.1-8b")
     assert both.exit_code == 2 and "one of them" in both.stderr
     wrong = run_cli("defrag", "--state", url, "--preset", "hgx-h100", "--need-gpus", "8")

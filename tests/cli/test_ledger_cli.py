@@ -12,20 +12,40 @@ from toposched.ledger.base import GIB
 
 def test_stress_contract_sqlite(run_cli: RunCli, tmp_path: Path) -> None:
     path = tmp_path / "ledger.sqlite3"
-    result = run_cli(
-        "ledger", "stress", "--backend", "sqlite", "--path", str(path), "--clients", "4", "--ops", "200", "--json"
-    )
+    result = run_cli("ledger", "stress", "--state", f"sqlite:{path}", "--clients", "4", "--ops", "200", "--json")
     assert result.exit_code == 0, result.stderr
     doc = json.loads(result.stdout)
-    assert doc["ops"] == 200 and doc["ops_per_s"] > 0
+    assert doc["ops"] == 200 and doc["ops_per_s"] > 0 and doc["backend"] == "sqlite"
     assert doc["double_bookings"] == 0 and doc["lost"] == 0
 
 
+def test_stress_old_options_still_work_with_a_warning(run_cli: RunCli, tmp_path: Path) -> None:
+    path = tmp_path / "ledger.sqlite3"
+    result = run_cli("ledger", "stress", "--backend", "sqlite", "--path", str(path), "--ops", "20", "--json")
+    assert result.exit_code == 0 and json.loads(result.stdout)["ops"] == 20
+    assert result.stderr.splitlines() == [
+        "warning: --backend/--path/--endpoint are deprecated; use --state sqlite:FILE or --state etcd:URL"
+    ]
+    assert "--backend" not in run_cli("ledger", "stress", "--help").stdout  # hidden
+
+
 def test_stress_needs_the_right_location(run_cli: RunCli, tmp_path: Path) -> None:
+    result = run_cli("ledger", "stress", "--clients", "2")
+    assert result.exit_code == 2 and "--state sqlite:FILE" in result.stderr  # never the default state file
     result = run_cli("ledger", "stress", "--backend", "sqlite", "--clients", "2")
     assert result.exit_code == 2 and "--path FILE" in result.stderr
     result = run_cli("ledger", "stress", "--backend", "memory", "--path", str(tmp_path / "x"))
     assert result.exit_code == 2 and "valid: sqlite, etcd" in result.stderr
+    result = run_cli("ledger", "stress", "--state", f"sqlite:{tmp_path / 'x'}", "--path", str(tmp_path / "x"))
+    assert result.exit_code == 2 and "give --state alone" in result.stderr
+
+
+def test_read_commands_never_create_state(run_cli: RunCli, tmp_path: Path) -> None:
+    missing = tmp_path / "no" / "such" / "x.sqlite3"
+    for args in (("show",), ("show", "--json"), ("release", "inst-1")):
+        result = run_cli("ledger", *args, "--state", f"sqlite:{missing}")
+        assert result.exit_code == 2 and result.stderr.startswith(f"error: the state file {missing} does not exist")
+    assert not (tmp_path / "no").exists()
 
 
 def test_show_and_release(run_cli: RunCli, tmp_path: Path) -> None:

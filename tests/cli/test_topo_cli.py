@@ -120,6 +120,19 @@ def test_refresh_then_show_from_state_and_staleness(run_cli: RunCli, monkeypatch
     assert result.exit_code == 2 and "TOPOSCHED_TOPO_MAX_AGE" in result.stderr
 
 
+def test_state_is_spelled_as_for_every_command(run_cli: RunCli, tmp_path: Path) -> None:
+    path = tmp_path / "elsewhere.sqlite3"
+    stored = run_cli("topo", "refresh", "--preset", "hgx-h100", "--state", f"sqlite:{path}", "--json")
+    assert stored.exit_code == 0 and json.loads(stored.stdout)["state"] == f"sqlite:{path}"
+    shown = run_cli("topo", "show", "--state", str(path), "--json")  # a bare path is the SQLite file
+    assert shown.exit_code == 0 and json.loads(shown.stdout)["version"] == 1
+
+
+def test_fabric_is_described_in_units_people_use(run_cli: RunCli) -> None:
+    result = run_cli("topo", "show", "--preset", "cluster-32x-hgx-h100")
+    assert "fabric IB NDR, 8 x 400 Gb/s NICs (50 GB/s each)" in " ".join(result.stdout.split())
+
+
 def test_presets_json(run_cli: RunCli) -> None:
     data = json.loads(run_cli("topo", "presets", "--json").stdout)
     names = {p["name"]: p for p in data}

@@ -20,7 +20,7 @@ def _one(prefix: str, where: Path = NCCL) -> str:
 
 def test_nccl_json_contract(run_cli: RunCli) -> None:
     result = run_cli("verify", "nccl", _one("03_"), "--json")
-    assert result.exit_code == 0, result.stderr
+    assert result.exit_code == 1, result.stderr  # spans_nodes and collnet_fallback are warnings
     data = json.loads(result.stdout)
     assert data["nranks"] == 8 and data["nnodes"] == 4 and data["gdrdma"] is True
     assert data["transports"] == ["COLLNET", "NET/IB", "P2P/CUMEM"]
@@ -35,7 +35,7 @@ def test_nccl_json_nnodes_null_when_not_reported(run_cli: RunCli) -> None:
 
 def test_nccl_human(run_cli: RunCli) -> None:
     result = run_cli("verify", "nccl", _one("10_"))
-    assert result.exit_code == 0
+    assert result.exit_code == 1
     assert "p2p_disabled" in result.stdout and "SHM" in result.stdout
 
 
@@ -115,4 +115,23 @@ def test_nccl_long_spliced_line(run_cli: RunCli, tmp_path: Path) -> None:
     path = tmp_path / "long.log"
     path.write_text(text[:at] + " " + "x" * 200_000 + text[at:])
     result = run_cli("verify", "nccl", str(path), "--json")
-    assert result.exit_code == 0 and json.loads(result.stdout)["nranks"] == 8
+    assert result.exit_code == 1 and json.loads(result.stdout)["nranks"] == 8
+
+
+@pytest.mark.parametrize(("prefix", "code"), [("04_", 0), ("11_", 0), ("12_", 1), ("01_", 1)])
+def test_nccl_exit_code_is_one_exactly_when_a_warning_is_found(run_cli: RunCli, prefix: str, code: int) -> None:
+    # 04: no findings; 11: only skipped_records (info); 12: net_socket; 01: shm_transport (warnings)
+    result = run_cli("verify", "nccl", _one(prefix), "--json")
+    severities = {f["severity"] for f in json.loads(result.stdout)["findings"]}
+    assert result.exit_code == code and ("warning" in severities) == (code == 1)
+
+
+def test_topo_from_a_preset_and_a_node_of_a_cluster(run_cli: RunCli) -> None:
+    ok = run_cli("verify", "topo", "--preset", "hgx-h100", "--gpus", "0,1,2,3", "--json")
+    assert ok.exit_code == 0 and json.loads(ok.stdout)["level"] == "nvlink"
+    pairs = run_cli("verify", "topo", "--preset", "4gpu-2numa-nvlink-pairs", "--gpus", "1,2")
+    assert pairs.exit_code == 1 and "NOT OK" in pairs.stdout
+    many = run_cli("verify", "topo", "--preset", "cluster-32x-hgx-h100", "--gpus", "0,1")
+    assert many.exit_code == 2 and "--node" in many.stderr
+    node = run_cli("verify", "topo", "--preset", "cluster-32x-hgx-h100", "--node", "h100-03", "--gpus", "0,7", "--json")
+    assert node.exit_code == 0 and json.loads(node.stdout)["node"] == "h100-03"

@@ -97,6 +97,18 @@ def test_impossible_tp(run_cli: Run) -> None:
     _one_line_error(res, "tp=6")
 
 
+def test_ep_skips_the_tp_it_does_not_divide(run_cli: Run) -> None:
+    res = run_cli("fit", "-m", "mixtral-8x7b", "-g", "A100-SXM-80GB", "--ep", "2", "--pp", "1", "--json")
+    assert res.exit_code == 0, res.stderr
+    assert [(o["tp"], o["ep"]) for o in json.loads(res.stdout)["options"]] == [(2, 2), (4, 2), (8, 2)]
+    forced = run_cli("fit", "-m", "mixtral-8x7b", "-g", "A100-SXM-80GB", "--ep", "2", "--tp", "1")
+    assert forced.exit_code == 2 and "fix: use ep=1, or a tp that is a multiple of 2" in forced.stderr
+    none_left = run_cli("fit", "-m", "mixtral-8x7b", "-g", "A100-SXM-80GB", "--ep", "16")
+    assert none_left.exit_code == 2 and "ep=16 must divide tp=8" in none_left.stderr
+    dense = run_cli("fit", "-m", "llama-3.1-8b", "-g", "A100-SXM-80GB", "--ep", "2")
+    assert dense.exit_code == 2 and "is dense" in dense.stderr
+
+
 def test_fits_nowhere(run_cli: Run) -> None:
     res = run_cli("fit", "--model", "llama-3.1-405b", "--gpu", "RTX-4090", "--pp", "1", "--json")
     _one_line_error(res, "fits on RTX-4090 with none of")

@@ -126,3 +126,39 @@ def test_bad_probe_file(tmp_path: Path) -> None:
     path = _write(tmp_path, "nodes:\n  - {name: a, probe: probe.json}\n")
     with pytest.raises(SpecError, match=r"nodes\.0\.probe: .* is not a saved probe"):
         load_cluster_spec(path)
+
+
+@pytest.mark.parametrize(
+    ("fabric", "gbps", "link", "generation"),
+    [
+        ("{nic_gbit_per_s: 200}", 25.0, "ib-hdr", "HDR"),
+        ("{nic_gbit_per_s: 400}", 50.0, "ib-ndr", "NDR"),
+        ("{nic_gbit_per_s: 800}", 100.0, "ib-xdr", "XDR"),
+        ("{nic_gbit_per_s: 100}", 12.5, "ib-hdr", None),  # EDR: no table of its own, HDR's is the slowest
+        ("{nic_gbps: 50}", 50.0, "ib-ndr", "NDR"),  # the older GB/s spelling still reads
+        ("{kind: ROCE, nic_gbit_per_s: 400}", 50.0, "roce-400", None),
+    ],
+)
+def test_nic_speed_units_and_link_table(
+    tmp_path: Path, fabric: str, gbps: float, link: str, generation: str | None
+) -> None:
+    cluster = load_cluster_spec(_write(tmp_path, f"fabric: {fabric}\nnodes: [{{name: a, preset: hgx-h100}}]\n"))
+    assert cluster.fabric is not None
+    assert (cluster.fabric.nic_gbps, cluster.fabric.perf_link, cluster.fabric.generation) == (gbps, link, generation)
+
+
+@pytest.mark.parametrize(
+    ("fabric", "key", "phrase"),
+    [
+        ("{nic_gbps: 400}", "fabric.nic_gbps", "for a 400 Gb/s NIC write nic_gbit_per_s: 400"),
+        ("{nic_gbit_per_s: 3200}", "fabric.nic_gbit_per_s", "nic_gbit_per_s: 400 for InfiniBand NDR"),
+        ("{nic_gbit_per_s: fast}", "fabric.nic_gbit_per_s", "not a NIC speed in Gb/s"),
+        ("{nic_gbps: 50, nic_gbit_per_s: 400}", "fabric", "not both"),
+    ],
+)
+def test_implausible_nic_speed_names_the_key_and_the_fix(tmp_path: Path, fabric: str, key: str, phrase: str) -> None:
+    path = _write(tmp_path, f"fabric: {fabric}\nnodes: [{{name: a, preset: hgx-h100}}]\n")
+    with pytest.raises(SpecError) as info:
+        load_cluster_spec(path)
+    assert info.value.path == key
+    assert phrase in f"{info.value.message} fix: {info.value.fix}"

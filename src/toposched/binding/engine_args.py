@@ -1,9 +1,12 @@
-"""What vLLM and SGLang are told to serve a placement as planned: the model, the degrees, the memory plan.
+"""What vLLM, SGLang and TensorRT-LLM are told to serve a placement as planned: the model, the degrees,
+the memory plan.
 
-Only flags that exist in the pinned engines are emitted (vLLM 0.33.0, SGLang 0.5.23): ``FLAG_SOURCES``
-says where each is defined (../shared/reference/engines.md or the engine's own source file), a unit
-test fails on any other flag, and ``make check-engines`` runs every argv through the engines' own
-parsers.
+Only flags that exist in the pinned engines are emitted (vLLM 0.33.0, SGLang 0.5.23, ``trtllm-serve``
+at the commit named in ../shared/reference/data/trtllm-serve-options.json): ``FLAG_SOURCES`` says
+where each is defined (../shared/reference/engines.md, the options file or the engine's own source
+file), a unit test fails on any other flag, and ``make check-engines`` runs every vLLM and SGLang argv
+through the engines' own parsers (TensorRT-LLM cannot be installed here: its options are checked
+against the options file, values included).
 
 * **Model** (``served_model``): exactly what the request named: a Hugging Face id as given, a local
   model folder (or the folder of a ``config.json``), or for a catalog name the Hugging Face id the
@@ -11,24 +14,33 @@ parsers.
 * **Settings** (``serve_settings``): every engine setting the plan's memory and latency figures rely
   on, mapped to each engine's own flag:
 
-  =========================  =================================  ==================================
-  plan                       vLLM 0.33.0                        SGLang 0.5.23
-  =========================  =================================  ==================================
-  tp / pp                    --tensor/--pipeline-parallel-size  --tp-size / --pp-size
-  ep > 1                     --enable-expert-parallel (EP=TP)   --ep-size
-  hot-expert copies          --enable-eplb --eplb-config        --ep-num-redundant-experts R
-                             {"num_redundant_experts": R}       --enable-eplb
-  max model len              --max-model-len                    --context-length
-  memory budget              --gpu-memory-utilization 0.92      --mem-fraction-static (weights+KV)
-  sequences (batch)          --max-num-seqs                     --max-running-requests
-  profiled tokens            --max-num-batched-tokens           --chunked-prefill-size
-  weight dtype               --quantization fp8 / --dtype       --quantization fp8 / --dtype
-  KV dtype                   --kv-cache-dtype                   --kv-cache-dtype
-  =========================  =================================  ==================================
+  ================  ==============================  ===========================  ==============================
+  plan              vLLM 0.33.0                     SGLang 0.5.23                TensorRT-LLM (trtllm-serve)
+  ================  ==============================  ===========================  ==============================
+  tp / pp           --tensor/--pipeline-parallel-   --tp-size / --pp-size        --tp_size / --pp_size
+                    size
+  ep > 1            --enable-expert-parallel        --ep-size                    --ep_size
+                    (EP = TP)
+  hot-expert        --enable-eplb --eplb-config     --ep-num-redundant-experts   (refused)
+  copies            {"num_redundant_experts": R}    R --enable-eplb
+  max model len     --max-model-len                 --context-length             --max_seq_len
+  memory budget     --gpu-memory-utilization 0.92   --mem-fraction-static        --kv_cache_free_gpu_memory_
+                    (of the total)                  (weights + KV)               fraction (of the free memory)
+  sequences         --max-num-seqs                  --max-running-requests       --max_batch_size
+  profiled tokens   --max-num-batched-tokens        --chunked-prefill-size       --max_num_tokens,
+                                                                                 --enable_chunked_prefill
+  weight dtype      --quantization fp8, --dtype     --quantization fp8,          options YAML ``dtype``
+                                                    --dtype
+  KV dtype          --kv-cache-dtype                --kv-cache-dtype             options YAML ``kv_cache_config``
+  ================  ==============================  ===========================  ==============================
 
   A plan an engine cannot run as planned is refused with one line: ``ep`` other than 1 or ``tp`` on
-  vLLM, INT8/INT4 weights from a 16-bit checkpoint, redundant experts for a model the engine has
-  none for, an INT8/INT4 KV cache on SGLang, a context longer than the model's.
+  vLLM, INT8/INT4 weights from a 16-bit checkpoint (and, on TensorRT-LLM, FP8 from one: it loads
+  pre-quantized checkpoints only), redundant experts for a model the engine has none for, an INT8/INT4
+  KV cache on SGLang or TensorRT-LLM, a context longer than the model's.
+* **TensorRT-LLM options YAML** (``trtllm_options``): what ``trtllm-serve`` has no flag for goes into
+  the LLM-API options file its ``--config`` names (fields of ``tensorrt_llm/llmapi/llm_args.py``,
+  ``TRTLLM_YAML_KEYS``): the KV dtype, a 16-bit dtype override, CUDA graphs up to the planned batch.
 """
 
 from __future__ import annotations
@@ -37,7 +49,7 @@ import json
 import math
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Literal
+from typing import Any, Literal
 
 from toposched.errors import InputError
 from toposched.solver.options import check_context
@@ -45,11 +57,18 @@ from toposched.solver.request import Placement, PlacementRequest
 from toposched.workload import MemoryConfig, ModelSpec, resolve_model
 from toposched.workload.catalog import catalog_entry
 from toposched.workload.dtypes import WeightDtype, parse_weight_dtype, weight_format
+from toposched.workload.memory import (
+    TRTLLM_FREE_FRACTION,
+    non_torch_memory,
+    trtllm_fraction_for,
+    trtllm_free_bytes,
+)
 
-Engine = Literal["vllm", "sglang"]
+Engine = Literal["vllm", "sglang", "trtllm"]
 
 # Where each flag is defined: "engines.md" (../shared/reference/engines.md, sections 1.1 and 2 and the
 # verbatim LWS examples) or the file of the engine's wheel that declares it.
+_TRTLLM = "trtllm-serve-options.json"
 FLAG_SOURCES: dict[Engine, dict[str, str]] = {
     "vllm": {
         "--tensor-parallel-size": "engines.md 1.1",
@@ -95,9 +114,37 @@ FLAG_SOURCES: dict[Engine, dict[str, str]] = {
         "--ep-num-redundant-experts": "sglang/srt/arg_groups/fields/exec_.py: ep_num_redundant_experts",
         "--enable-eplb": "sglang/srt/arg_groups/fields/exec_.py: enable_eplb",
     },
+    "trtllm": {
+        flag: _TRTLLM
+        for flag in (
+            "--backend",
+            "--tp_size",
+            "--pp_size",
+            "--ep_size",
+            "--max_seq_len",
+            "--max_batch_size",
+            "--max_num_tokens",
+            "--kv_cache_free_gpu_memory_fraction",
+            "--enable_chunked_prefill",
+            "--config",
+            "--gpus_per_node",
+            "--host",
+            "--port",
+        )
+    },
 }
 VLLM_FLAGS = frozenset(FLAG_SOURCES["vllm"])
 SGLANG_FLAGS = frozenset(FLAG_SOURCES["sglang"])
+TRTLLM_FLAGS = frozenset(FLAG_SOURCES["trtllm"])
+
+TRTLLM_YAML_KEYS: dict[str, str] = {
+    "kv_cache_config": "llm_args.py KvCacheConfig: free_gpu_memory_fraction, dtype",
+    "dtype": "llm_args.py BaseLlmArgs.dtype: auto | float16 | bfloat16",
+    "cuda_graph_config": "llm_args.py CudaGraphConfig: max_batch_size, enable_padding",
+}
+"""Top-level keys of the LLM-API options YAML (``--config``) toposched writes, and their fields. The
+options file lists CLI options only; these are the LLM API's own field names, not checked here."""
+ENGINE_NAMES: dict[Engine, str] = {"vllm": "vLLM 0.33.0", "sglang": "SGLang 0.5.23", "trtllm": "TensorRT-LLM"}
 
 # KV dtypes toposched plans with -> engine values (vLLM CacheDType; SGLang fields/model.py choices).
 _VLLM_KV = {"auto": "auto", "fp8": "fp8", "int8": "int8_per_token_head", "int4": "int4_per_token_head"}
@@ -112,6 +159,9 @@ _TORCH_DTYPE: dict[str, Literal["bfloat16", "float16"]] = {"bf16": "bfloat16", "
 REDUNDANT_EXPERT_MODELS: dict[Engine, frozenset[str]] = {
     "vllm": frozenset({"mixtral", "qwen3_moe", "deepseek_v2", "deepseek_v3"}),
     "sglang": frozenset({"qwen2_moe", "qwen3_moe", "deepseek_v2", "deepseek_v3"}),
+    # TensorRT-LLM's expert load balancer is configured in the LLM API (not a trtllm-serve option) and
+    # is not in the reference list: toposched does not emit it, so no model takes redundant experts.
+    "trtllm": frozenset(),
 }
 
 
@@ -213,6 +263,9 @@ class ServeSettings:
     gpu_memory_utilization: float
     mem_fraction_static: float | None
     """SGLang: (weights + KV) / GPU memory as planned; None when the plan records no memory."""
+    kv_free_fraction: float
+    """TensorRT-LLM: the share of the memory free after weights, activations and buffers that makes its KV
+    pool the plan's KV bytes (``workload/memory.py``); its default when the plan records no memory."""
     dtype: Literal["bfloat16", "float16"] | None
     quantization: Literal["fp8"] | None
     kv_dtype: str
@@ -281,6 +334,9 @@ def serve_settings(p: Placement, request: PlacementRequest, model: str, checkpoi
         if hbm.total > 0 and hbm.weights + hbm.kv > 0
         else None
     )
+    free = trtllm_free_bytes(
+        round(hbm.total / cfg.gpu_memory_utilization), hbm.weights, hbm.activations, non_torch_memory(p.tp, p.pp, cfg)
+    )
     return ServeSettings(
         placement=p.id,
         model=model,
@@ -293,6 +349,7 @@ def serve_settings(p: Placement, request: PlacementRequest, model: str, checkpoi
         max_num_batched_tokens=batched,
         gpu_memory_utilization=cfg.gpu_memory_utilization,
         mem_fraction_static=static,
+        kv_free_fraction=trtllm_fraction_for(hbm.kv, free) if hbm.kv > 0 and free > 0 else TRTLLM_FREE_FRACTION,
         dtype=dtype,
         quantization=quantization,
         kv_dtype=_kv_dtype(p, dtype, checkpoint),
@@ -301,11 +358,16 @@ def serve_settings(p: Placement, request: PlacementRequest, model: str, checkpoi
 
 
 def _check_redundant(s: ServeSettings, engine: Engine) -> None:
-    if s.redundant_experts and s.model_type is not None and s.model_type not in REDUNDANT_EXPERT_MODELS[engine]:
+    unknown_ok = engine != "trtllm"  # a model only --model-path knows: vLLM/SGLang decide at load time
+    if (
+        s.redundant_experts
+        and (s.model_type is not None or not unknown_ok)
+        and (s.model_type not in REDUNDANT_EXPERT_MODELS[engine])
+    ):
         raise InputError(
             f"placement {s.placement} reserves memory for {s.redundant_experts} redundant experts, but "
-            f"{'vLLM 0.33.0' if engine == 'vllm' else 'SGLang 0.5.23'} has no redundant experts for "
-            f"{s.model_type!r} models",
+            f"{ENGINE_NAMES[engine]} has no redundant experts for "
+            + (f"{s.model_type!r} models" if s.model_type else "this model"),
             fix="plan without --expert-replicas"
             + (", or launch with vllm" if s.model_type in REDUNDANT_EXPERT_MODELS["vllm"] else ""),
         )
@@ -361,4 +423,56 @@ def sglang_serve_argv(s: ServeSettings) -> list[str]:
                 fix="plan with --kv-dtype fp8 or use --engine vllm",
             )
         argv += ["--kv-cache-dtype", _SGLANG_KV[s.kv_dtype]]
+    return argv
+
+
+def _trtllm_kv_dtype(s: ServeSettings) -> str | None:
+    """The options YAML's ``kv_cache_config.dtype``, or None for the checkpoint's own."""
+    if s.kv_dtype == "auto":
+        return None
+    if s.kv_dtype != "fp8":
+        raise InputError(
+            f"placement {s.placement} needs a {s.kv_dtype} KV cache; toposched launches TensorRT-LLM with an fp8 "
+            "or 16-bit KV cache only",
+            fix="plan with --kv-dtype fp8 or --kv-dtype auto, or launch with vllm",
+        )
+    return "fp8"
+
+
+def trtllm_options(s: ServeSettings) -> dict[str, Any]:
+    """The LLM-API options YAML (``--config``) for what ``trtllm-serve`` has no flag for.
+
+    ``kv_cache_config`` repeats the flag's fraction: trtllm-serve applies the YAML over the settings it
+    builds from its flags, so a ``kv_cache_config`` there must hold the planned fraction too.
+    CUDA graphs cover batches up to the planned one, padded to the nearest captured size.
+    """
+    kv: dict[str, Any] = {"free_gpu_memory_fraction": s.kv_free_fraction}
+    kv_dtype = _trtllm_kv_dtype(s)
+    if kv_dtype:
+        kv["dtype"] = kv_dtype
+    options: dict[str, Any] = {"kv_cache_config": kv}
+    if s.dtype:
+        options["dtype"] = s.dtype
+    options["cuda_graph_config"] = {"max_batch_size": s.max_num_seqs, "enable_padding": True}
+    return options
+
+
+def trtllm_serve_argv(s: ServeSettings, config: str) -> list[str]:
+    """``trtllm-serve`` on the PyTorch backend with the degrees, lengths, batch and KV fraction; the rest
+    goes into the options YAML named ``config`` (:func:`trtllm_options`)."""
+    if s.quantization:
+        raise InputError(
+            f"placement {s.placement} plans {s.quantization} weights from a 16-bit checkpoint; TensorRT-LLM loads "
+            "pre-quantized checkpoints and does not quantize while loading",
+            fix="plan with a pre-quantized FP8 checkpoint as --model (a ModelOpt or fp8 config.json), or launch with "
+            "vllm or sglang",
+        )
+    _check_redundant(s, "trtllm")
+    _trtllm_kv_dtype(s)
+    argv = ["trtllm-serve", s.model, "--backend", "pytorch", "--tp_size", str(s.tp), "--pp_size", str(s.pp)]
+    if s.ep > 1:
+        argv += ["--ep_size", str(s.ep)]
+    argv += ["--max_seq_len", str(s.max_model_len), "--max_batch_size", str(s.max_num_seqs)]
+    argv += ["--max_num_tokens", str(s.max_num_batched_tokens), "--enable_chunked_prefill"]
+    argv += ["--kv_cache_free_gpu_memory_fraction", f"{s.kv_free_fraction:g}", "--config", config]
     return argv

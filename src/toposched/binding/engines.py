@@ -1,4 +1,5 @@
-"""Launches for vLLM and SGLang: per node, the command, the GPUs, NUMA binding, NCCL settings and ports.
+"""Launches for vLLM, SGLang and TensorRT-LLM: per node, the command, the GPUs, NUMA binding, NCCL
+settings and ports.
 
 What each engine is told to serve (model, degrees, memory plan, dtypes) is ``engine_args.py``; this
 module adds what depends on where the ranks run. Only variables that exist in the pinned engines and
@@ -9,14 +10,24 @@ NCCL 2.30 are set (``ENV_VARS``, each in ../shared/reference/engines.md).
   SGLang's rank *i* take visible device *i*). UUIDs are used when the topology came from NVML.
 * **NUMA**: when all of a node's GPUs sit in one NUMA node the command runs under
   ``numactl --cpunodebind=N --membind=N``; when they span several, vLLM binds each worker with
-  ``--numa-bind --numa-bind-nodes`` (one NUMA node per rank) and SGLang runs unbound.
+  ``--numa-bind --numa-bind-nodes`` (one NUMA node per rank) and SGLang and TensorRT-LLM run unbound.
 * **NCCL**: ``NCCL_IB_HCA`` lists (exactly, ``=``) the RDMA devices nearest the GPUs, only for
   multi-node instances; ``NCCL_SOCKET_IFNAME`` is the cluster spec's value as written (NCCL's own
   syntax: ``eth`` prefix, ``=eth0`` exact, ``^docker,lo`` exclude); ``NCCL_CROSS_NIC=0`` on
   rail-optimised fabrics. ``NCCL_NET_GDR_LEVEL`` is left to NCCL (see ``_nccl_env``).
 * **Multi-node**: vLLM ``--nnodes/--node-rank/--master-addr/--master-port`` with ``--headless`` on
   the others; SGLang ``--nnodes/--node-rank/--dist-init-addr``. The head is the node of rank 0; its
-  name is used as the address unless one is given.
+  name is used as the address unless one is given. TensorRT-LLM runs its ranks as MPI processes, so
+  a multi-node instance is one command on the head (``_trtllm_launch``): ``mpirun`` over a hostfile of
+  the plan's nodes (``NODE slots=G``, rank order), the node's variables exported and forwarded with
+  ``-x``, ``trtllm-llmapi-launch trtllm-serve ... --gpus_per_node G``; when the nodes differ in GPUs,
+  NUMA binding or NICs, one MPMD context per node (``-np G --host NODE:G -x VAR=VALUE ... :``). Every
+  node holds the same number of ranks (``layout_problem``), as TensorRT-LLM needs: it puts rank r on
+  local GPU r % gpus_per_node.
+  Where the nodes are alike there is also an ``srun`` form for Slurm (``srun_argv``).
+* **Files**: TensorRT-LLM reads an LLM-API options YAML (``--config``) and mpirun a hostfile; both
+  are ``files`` of the launch, written next to its script and named in the argv by file name after
+  ``--config`` / ``--hostfile`` (the script turns the name into a path beside itself).
 * **Ports**: every port an instance binds (the server's ``--port``, the rendezvous port of a
   multi-node instance) is unique on each of its nodes across the whole plan (``PortBook``), so two
   instances whose heads share a node, or pods on the host network, never collide.
@@ -29,20 +40,28 @@ comment line carries only checked names and numbers, never a raw newline.
 
 from __future__ import annotations
 
+import hashlib
 import shlex
-from collections.abc import Sequence
+from collections.abc import Container, Sequence
+from pathlib import Path
+from typing import Any
 
+import yaml
 from pydantic import BaseModel, ConfigDict, Field
 
 from toposched.binding.engine_args import (
     SGLANG_FLAGS,
+    TRTLLM_FLAGS,
     VLLM_FLAGS,
     Engine,
+    ServeSettings,
     check_model_arg,
     checkpoint_of,
     serve_settings,
     served_model,
     sglang_serve_argv,
+    trtllm_options,
+    trtllm_serve_argv,
     vllm_serve_argv,
 )
 from toposched.errors import InputError
@@ -52,7 +71,10 @@ from toposched.solver.request import Placement, PlacementRequest
 from toposched.topology.domains import DomainMap, build_domain_map, gpu_ref
 from toposched.topology.model import Cluster
 
-__all__ = ["ENV_VARS", "SGLANG_FLAGS", "VLLM_FLAGS", "Engine", "NodeLaunch", "build_launches", "shell_script"]
+__all__ = [
+    "ENV_VARS", "SGLANG_FLAGS", "TRTLLM_FLAGS", "VLLM_FLAGS", "Engine", "NodeLaunch", "build_launches",
+    "shell_script", "srun_script",
+]  # fmt: skip
 
 ENV_VARS = frozenset(
     {
@@ -61,6 +83,8 @@ ENV_VARS = frozenset(
     }
 )  # fmt: skip
 
+MAX_FILE_NAME = 255
+"""Longest file name (bytes) most file systems take (NAME_MAX)."""
 VLLM_MASTER_PORT = 29501  # vLLM's --master-port default (engines.md 1.1): the first one tried
 SGLANG_DIST_PORT = 20000  # the port of the LWS SGLang example (engines.md section 2): the first one tried
 MAX_PORT = 65535
@@ -85,6 +109,26 @@ class NodeLaunch(BaseModel):
     dist_port: int | None = Field(
         default=None, description="the multi-node rendezvous port (vLLM --master-port, SGLang --dist-init-addr)"
     )
+    files: dict[str, str] = Field(
+        default_factory=dict,
+        description="files the command reads, written next to its script (name -> text); the argv names them",
+    )
+    hosts: list[str] = Field(
+        default_factory=list, description="nodes whose ranks this command starts with mpirun, in rank order"
+    )
+    srun_argv: list[str] | None = Field(
+        default=None, description="the same ranks started by Slurm's srun (multi-node TensorRT-LLM on alike nodes)"
+    )
+
+
+def plain_file_name(stem: str, suffix: str) -> str:
+    """``stem + suffix`` as one file name, hashed short past 255 bytes; ``stem`` is made of checked names."""
+    name = stem + suffix
+    if len(name.encode()) > MAX_FILE_NAME:
+        name = f"{stem[:200]}-{hashlib.sha256(stem.encode()).hexdigest()[:12]}{suffix}"
+    if name != Path(name).name or name.startswith(".") or not name.isprintable():
+        raise InputError(f"file name {name[:80]!r} is not a plain file name")
+    return name
 
 
 def _node_groups(p: Placement) -> list[tuple[str, list[int]]]:
@@ -155,6 +199,66 @@ def _nccl_env(cluster: Cluster, dmap: DomainMap, node: str, gpus: Sequence[int],
     return env
 
 
+class _NodeSetup(BaseModel):
+    """What one node of an instance needs whatever the engine: its GPUs, their ids, variables, numactl."""
+
+    model_config = ConfigDict(frozen=True)
+
+    node: str
+    gpus: list[int]
+    ids: list[str]
+    numa_nodes: list[int | None]
+    env: dict[str, str]
+    prefix: list[str]
+    """``numactl`` binding to the one NUMA node of all the node's GPUs, or nothing."""
+
+
+def _setup(cluster: Cluster, dmap: DomainMap, node: str, gpus: list[int], multi: bool, uuids: bool) -> _NodeSetup:
+    n = cluster.node(node)
+    numas = [n.gpu(g).numa_node for g in gpus]
+    ids = [n.gpu(g).uuid or str(g) if uuids else str(g) for g in gpus]
+    env = {"CUDA_DEVICE_ORDER": "PCI_BUS_ID", "CUDA_VISIBLE_DEVICES": ",".join(ids)}
+    env.update(_nccl_env(cluster, dmap, node, gpus, multi))
+    single = numas[0] if len(set(numas)) == 1 and numas[0] is not None else None
+    prefix = ["numactl", f"--cpunodebind={single}", f"--membind={single}"] if single is not None else []
+    return _NodeSetup(node=node, gpus=gpus, ids=ids, numa_nodes=numas, env=env, prefix=prefix)
+
+
+def _trtllm_launch(placement: str, settings: ServeSettings, setups: list[_NodeSetup], port: int) -> NodeLaunch:
+    """``trtllm-serve`` on one node, or ``mpirun`` (and ``srun``) over all of an instance's nodes from the head."""
+    head = setups[0]
+    config = plain_file_name(placement, ".trtllm.yaml")
+    files = {config: yaml.safe_dump(trtllm_options(settings), sort_keys=False)}
+    serve = trtllm_serve_argv(settings, config)
+    common: dict[str, Any] = {
+        "placement": placement, "node": head.node, "engine": "trtllm", "node_rank": 0, "nnodes": len(setups),
+        "gpus": head.gpus, "gpu_ids": head.ids, "numa_nodes": head.numa_nodes, "port": port,
+    }  # fmt: skip
+    if len(setups) == 1:
+        argv = [*head.prefix, *serve, "--host", "0.0.0.0", "--port", str(port)]
+        return NodeLaunch(**common, env=head.env, argv=argv, files=files)
+    g = len(head.gpus)  # the same on every node (layout_problem); TensorRT-LLM puts rank r on local GPU r % g
+    serve += ["--gpus_per_node", str(g), "--host", "0.0.0.0", "--port", str(port)]
+    hostfile = plain_file_name(placement, ".hostfile")
+    files[hostfile] = "".join(f"{x.node} slots={g}\n" for x in setups)
+    alike = all((x.ids, x.prefix, x.env) == (head.ids, head.prefix, head.env) for x in setups)
+    ranks = ["trtllm-llmapi-launch", *serve]
+    if alike:
+        forward = [a for k in head.env for a in ("-x", k)]
+        argv = ["mpirun", "-np", str(g * len(setups)), "--hostfile", hostfile, "--map-by", f"ppr:{g}:node"]
+        argv += ["--bind-to", "none", *forward, *head.prefix, *ranks]
+        srun = ["srun", "--nodes", str(len(setups)), "--ntasks", str(g * len(setups)), "--ntasks-per-node", str(g)]
+        srun += ["--nodelist", ",".join(x.node for x in setups), "--mpi=pmix", "--cpu-bind=none", *head.prefix, *ranks]
+        env: dict[str, str] = head.env
+    else:  # one MPMD context per node, each with its own variables and binding
+        argv, srun, env = ["mpirun", "--hostfile", hostfile, "--bind-to", "none"], None, {}
+        for i, x in enumerate(setups):
+            argv += [":"] if i else []
+            exports = [a for k, v in x.env.items() for a in ("-x", f"{k}={v}")]
+            argv += ["-np", str(g), "--host", f"{x.node}:{g}", *exports, *x.prefix, *ranks]
+    return NodeLaunch(**common, env=env, argv=argv, files=files, hosts=[x.node for x in setups], srun_argv=srun)
+
+
 def build_launches(
     doc_placements: Sequence[Placement],
     request: PlacementRequest,
@@ -170,7 +274,6 @@ def build_launches(
     if not 1 <= base_port <= MAX_PORT:
         raise InputError(f"--port {base_port} is not a port (1 to {MAX_PORT})")
     dmap = build_domain_map(cluster)
-    nodes = {n.name: n for n in cluster.nodes}
     model = check_model_arg(model_path, "--model-path") if model_path else served_model(request.model)
     checkpoint = checkpoint_of(request, model_path)
     if use_uuids is None:
@@ -180,28 +283,23 @@ def build_launches(
     for p in doc_placements:
         groups = _node_groups(p)
         settings = serve_settings(p, request, model, checkpoint)
-        core = vllm_serve_argv(settings) if engine == "vllm" else sglang_serve_argv(settings)
         head = master_addr or groups[0][0]
         group_nodes = [n for n, _ in groups]
         port = ports.take(group_nodes, base_port, "server")
+        setups = [_setup(cluster, dmap, node, gpus, len(groups) > 1, use_uuids) for node, gpus in groups]
+        if engine == "trtllm":
+            launches.append(_trtllm_launch(p.id, settings, setups, port))
+            continue
+        core = vllm_serve_argv(settings) if engine == "vllm" else sglang_serve_argv(settings)
         dist_port = None
         if len(groups) > 1:
             first = VLLM_MASTER_PORT if engine == "vllm" else SGLANG_DIST_PORT
             dist_port = ports.take(group_nodes, first, "rendezvous")
-        for node_rank, (node, gpus) in enumerate(groups):
-            numas = [nodes[node].gpu(g).numa_node for g in gpus]
-            ids = [nodes[node].gpu(g).uuid or str(g) if use_uuids else str(g) for g in gpus]
-            env = {"CUDA_DEVICE_ORDER": "PCI_BUS_ID", "CUDA_VISIBLE_DEVICES": ",".join(ids)}
-            env.update(_nccl_env(cluster, dmap, node, gpus, len(groups) > 1))
-            single_numa = numas[0] if len(set(numas)) == 1 and numas[0] is not None else None
-            prefix = (
-                ["numactl", f"--cpunodebind={single_numa}", f"--membind={single_numa}"]
-                if single_numa is not None
-                else []
-            )
+        for node_rank, setup in enumerate(setups):
             argv = list(core)
             if engine == "vllm":
-                if single_numa is None and all(n is not None for n in numas) and len(set(numas)) > 1:
+                numas = setup.numa_nodes
+                if not setup.prefix and all(n is not None for n in numas) and len(set(numas)) > 1:
                     argv += ["--numa-bind", "--numa-bind-nodes", *[str(n) for n in numas]]
                 if dist_port is not None:
                     argv += ["--nnodes", str(len(groups)), "--node-rank", str(node_rank), "--master-addr", head]
@@ -214,8 +312,9 @@ def build_launches(
             argv += ["--host", "0.0.0.0", "--port", str(port)]
             launches.append(
                 NodeLaunch(
-                    placement=p.id, node=node, engine=engine, node_rank=node_rank, nnodes=len(groups), env=env,
-                    argv=prefix + argv, gpus=gpus, gpu_ids=ids, numa_nodes=numas, port=port, dist_port=dist_port,
+                    placement=p.id, node=setup.node, engine=engine, node_rank=node_rank, nnodes=len(groups),
+                    env=setup.env, argv=setup.prefix + argv, gpus=setup.gpus, gpu_ids=setup.ids,
+                    numa_nodes=setup.numa_nodes, port=port, dist_port=dist_port,
                 )
             )  # fmt: skip
     return launches
@@ -245,11 +344,32 @@ def _quoted(value: str) -> str:
     return "'" + value.replace("'", "'\"'\"'") + "'"
 
 
-def shell_script(launch: NodeLaunch) -> str:
+FILE_FLAGS = frozenset({"--config", "--hostfile"})
+"""Options whose value may be a file of the launch (its name; the file lies beside the script)."""
+
+
+def is_file_arg(value: str, previous: str, files: Container[str]) -> bool:
+    """Whether an argv word names one of the launch's files (only as the value of a ``FILE_FLAGS`` option:
+    a model path that happens to equal a file name stays what it is)."""
+    return previous in FILE_FLAGS and value in files
+
+
+def _arg(value: str, previous: str, files: dict[str, str]) -> str:
+    """One argv word for a script: a file of the launch as a path beside the script, an mpirun ``-x
+    VAR=VALUE`` in single quotes (as the exports), anything else shell-quoted."""
+    if is_file_arg(value, previous, files):
+        return '"$here"/' + shlex.quote(value)
+    if previous == "-x":
+        return _quoted(value)
+    return shlex.quote(value)
+
+
+def shell_script(launch: NodeLaunch, argv: Sequence[str] | None = None) -> str:
     """A script for one node; every value is shell-quoted, so nothing in a plan or a model path can execute.
 
-    The comment line names the placement and node, which ``NodeLaunch`` has checked (no newline, no
-    shell syntax); they are checked again here so a hand-built launch cannot slip a line in.
+    ``argv`` replaces the launch's command (the ``srun`` form). The comment line names the placement
+    and node, which ``NodeLaunch`` has checked (no newline, no shell syntax); they are checked again
+    here so a hand-built launch cannot slip a line in. Files of the launch are found beside the script.
     """
     problem = placement_id_problem(launch.placement) or node_name_problem(launch.node)
     if problem:
@@ -257,12 +377,23 @@ def shell_script(launch: NodeLaunch) -> str:
     bad = sorted(k for k in launch.env if k not in ENV_VARS)
     if bad:
         raise InputError(f"launch script: environment variable {bad[0]!r} is not one toposched writes")
+    for name in launch.files:
+        plain_file_name(name, "")
+    command = list(launch.argv if argv is None else argv)
     lines = [
         "#!/usr/bin/env bash",
         f"# toposched launch: placement {shlex.quote(launch.placement)}, node {shlex.quote(launch.node)} "
         f"(rank {int(launch.node_rank)} of {int(launch.nnodes)}), engine {shlex.quote(launch.engine)}",
         "set -euo pipefail",
     ]
+    if launch.files:
+        lines.append('here=$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)')
     lines += [f"export {k}={_quoted(v)}" for k, v in launch.env.items()]
-    lines.append("exec " + " ".join(shlex.quote(a) for a in launch.argv))
+    words = [_arg(a, command[i - 1] if i else "", launch.files) for i, a in enumerate(command)]
+    lines.append("exec " + " ".join(words))
     return "\n".join(lines) + "\n"
+
+
+def srun_script(launch: NodeLaunch) -> str | None:
+    """The ``srun`` form of a multi-node TensorRT-LLM launch as a script, or None when it has none."""
+    return None if launch.srun_argv is None else shell_script(launch, launch.srun_argv)

@@ -26,6 +26,10 @@ reference/engines.md sections 3-5.
   order with ``CUDA_DEVICE_ORDER=PCI_BUS_ID``, then execs the plan's command (with ``numactl`` when the
   plan binds NUMA). Every value is shell-quoted and every ``$`` doubled for the kubelet's ``$(VAR)``
   expansion, so a model path cannot run anything.
+* TensorRT-LLM (single-node placements only): the entrypoint first writes the launch's options YAML
+  under ``FILES_DIR`` with a quoted here-document, and ``--config`` names it there. A multi-node
+  TensorRT-LLM placement is refused: its leader would have to start ranks in the worker pods with
+  mpirun, which needs sshd (or an MPI operator) in them that toposched does not set up.
 """
 
 from __future__ import annotations
@@ -36,7 +40,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any, Literal
 
-from toposched.binding.engines import Engine, NodeLaunch, build_launches
+from toposched.binding.engines import Engine, NodeLaunch, build_launches, is_file_arg
 from toposched.binding.k8s_dra import (
     GPU_REQUESTS,
     GpuIds,
@@ -60,7 +64,10 @@ Obj = dict[str, Any]
 
 # The vLLM image tag follows the `vllm/vllm-openai:v0.8.5` form of the LWS example (engines.md 4),
 # pinned to the engine version whose flags the emitter uses (vLLM 0.33.0, engines.md 1).
-DEFAULT_IMAGES: dict[Engine, str | None] = {"vllm": "vllm/vllm-openai:v0.33.0", "sglang": None}
+DEFAULT_IMAGES: dict[Engine, str | None] = {"vllm": "vllm/vllm-openai:v0.33.0", "sglang": None, "trtllm": None}
+FILES_DIR = "/tmp/toposched"
+"""Where a pod's entrypoint writes the files its command reads (TensorRT-LLM's options YAML)."""
+_HEREDOC_END = "TOPOSCHED_EOF"
 HOSTNAME = "kubernetes.io/hostname"
 ZONE = "topology.kubernetes.io/zone"
 GPU_PRODUCT = "nvidia.com/gpu.product"
@@ -190,16 +197,35 @@ def _sh(value: str) -> str:
     return shlex.quote(value)
 
 
-def _command(argv: Sequence[str], leader_flag: str | None) -> str:
-    """The exec line; the value after ``leader_flag`` becomes the LWS leader address."""
+def _command(argv: Sequence[str], leader_flag: str | None, files: Mapping[str, str] | None = None) -> str:
+    """The exec line; the value after ``leader_flag`` becomes the LWS leader address, and a file of the
+    launch its path under ``FILES_DIR``."""
     out: list[str] = []
     for i, arg in enumerate(argv):
-        if leader_flag and i > 0 and argv[i - 1] == leader_flag:
+        if files and is_file_arg(arg, argv[i - 1] if i else "", files):
+            out.append(_sh(f"{FILES_DIR}/{arg}"))
+        elif leader_flag and i > 0 and argv[i - 1] == leader_flag:
             port = arg.rsplit(":", 1)[1] if ":" in arg else None
             out.append('"$LWS_LEADER_ADDRESS' + (f":{int(port)}" if port else "") + '"')
         else:
             out.append(_sh(arg))
     return "exec " + " ".join(out)
+
+
+def _file_lines(files: Mapping[str, str]) -> list[str]:
+    """Shell lines that write the launch's files under ``FILES_DIR`` (quoted here-documents: no expansion).
+
+    The files come from serialisers fed with numbers, fixed words and checked names; a line equal to the
+    end marker could still end the document early, so it is refused.
+    """
+    if not files:
+        return []
+    lines = [f"    mkdir -p {FILES_DIR}"]
+    for name, text in files.items():
+        if _HEREDOC_END in text.splitlines() or "$" in text:
+            raise InputError(f"file {name[:60]!r} of the launch cannot be written by the pod's entrypoint")
+        lines += [f"    cat > {_sh(f'{FILES_DIR}/{name}')} <<'{_HEREDOC_END}'", *text.splitlines(), _HEREDOC_END]
+    return lines
 
 
 _SELECT = r"""select_gpus() {
@@ -247,7 +273,8 @@ def entrypoint(doc: PlanDoc, launches: Sequence[NodeLaunch], *, lws: bool, ids: 
         lines += [
             f"  {_sh(launch.node)})",
             f"    {_select_line(pod_ids)}",
-            f"    {_command(launch.argv, leader_flag)}",
+            *_file_lines(launch.files),
+            f"    {_command(launch.argv, leader_flag, launch.files)}",
             "    ;;",
         ]
     planned = _sh(" ".join(launch.node for launch in launches))
@@ -364,6 +391,13 @@ def _launches(doc: PlanDoc, opts: K8sOptions) -> dict[str, list[NodeLaunch]]:
     launches = build_launches(doc.placements, doc.request, doc.cluster, opts.engine, model_path=opts.model_path)
     by_placement: dict[str, list[NodeLaunch]] = {}
     for launch in launches:
+        if launch.hosts:
+            raise InputError(
+                f"placement {launch.placement} spans {len(launch.hosts)} nodes: TensorRT-LLM starts its ranks with "
+                "mpirun, which needs a way into the worker pods (sshd in the image, or an MPI operator) that "
+                "toposched does not set up",
+                fix="launch it with `toposched launch trtllm --out DIR` (mpirun/srun scripts), or plan it on one node",
+            )
         by_placement.setdefault(launch.placement, []).append(launch)
     return by_placement
 

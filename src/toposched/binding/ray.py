@@ -26,7 +26,7 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict
 
-from toposched.binding.engines import build_launches, vllm_ray_argv
+from toposched.binding.engines import Engine, build_launches, vllm_ray_argv
 from toposched.binding.plan_doc import PlanDoc
 from toposched.errors import InputError
 from toposched.solver.request import Placement
@@ -124,8 +124,24 @@ def ray_start_args(specs: list[RayPlacement], doc: PlanDoc) -> dict[str, list[st
     return out
 
 
-def ray_document(doc: PlanDoc, *, model_path: str | None = None) -> dict[str, Any]:
+UNSUPPORTED: dict[Engine, str] = {
+    "sglang": "toposched hands placement groups only to vLLM's Ray executor; launch SGLang per node "
+    "(`launch sglang` or `launch k8s --engine sglang`)",
+    "trtllm": "trtllm-serve (TensorRT-LLM commit 00209af1, the options toposched checks against) has no Ray "
+    "executor option; its ranks are MPI processes (`launch trtllm` gives mpirun and srun forms)",
+}
+"""Engines ``launch ray`` cannot launch, and why: only vLLM's Ray executor takes a placement group."""
+
+
+def check_ray_engine(engine: Engine) -> None:
+    """Refuse an engine ``launch ray`` cannot launch, saying why."""
+    if engine in UNSUPPORTED:
+        raise InputError(f"launch ray --engine {engine}: not supported: {UNSUPPORTED[engine]}", fix="use --engine vllm")
+
+
+def ray_document(doc: PlanDoc, *, model_path: str | None = None, engine: Engine = "vllm") -> dict[str, Any]:
     """What ``toposched launch ray`` prints: the specs and the per-node ``ray start`` flags."""
+    check_ray_engine(engine)
     specs = ray_specs(doc, model_path=model_path)
     return {
         "placement_groups": [s.model_dump(mode="json", exclude={"node_resources"}) for s in specs],

@@ -11,6 +11,7 @@ from typing import Any
 import typer
 from rich.console import Console
 
+from toposched.config import default_state_path
 from toposched.errors import InputError
 from toposched.inputs import read_text
 from toposched.topology.sources import SourceRef
@@ -30,6 +31,26 @@ SMI = typer.Option(None, "--smi", help="Read an `nvidia-smi topo -m` capture.", 
 PRESET = typer.Option(None, "--preset", help="Use a built-in machine or cluster (see `topo presets`).")
 CLUSTER = typer.Option(None, "--cluster", help="Read a cluster spec (YAML).", metavar="FILE")
 LIVE = typer.Option(False, "--live", help="Probe this machine through NVML.")
+
+# The state every command that keeps or reads state names the same way (ledger, defrag, serve, topo).
+STATE = typer.Option(
+    None,
+    "--state",
+    help="sqlite:PATH (or a bare path) or etcd:http://HOST:PORT [default: $TOPOSCHED_STATE, else the state file].",
+    metavar="URL",
+)
+
+
+def ledger_url(state: str | None) -> str:
+    """The ``scheme:argument`` URL a ``--state`` value names (``open_ledger``'s form)."""
+    if not state:
+        return f"sqlite:{default_state_path()}"
+    scheme = state.partition(":")[0]
+    if scheme in ("sqlite", "etcd"):
+        return state
+    if scheme in ("http", "https"):
+        return f"etcd:{state}"
+    return f"sqlite:{state}"
 
 
 def source_ref(smi: str | None, preset: str | None, cluster: str | None, live: bool) -> SourceRef | None:

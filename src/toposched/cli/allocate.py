@@ -42,11 +42,12 @@ def parse_index_list(text: str, flag: str) -> list[int]:
     return values
 
 
-def _pick_node(nodes: tuple[Node, ...], name: str | None) -> Node:
+def pick_node(nodes: tuple[Node, ...], name: str | None) -> Node:
+    """The node ``--node`` names, or the only node; several nodes and no ``--node`` is an error."""
     if name is None:
         if len(nodes) > 1:
             raise InputError(
-                f"the topology has {len(nodes)} nodes; a device plugin allocates on one",
+                f"the topology has {len(nodes)} nodes; this command looks at one",
                 fix="pass --node NAME (" + ", ".join(n.name for n in nodes[:4]) + (", ...)" if len(nodes) > 4 else ")"),
             )
         return nodes[0]
@@ -99,7 +100,7 @@ def allocate(
         loaded = load_source(ref)
         for warning in loaded.warnings:
             err_console.print(f"warning: {warning}", markup=False, soft_wrap=True)
-        node = _pick_node(loaded.cluster.nodes, node_name)
+        node = pick_node(loaded.cluster.nodes, node_name)
         avail = parse_index_list(available, "--available") if available is not None else [g.index for g in node.gpus]
         must = parse_index_list(must_include, "--must-include") if must_include is not None else []
         check_indices(node, avail, "--available")

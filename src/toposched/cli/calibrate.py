@@ -100,7 +100,7 @@ def calibrate(
     fmt: str = typer.Option("auto", "--format", help=f"File format: {'|'.join(FORMATS)}."),
     metrics_url: str | None = typer.Option(None, "--metrics-url", help="A live engine's /metrics URL.", metavar="URL"),
     window: float = typer.Option(60.0, "--window", help="Seconds between the two scrapes of --metrics-url."),
-    model: str | None = typer.Option(None, "--model", help="Model (catalog name, HF id, config.json path)."),
+    model: str | None = typer.Option(None, "--model", "-m", help="Model (catalog name, HF id, config.json path)."),
     gpu: str | None = typer.Option(None, "--gpu", help="GPU type the samples ran on (e.g. H100-SXM)."),
     engine: str | None = typer.Option(None, "--engine", help="Engine (vllm, sglang, ...)."),
     tp: int | None = typer.Option(None, "--tp", help="Tensor-parallel degree."),

@@ -12,17 +12,14 @@ Exit codes: 0 a plan (or nothing to move: a group has the room already), 1 no pl
 
 from __future__ import annotations
 
-from pathlib import Path
 from typing import Any
 
 import typer
 from rich.table import Table
 
-from toposched.cli._common import CLUSTER, PRESET, console, err_console, print_json, source_ref
-from toposched.cli.ledger import JSON, STATE, ledger_url
+from toposched.cli._common import CLUSTER, PRESET, STATE, console, err_console, print_json, source_ref
+from toposched.cli.ledger import JSON, open_existing
 from toposched.errors import InputError
-from toposched.ledger import open_ledger
-from toposched.ledger.base import Ledger
 from toposched.service.defrag import lease_of
 from toposched.service.state import Instance, ServiceScheduler, open_topology_store, scheduler_from_ledger
 from toposched.solver.defrag import DefragPlan, defrag_need, search_defrag, start_move
@@ -73,7 +70,7 @@ def defrag(
     cluster: str | None = CLUSTER,
     gpu: str | None = typer.Option(None, "--gpu", help="GPU type when the topology does not say (e.g. H100-SXM)."),
     need_gpus: int | None = typer.Option(None, "--need-gpus", min=1, help="Free GPUs wanted in one group."),
-    model: str | None = typer.Option(None, "--model", help="Make room for this model's TP group instead."),
+    model: str | None = typer.Option(None, "--model", "-m", help="Make room for this model's TP group instead."),
     tp: list[int] | None = typer.Option(None, "--tp", help="Allowed TP degree(s) of --model (repeat the flag)."),
     level: str | None = typer.Option(
         None, "--level", help="Free an NVLink domain (nvlink) or a node (node) [default: the model's, else nvlink]."
@@ -85,13 +82,9 @@ def defrag(
     """Print the fewest moves that free room for a large instance; --apply books the replacements."""
     if level is not None and level not in ("nvlink", "node"):
         raise InputError(f"--level {level!r}: use nvlink or node")
-    url = ledger_url(state)
-    scheme, _, path = url.partition(":")
-    if scheme == "sqlite" and not Path(path).is_file():
-        raise InputError(f"no state file {path}", fix="give the --state the service uses (toposched serve --state ...)")
-    topology = _cluster(url, preset, cluster)
-    ledger: Ledger = open_ledger(url)
+    url, ledger = open_existing(state)
     try:
+        topology = _cluster(url, preset, cluster)
         scheduler, instances = scheduler_from_ledger(topology, ledger, gpu=gpu)
         need, group_level = _need(scheduler, need_gpus, model, tp, level)
         plan, why = search_defrag(scheduler, need, level=group_level, max_moves=max_moves)

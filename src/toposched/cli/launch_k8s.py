@@ -20,13 +20,14 @@ from toposched.binding.k8s import (
 from toposched.binding.k8s_dra import GPU_REQUESTS, GpuRequest
 from toposched.binding.kubelet import kubelet_configs
 from toposched.binding.plan_doc import PlanDoc, load_plan
-from toposched.binding.ray import ray_document
-from toposched.cli._common import CLUSTER, LIVE, PRESET, SMI, console, err_console, print_json
+from toposched.binding.ray import check_ray_engine, ray_document
+from toposched.cli._common import console, err_console, print_json
+from toposched.cli.plan_source import PlanSource, plan_options
 from toposched.errors import InputError
 from toposched.inputs import load_json, read_text
 
 RACK_LABEL = typer.Option(DEFAULT_RACK_LABEL, "--rack-label", help="Node label that holds the rack.")
-ENGINE = typer.Option("vllm", "--engine", help="vllm or sglang.")
+ENGINE = typer.Option("vllm", "--engine", help="vllm, sglang or trtllm (TensorRT-LLM).")
 
 
 def _dump_yaml(docs: list[Any]) -> str:
@@ -40,8 +41,8 @@ def _dump_yaml(docs: list[Any]) -> str:
 
 
 def _engine(name: str) -> Any:
-    if name not in ("vllm", "sglang"):
-        raise InputError(f"--engine {name!r} is not one of vllm, sglang")
+    if name not in ("vllm", "sglang", "trtllm"):
+        raise InputError(f"--engine {name[:40]!r} is not one of vllm, sglang, trtllm")
     return name
 
 
@@ -74,21 +75,10 @@ def _roles(spec: str) -> dict[str, PlanDoc]:
 
 def register_launch(launch_app: typer.Typer) -> None:
     """Add the Kubernetes and Ray commands to the ``launch`` group."""
-    from toposched.cli import launch as L
 
     @launch_app.command("k8s")
+    @plan_options(plan_file=True)
     def k8s(
-        plan: Path | None = L.PLAN,
-        model: str | None = L.MODEL,
-        smi: str | None = SMI,
-        preset: str | None = PRESET,
-        cluster: str | None = CLUSTER,
-        live: bool = LIVE,
-        gpu: str | None = L.GPU,
-        replicas: int = L.REPLICAS,
-        tp: int | None = L.TP,
-        slo_tpot_ms: float | None = L.SLO,
-        max_model_len: int = L.MAXLEN,
         engine: str = ENGINE,
         image: str | None = typer.Option(None, "--image", help="Container image (default vllm/vllm-openai:v0.33.0)."),
         namespace: str = typer.Option("default", "--namespace", help="Namespace of the objects."),
@@ -115,6 +105,8 @@ def register_launch(launch_app: typer.Typer) -> None:
             help="Topology Manager policy (with --kubelet); auto: single-numa-node only where no pod spans NUMA nodes.",
         ),
         fmt: str = typer.Option("yaml", "--format", help="yaml or json."),
+        *,
+        source: PlanSource,
     ) -> None:
         """Kubernetes objects: a Deployment per single-node placement, a LeaderWorkerSet per multi-node one."""
         if fmt not in ("yaml", "json"):
@@ -124,11 +116,11 @@ def register_launch(launch_app: typer.Typer) -> None:
             rack_label=rack_label, shm_size=shm_size, cpu=cpu, memory=memory, gpu_request=_gpu_request(gpu_request),
         )  # fmt: skip
         if roles is not None:
-            if plan is not None or model is not None:
+            if source.plan is not None or source.model is not None:
                 raise InputError("--roles takes the plans itself; leave out --plan/--model")
             output = render_roles(_roles(roles), group, opts)
         else:
-            doc = L.resolve_plan(plan, model, smi, preset, cluster, live, gpu, replicas, tp, slo_tpot_ms, max_model_len)
+            doc = source.resolve()
             if kubelet:
                 # Node names and the reason travel in fields, never in a YAML comment: only the serialiser writes.
                 configs = [k.document() for k in kubelet_configs(doc, policy=topology_policy)]
@@ -145,24 +137,16 @@ def register_launch(launch_app: typer.Typer) -> None:
             print(_dump_yaml(output.objects), end="")
 
     @launch_app.command("k8s-lint")
+    @plan_options(plan_file=True)
     def k8s_lint(
         nodes: Path = typer.Option(..., "--nodes", help="Output of `kubectl get nodes -o json`.", metavar="NODES.json"),
-        plan: Path | None = L.PLAN,
-        model: str | None = L.MODEL,
-        smi: str | None = SMI,
-        preset: str | None = PRESET,
-        cluster: str | None = CLUSTER,
-        live: bool = LIVE,
-        gpu: str | None = L.GPU,
-        replicas: int = L.REPLICAS,
-        tp: int | None = L.TP,
-        slo_tpot_ms: float | None = L.SLO,
-        max_model_len: int = L.MAXLEN,
         rack_label: str = RACK_LABEL,
         json_out: bool = typer.Option(False, "--json", help="Print one JSON object."),
+        *,
+        source: PlanSource,
     ) -> None:
         """Check real nodes against the plan: every planned node present, with every label its affinity uses."""
-        doc = L.resolve_plan(plan, model, smi, preset, cluster, live, gpu, replicas, tp, slo_tpot_ms, max_model_len)
+        doc = source.resolve()
         data = load_json(read_text(nodes, what="nodes file"), source=str(nodes))
         findings = lint_nodes(doc, data, K8sOptions(rack_label=rack_label))
         if json_out:
@@ -185,26 +169,20 @@ def register_launch(launch_app: typer.Typer) -> None:
             raise typer.Exit(1)
 
     @launch_app.command("ray")
+    @plan_options(plan_file=True)
     def ray(
-        plan: Path | None = L.PLAN,
-        model: str | None = L.MODEL,
-        smi: str | None = SMI,
-        preset: str | None = PRESET,
-        cluster: str | None = CLUSTER,
-        live: bool = LIVE,
-        gpu: str | None = L.GPU,
-        replicas: int = L.REPLICAS,
-        tp: int | None = L.TP,
-        slo_tpot_ms: float | None = L.SLO,
-        max_model_len: int = L.MAXLEN,
         model_path: str | None = typer.Option(None, "--model-path", help="Model path/id vLLM loads."),
+        engine: str = typer.Option("vllm", "--engine", help="vllm (the one engine with a Ray executor here)."),
         fmt: str = typer.Option("json", "--format", help="json or yaml."),
+        *,
+        source: PlanSource,
     ) -> None:
         """Ray placement groups (one GPU per bundle, tied to its NVLink domain) and `ray start` flags per node."""
         if fmt not in ("yaml", "json"):
             raise InputError(f"--format {fmt!r} is not one of json, yaml for Ray placement groups")
-        doc = L.resolve_plan(plan, model, smi, preset, cluster, live, gpu, replicas, tp, slo_tpot_ms, max_model_len)
-        document = ray_document(doc, model_path=model_path)
+        ray_engine = _engine(engine)
+        check_ray_engine(ray_engine)  # before planning: the answer does not depend on the plan
+        document = ray_document(source.resolve(), model_path=model_path, engine=ray_engine)
         if fmt == "json":
             print_json(document)
         else:

@@ -2,6 +2,7 @@
 
 ``--state`` names the store: ``sqlite:PATH`` (or a bare path), ``etcd:http://HOST:PORT``, or
 nothing for the embedded default file (``TOPOSCHED_STATE``, else ``~/.local/state/toposched``).
+``show`` and ``release`` never create a store: a SQLite file that is not there is an error naming it.
 """
 
 from __future__ import annotations
@@ -13,8 +14,7 @@ from typing import Any, Literal
 import typer
 from rich.table import Table
 
-from toposched.cli._common import console, print_json
-from toposched.config import default_state_path
+from toposched.cli._common import STATE, console, err_console, ledger_url, print_json
 from toposched.errors import InputError
 from toposched.ledger import open_ledger
 from toposched.ledger.base import GIB, AuditEntry, Ledger
@@ -22,9 +22,6 @@ from toposched.ledger.stress import StressConfig, run_stress
 
 ledger_app = typer.Typer(help="HBM reservations: show, release, load-test the store.", no_args_is_help=True)
 
-STATE = typer.Option(
-    None, "--state", help="sqlite:PATH, a file path, or etcd:http://HOST:PORT [default: the state file].", metavar="URL"
-)
 JSON = typer.Option(False, "--json", help="Print JSON.")
 
 
@@ -32,20 +29,29 @@ def register(app: typer.Typer) -> None:
     app.add_typer(ledger_app, name="ledger")
 
 
-def ledger_url(state: str | None) -> str:
-    """The ``open_ledger`` URL for a ``--state`` value."""
-    if not state:
-        return f"sqlite:{default_state_path()}"
-    scheme = state.partition(":")[0]
-    if scheme in ("sqlite", "etcd"):
-        return state
-    if scheme in ("http", "https"):
-        return f"etcd:{state}"
-    return f"sqlite:{state}"
+def open_existing(state: str | None) -> tuple[str, Ledger]:
+    """The ledger ``--state`` names and its URL; a SQLite file that does not exist is an ``InputError``.
 
-
-def _open(state: str | None) -> Ledger:
-    return open_ledger(ledger_url(state))
+    Commands that read state must not create it: opening a missing file would make its folders
+    and an empty ledger, and then report that empty ledger as if it were the real one.
+    """
+    url = ledger_url(state)
+    scheme, _, path = url.partition(":")
+    if scheme != "sqlite":
+        return url, open_ledger(url)
+    try:
+        is_file, is_dir = Path(path).is_file(), Path(path).is_dir()
+    except (OSError, ValueError) as exc:  # a name too long for the file system, a NUL byte
+        reason = exc.strerror if isinstance(exc, OSError) and exc.strerror else str(exc)
+        shown = path if len(path) <= 80 else path[:77] + "..."
+        raise InputError(f"the state file {shown} cannot be used: {reason}", fix="give a shorter, plain path") from None
+    if not is_file:
+        what = "is a directory" if is_dir else "does not exist"
+        raise InputError(
+            f"the state file {path} {what}",
+            fix="pass the --state the service uses (`toposched serve --state ...`, or $TOPOSCHED_STATE)",
+        )
+    return url, open_ledger(url)
 
 
 def _when(t: float | None) -> str:
@@ -64,7 +70,7 @@ def show(
     last: int = typer.Option(50, "--last", min=1, help="How many audit entries to show (the newest)."),
 ) -> None:
     """Per-GPU capacity and reserved HBM, and the live reservations."""
-    ledger = _open(state)
+    url, ledger = open_existing(state)
     try:
         accounts = ledger.accounts()
         reservations = sorted(ledger.reservations(), key=lambda r: r.id)
@@ -73,7 +79,7 @@ def show(
         ledger.close()
     if as_json:
         doc: dict[str, Any] = {
-            "state": ledger_url(state),
+            "state": url,
             "gpus": [
                 {"ref": a.ref, "capacity_bytes": a.capacity_bytes, "reserved_bytes": a.reserved_bytes}
                 | {"free_bytes": a.free_bytes}
@@ -85,7 +91,7 @@ def show(
             doc["audit"] = [_audit_json(e) for e in entries]
         print_json(doc)
         return
-    gpus = Table(title=f"GPUs in {ledger_url(state)}")
+    gpus = Table(title=f"GPUs in {url}")
     for col in ("GPU", "capacity GiB", "reserved GiB", "free GiB"):
         gpus.add_column(col, justify="left" if col == "GPU" else "right")
     for a in sorted(accounts.values(), key=lambda a: a.ref):
@@ -116,7 +122,7 @@ def release(
     as_json: bool = JSON,
 ) -> None:
     """Release one reservation now (its GPUs' bytes are free again)."""
-    ledger = _open(state)
+    url, ledger = open_existing(state)
     try:
         released = ledger.release(rid)
     finally:
@@ -126,33 +132,57 @@ def release(
     elif released:
         console.print(f"released {rid}", markup=False)
     else:
-        raise InputError(f"no live reservation {rid!r} in {ledger_url(state)}", fix="see `toposched ledger show`")
+        raise InputError(f"no live reservation {rid!r} in {url}", fix="see `toposched ledger show`")
+
+
+def _stress_url(state: str | None, backend: str | None, path: Path | None, endpoint: str | None) -> str:
+    """The store ``ledger stress`` loads: ``--state``, or the deprecated ``--backend/--path/--endpoint``."""
+    old = [flag for flag, value in (("--backend", backend), ("--path", path), ("--endpoint", endpoint)) if value]
+    if old and state is not None:
+        raise InputError(f"give --state alone, not with {' '.join(old)}", fix="drop " + " and ".join(old))
+    if not old:
+        if state is None:  # never the default state file: the load test books into the store it is given
+            raise InputError(
+                "ledger stress needs the store to load-test",
+                fix="pass --state sqlite:FILE (a scratch file) or --state etcd:http://HOST:PORT",
+            )
+        return ledger_url(state)
+    err_console.print(
+        "warning: --backend/--path/--endpoint are deprecated; use --state sqlite:FILE or --state etcd:URL",
+        markup=False,
+        soft_wrap=True,
+    )
+    if backend == "sqlite":
+        if path is None or endpoint is not None:
+            raise InputError("--backend sqlite needs --path FILE (and no --endpoint)", fix="use --state sqlite:FILE")
+        return f"sqlite:{path}"
+    if backend == "etcd":
+        if endpoint is None or path is not None:
+            raise InputError(
+                "--backend etcd needs --endpoint http://HOST:PORT (and no --path)", fix="use --state etcd:URL"
+            )
+        return f"etcd:{endpoint}"
+    raise InputError(f"unknown --backend {backend!r}; valid: sqlite, etcd (memory is one process only)")
 
 
 @ledger_app.command("stress")
 def stress(
-    backend: str = typer.Option(..., "--backend", help="sqlite or etcd."),
-    path: Path | None = typer.Option(None, "--path", help="SQLite file (sqlite backend).", metavar="FILE"),
-    endpoint: str | None = typer.Option(None, "--endpoint", help="etcd URL http://HOST:PORT (etcd backend)."),
+    state: str | None = typer.Option(
+        None, "--state", help="The store to load-test: sqlite:FILE or etcd:http://HOST:PORT.", metavar="URL"
+    ),
     clients: int = typer.Option(4, "--clients", min=1, max=256, help="Client processes."),
     ops: int = typer.Option(1000, "--ops", min=1, help="Operations in total, shared out between the clients."),
     gpus: int = typer.Option(8, "--gpus", min=1, max=1024, help="GPUs the clients compete for."),
     ttl: float = typer.Option(60.0, "--ttl", min=2.0, help="Lease of each reservation, seconds."),
     seed: int = typer.Option(0, "--seed", help="Seed of the clients' random choices."),
     as_json: bool = JSON,
+    backend: str | None = typer.Option(None, "--backend", hidden=True, help="Deprecated: use --state."),
+    path: Path | None = typer.Option(None, "--path", hidden=True, help="Deprecated: use --state sqlite:FILE."),
+    endpoint: str | None = typer.Option(None, "--endpoint", hidden=True, help="Deprecated: use --state etcd:URL."),
 ) -> None:
     """Load-test a backend with client processes; count double bookings and lost reservations."""
-    kind: Literal["sqlite", "etcd"]
-    if backend == "sqlite":
-        if path is None or endpoint is not None:
-            raise InputError("--backend sqlite needs --path FILE (and no --endpoint)")
-        url, kind = f"sqlite:{path}", "sqlite"
-    elif backend == "etcd":
-        if endpoint is None or path is not None:
-            raise InputError("--backend etcd needs --endpoint http://HOST:PORT (and no --path)")
-        url, kind = f"etcd:{endpoint}", "etcd"
-    else:
-        raise InputError(f"unknown --backend {backend!r}; valid: sqlite, etcd (memory is one process only)")
+    url = _stress_url(state, backend, path, endpoint)
+    kind: Literal["sqlite", "etcd"] = "etcd" if url.startswith("etcd:") else "sqlite"
     result = run_stress(StressConfig(url=url, clients=clients, ops=ops, gpus=gpus, ttl_s=ttl, seed=seed))
     result["backend"] = kind
     if as_json:

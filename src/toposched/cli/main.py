@@ -12,6 +12,7 @@ import importlib
 import os
 import sys
 from functools import cache
+from typing import NoReturn
 
 import typer
 from typer import _click as click  # typer 0.29 vendors its own click: its classes, not the package's
@@ -32,7 +33,7 @@ COMMANDS: dict[str, tuple[str, str]] = {
     "sidecar": ("sidecar", "Check the placement's GPUs every interval: NVLink domain,..."),
     "serve": ("serve", "Serve the placement API, the Kubernetes extender, /metrics..."),
     "topo": ("topo", "Discover and show GPU topology: NVLink domains, NUMA groups,..."),
-    "launch": ("launch", "Launch plans for vLLM, SGLang, Kubernetes and Ray."),
+    "launch": ("launch", "Launch plans for vLLM, SGLang, TensorRT-LLM, Kubernetes and Ray."),
     "ledger": ("ledger", "HBM reservations: show, release, load-test the store."),
     "verify": ("verify", "Verify placements: NCCL logs and GPU-set topology."),
 }
@@ -109,18 +110,39 @@ def _root(
 
 
 def main(argv: list[str] | None = None) -> None:
-    """Run the CLI; user errors become one or two lines on stderr and exit code 1 or 2."""
+    """Run the CLI; user errors become one or two lines on stderr and exit code 1 or 2.
+
+    Usage mistakes (an unknown option, a value out of range, a missing option) keep the same shape
+    as toposched's own errors, ``error: ...`` and ``  fix: ...``, instead of click's four-line
+    usage block; a group run without a command still prints its help.
+    """
     try:
-        app(args=argv, prog_name="toposched")
+        code = app(args=argv, prog_name="toposched", standalone_mode=False)
     except ToposchedError as exc:
         if os.environ.get("TOPOSCHED_DEBUG") == "1":
             raise
-        from toposched.cli._common import err_console
-
-        err_console.print(f"error: {exc.message}", markup=False, soft_wrap=True)
-        if exc.fix:
-            err_console.print(f"  fix: {exc.fix}", markup=False, soft_wrap=True)
+        _fail(exc.message, exc.fix, exc.exit_code)
+    except click.exceptions.NoArgsIsHelpError as exc:
+        exc.show()
         sys.exit(exc.exit_code)
+    except click.exceptions.UsageError as exc:
+        command = exc.ctx.command_path if exc.ctx is not None else "toposched"
+        _fail(exc.format_message(), f"see `{command} --help`", exc.exit_code)
+    except click.exceptions.ClickException as exc:
+        _fail(exc.format_message(), None, exc.exit_code)
+    except typer.Abort:
+        _fail("aborted", None, 1)
+    if isinstance(code, int) and code:  # typer.Exit(n) inside a command
+        sys.exit(code)
+
+
+def _fail(message: str, fix: str | None, exit_code: int) -> NoReturn:
+    from toposched.cli._common import err_console
+
+    err_console.print(f"error: {message}", markup=False, soft_wrap=True)
+    if fix:
+        err_console.print(f"  fix: {fix}", markup=False, soft_wrap=True)
+    sys.exit(exit_code)
 
 
 if __name__ == "__main__":

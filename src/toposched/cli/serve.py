@@ -9,9 +9,19 @@ from typing import TYPE_CHECKING
 import typer
 from pydantic import ValidationError
 
-from toposched.cli._common import CLUSTER, LIVE, PRESET, SMI, TOKEN_ENV, err_console, read_token, source_ref
+from toposched.cli._common import (
+    CLUSTER,
+    LIVE,
+    PRESET,
+    SMI,
+    STATE,
+    TOKEN_ENV,
+    err_console,
+    ledger_url,
+    read_token,
+    source_ref,
+)
 from toposched.cli.calibrate import PROFILE, profile_option
-from toposched.cli.ledger import STATE, ledger_url
 from toposched.errors import InputError
 from toposched.perf.profile import use_profile
 from toposched.service.config import ServiceConfig

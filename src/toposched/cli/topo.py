@@ -1,36 +1,64 @@
 """``toposched topo``: show, refresh and list topologies.
 
 ``topo show`` with a source flag reads that source now and stores nothing; without one it shows the
-newest DomainMap stored by ``topo refresh`` and warns when it is older than the bound.
+newest DomainMap stored by ``topo refresh`` (or by the service) in ``--state`` and warns when it is
+older than the bound. ``--state`` is spelled as everywhere else: ``sqlite:PATH`` or ``etcd:URL``.
 """
 
 from __future__ import annotations
 
 import time
-from pathlib import Path
-from typing import Any
+from typing import Any, Protocol
 
 import typer
 from rich.markup import escape
 from rich.table import Table
 from rich.text import Text
 
-from toposched.cli._common import CLUSTER, LIVE, PRESET, SMI, console, err_console, print_json, source_ref
+from toposched.cli._common import (
+    CLUSTER,
+    LIVE,
+    PRESET,
+    SMI,
+    STATE,
+    console,
+    err_console,
+    ledger_url,
+    print_json,
+    source_ref,
+)
 from toposched.config import TopologyConfig
 from toposched.errors import InputError
 from toposched.topology.domains import DomainMap, build_domain_map, gpu_ref
 from toposched.topology.model import Cluster, LinkKind, Node
 from toposched.topology.presets import presets
 from toposched.topology.sources import Loaded, SourceRef, load_source
-from toposched.topology.store import TopologyStore
+from toposched.topology.store import StoredTopology, TopologyStore
 
 topo_app = typer.Typer(help="Discover and show GPU topology: NVLink domains, NUMA groups, links.", no_args_is_help=True)
-
-STATE = typer.Option(None, "--state", help="SQLite state file [env TOPOSCHED_STATE].", metavar="PATH")
 
 
 def register(app: typer.Typer) -> None:
     app.add_typer(topo_app, name="topo")
+
+
+class Store(Protocol):
+    """What ``show`` and ``refresh`` need of a DomainMap store (SQLite file or etcd)."""
+
+    def save(self, cluster: Cluster, source: SourceRef, *, now: float | None = None) -> StoredTopology: ...
+
+    def latest(self) -> StoredTopology | None: ...
+
+
+def open_store(state: str | None) -> tuple[str, Store]:
+    """The DomainMap store ``--state`` names, and its URL (etcd's client is imported only for etcd)."""
+    url = ledger_url(state)
+    scheme, _, arg = url.partition(":")
+    if scheme == "etcd":
+        from toposched.ledger.etcd_topology import EtcdTopologyStore
+
+        return url, EtcdTopologyStore(arg or "http://127.0.0.1:2379")
+    return url, TopologyStore(arg)
 
 
 # ---------------------------------------------------------------------------------------------- JSON
@@ -164,12 +192,7 @@ def _render(cluster: Cluster, dmap: DomainMap, header: str) -> None:
     gpu_models = sorted({g.model or "model unknown" for n in cluster.nodes for g in n.gpus})
     console.print(
         f"{len(cluster.nodes)} node(s), {cluster.gpu_count} GPU(s) ({escape(', '.join(gpu_models))}), "
-        f"{len(dmap.domains)} NVLink domain(s)"
-        + (
-            f", fabric {cluster.fabric.kind} {cluster.fabric.nics_per_node}x{cluster.fabric.nic_gbps:g} GB/s"
-            if cluster.fabric
-            else ""
-        )
+        f"{len(dmap.domains)} NVLink domain(s)" + (f", fabric {cluster.fabric.describe()}" if cluster.fabric else "")
     )
     for node in cluster.nodes[:MAX_MATRIX_NODES]:
         console.print()
@@ -224,7 +247,7 @@ def show(
     cluster: str | None = CLUSTER,
     live: bool = LIVE,
     json_out: bool = typer.Option(False, "--json", help="Print one JSON object."),
-    state: Path | None = STATE,
+    state: str | None = STATE,
     max_age: float | None = typer.Option(
         None, "--max-age", help="Seconds after which a stored DomainMap is stale (default 300).", metavar="S"
     ),
@@ -241,11 +264,12 @@ def show(
         else:
             _render(loaded.cluster, dmap, f"[bold]{escape(loaded.cluster.name)}[/] from {escape(ref.describe())}")
         return
-    config = TopologyConfig.load(state_path=state, max_age_s=max_age)
-    stored = TopologyStore(config.state_path).latest()
+    config = TopologyConfig.load(max_age_s=max_age)
+    url, store = open_store(state)
+    stored = store.latest()
     if stored is None:
         raise InputError(
-            f"no topology given and none stored in {config.state_path}",
+            f"no topology given and none stored in {url}",
             fix="pass --preset NAME, --smi FILE, --cluster FILE or --live, or run `toposched topo refresh` first",
         )
     age = stored.age_s()
@@ -284,12 +308,11 @@ def refresh(
     preset: str | None = PRESET,
     cluster: str | None = CLUSTER,
     live: bool = LIVE,
-    state: Path | None = STATE,
+    state: str | None = STATE,
     json_out: bool = typer.Option(False, "--json", help="Print the stored version as JSON."),
 ) -> None:
     """Probe a source again and store a new DomainMap version (default: the source of the last one)."""
-    config = TopologyConfig.load(state_path=state)
-    store = TopologyStore(config.state_path)
+    url, store = open_store(state)
     ref = source_ref(smi, preset, cluster, live)
     previous = store.latest()
     if ref is None:
@@ -305,7 +328,7 @@ def refresh(
                 "version": saved.version,
                 "created_at": saved.created_at,
                 "source": saved.source.describe(),
-                "state": str(config.state_path),
+                "state": url,
                 "changed": changed,
                 "gpus": saved.cluster.gpu_count,
                 "nvlink_domains": len(saved.domain_map.domains),
@@ -316,7 +339,7 @@ def refresh(
     console.print(
         f"stored DomainMap v{saved.version} ({note}) from {saved.source.describe()}: "
         f"{saved.cluster.gpu_count} GPUs, {len(saved.domain_map.domains)} NVLink domains "
-        f"-> {config.state_path}  [{time.strftime('%Y-%m-%d %H:%M:%S', time.localtime(saved.created_at))}]",
+        f"-> {url}  [{time.strftime('%Y-%m-%d %H:%M:%S', time.localtime(saved.created_at))}]",
         markup=False,
         soft_wrap=True,
     )

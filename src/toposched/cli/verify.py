@@ -1,8 +1,12 @@
 """``toposched verify``: check a running placement against NCCL's own log and the topology matrix.
 
 ``verify nccl LOGFILE`` reads an ``NCCL_DEBUG=INFO`` log and reports ranks, nodes, the transport
-family of every connection and what looks wrong (seed 004 section 6). ``verify topo`` says whether a
-GPU set is inside one NVLink clique, or else one NUMA node with no SYS pair; exit 1 when it is not.
+family of every connection and what looks wrong. ``verify topo`` says whether a GPU set is inside
+one NVLink clique, or else one NUMA node with no SYS pair.
+
+One exit-code rule for both (docs/sidecar.md): 0 when nothing is wrong (info findings such as
+``mnnvl`` are not problems), 1 when a problem is found (a ``warning`` finding of ``verify nccl``, a
+set that is not OK for ``verify topo``), 2 for bad input.
 """
 
 from __future__ import annotations
@@ -12,13 +16,17 @@ from collections import Counter
 import typer
 from rich.table import Table
 
-from toposched.cli._common import console, print_json
+from toposched.cli._common import CLUSTER, LIVE, PRESET, SMI, console, print_json, source_ref
+from toposched.cli.allocate import pick_node
 from toposched.errors import InputError
 from toposched.sidecar.gpuset import parse_gpu_list, verify_gpu_set
 from toposched.sidecar.nccl import NcclReport, read_nccl_file
-from toposched.topology.sources import SourceRef, load_source
+from toposched.topology.sources import load_source
 
 verify_app = typer.Typer(help="Verify placements: NCCL logs and GPU-set topology.", no_args_is_help=True)
+
+EXIT_PROBLEM = 1
+"""Exit status of a verify command that found a problem (0: none found; 2: bad input)."""
 
 
 def register(app: typer.Typer) -> None:
@@ -53,27 +61,32 @@ def nccl_cmd(
     ),
     json_out: bool = typer.Option(False, "--json", help="Print one JSON object."),
 ) -> None:
-    """Ranks, nodes, the transport of each channel connection, and findings."""
+    """Ranks, nodes, the transport of each connection, and findings; exit 1 on a warning finding."""
     report = read_nccl_file(logfile, nvswitch=nvswitch)
     if json_out:
         print_json(report.to_json())
     else:
         _show_nccl(report)
+    if any(f.severity == "warning" for f in report.findings):
+        raise typer.Exit(EXIT_PROBLEM)
 
 
 @verify_app.command("topo")
 def topo_cmd(
     gpus: str = typer.Option(..., "--gpus", help="GPU indices of the set, e.g. 0,1,2,3."),
-    smi: str | None = typer.Option(None, "--smi", help="Read an `nvidia-smi topo -m` capture.", metavar="FILE"),
-    live: bool = typer.Option(False, "--live", help="Probe this machine through NVML."),
+    smi: str | None = SMI,
+    preset: str | None = PRESET,
+    cluster: str | None = CLUSTER,
+    live: bool = LIVE,
+    node_name: str | None = typer.Option(None, "--node", help="Node of a multi-node topology.", metavar="NAME"),
     json_out: bool = typer.Option(False, "--json", help="Print one JSON object."),
 ) -> None:
     """Exit 0 when the GPUs share one NVLink clique, or one NUMA node with no SYS pair; else exit 1."""
-    if (smi is None) == (not live):
-        raise InputError("give exactly one of --smi FILE or --live", fix="e.g. --smi topo.txt --gpus 0,1")
-    ref = SourceRef(kind="live") if live else SourceRef(kind="smi", ref=smi or "")
+    ref = source_ref(smi, preset, cluster, live)
+    if ref is None:
+        raise InputError("no topology given", fix="pass --smi FILE, --preset NAME, --cluster FILE or --live")
     loaded = load_source(ref)
-    verdict = verify_gpu_set(loaded.cluster.nodes[0], parse_gpu_list(gpus))
+    verdict = verify_gpu_set(pick_node(loaded.cluster.nodes, node_name), parse_gpu_list(gpus))
     if json_out:
         print_json(verdict.to_json())
     else:
@@ -86,4 +99,4 @@ def topo_cmd(
         for reason in verdict.reasons:
             console.print(f"  {reason}", markup=False)
     if not verdict.ok:
-        raise typer.Exit(1)
+        raise typer.Exit(EXIT_PROBLEM)

@@ -31,7 +31,7 @@ from toposched.workload.memory import (
     sglang_chunked_prefill,
     vllm_batch_defaults,
 )
-from toposched.workload.parallel import DEFAULT_PPS, DEFAULT_TPS, check_degrees, tp_problem
+from toposched.workload.parallel import DEFAULT_PPS, DEFAULT_TPS, check_degrees, ep_problem, tp_problem
 from toposched.workload.spec import ModelSpec
 
 MODEL_HELP = "Catalog name (e.g. llama-3.1-70b), Hugging Face id, or a local config.json / model dir."
@@ -42,11 +42,15 @@ MAX_SEQS = 1 << 20
 """Most concurrent sequences a flag may ask for."""
 MAX_GIB = 1 << 16
 """Largest --usable-memory-gib accepted."""
-ENGINE_HELP = "Whose KV sizing rule: vllm (0.33 profile run, default) or sglang (0.5.23 mem_fraction_static)."
+ENGINE_HELP = (
+    "Whose KV sizing rule: vllm (0.33 profile run, default), sglang (0.5.23 mem_fraction_static) or trtllm "
+    "(TensorRT-LLM: a fraction of the memory free after weights and buffers)."
+)
 SEQS_HELP = "Engine max_num_seqs (sizes vLLM's sampler warm-up). Default: the engine's for this GPU."
 TOKENS_HELP = "Engine max_num_batched_tokens (SGLang: chunked_prefill_size). Default: the engine's for this GPU."
 UTIL_HELP = "vLLM gpu_memory_utilization (default 0.92)."
 MFS_HELP = "SGLang mem_fraction_static (default: SGLang's rule for the GPU and tp)."
+KV_FREE_HELP = "TensorRT-LLM kv_cache_free_gpu_memory_fraction (default 0.9)."
 USABLE_HELP = "GPU memory the engine sees, GiB (default: the driver-reported total where known, else nominal)."
 
 # The engine settings ``fit`` and ``estimate`` both take (one declaration each, shared).
@@ -55,6 +59,7 @@ MAX_NUM_SEQS = typer.Option(None, "--max-num-seqs", min=1, max=MAX_SEQS, help=SE
 MAX_NUM_BATCHED_TOKENS = typer.Option(None, "--max-num-batched-tokens", min=1, max=MAX_TOKENS, help=TOKENS_HELP)
 GPU_MEMORY_UTILIZATION = typer.Option(None, "--gpu-memory-utilization", help=UTIL_HELP)
 MEM_FRACTION_STATIC = typer.Option(None, "--mem-fraction-static", help=MFS_HELP)
+KV_FREE_FRACTION = typer.Option(None, "--kv-cache-free-gpu-memory-fraction", help=KV_FREE_HELP)
 USABLE_MEMORY_GIB = typer.Option(None, "--usable-memory-gib", help=USABLE_HELP)
 
 
@@ -75,16 +80,21 @@ def _memory_config(
     mem_fraction_static: float | None,
     max_num_seqs: int | None,
     max_num_batched_tokens: int | None,
+    kv_free_fraction: float | None = None,
     allow_int4_kv: bool = False,
 ) -> MemoryConfig:
     """The engine's memory settings: flags where given, else the engine's defaults for this GPU."""
     name = engine.strip().lower()
     if name not in ENGINES:
-        raise InputError(f"unknown engine {engine[:40]!r}", fix="use --engine vllm or --engine sglang")
-    if name == "sglang" and gpu_memory_utilization is not None:
-        raise InputError("--gpu-memory-utilization is vLLM's setting", fix="use --mem-fraction-static with sglang")
-    if name == "vllm" and mem_fraction_static is not None:
+        raise InputError(f"unknown engine {engine[:40]!r}", fix="use --engine vllm, sglang or trtllm")
+    if name != "vllm" and gpu_memory_utilization is not None:
+        raise InputError("--gpu-memory-utilization is vLLM's setting", fix=f"leave it out with --engine {name}")
+    if name != "sglang" and mem_fraction_static is not None:
         raise InputError("--mem-fraction-static is SGLang's setting", fix="add --engine sglang")
+    if name != "trtllm" and kv_free_fraction is not None:
+        raise InputError("--kv-cache-free-gpu-memory-fraction is TensorRT-LLM's setting", fix="add --engine trtllm")
+    if kv_free_fraction is not None and not 0 < kv_free_fraction <= 1:
+        raise InfeasibleError(f"--kv-cache-free-gpu-memory-fraction must be in (0, 1], got {kv_free_fraction}")
     if gpu_memory_utilization is not None and not 0 < gpu_memory_utilization <= 1:
         raise InfeasibleError(f"--gpu-memory-utilization must be in (0, 1], got {gpu_memory_utilization}")
     if mem_fraction_static is not None and not 0 < mem_fraction_static < 1:
@@ -101,6 +111,8 @@ def _memory_config(
     }
     if gpu_memory_utilization is not None:
         kw["gpu_memory_utilization"] = gpu_memory_utilization
+    if kv_free_fraction is not None:
+        kw["kv_cache_free_gpu_memory_fraction"] = kv_free_fraction
     return MemoryConfig(**kw)
 
 
@@ -110,6 +122,7 @@ def _engine_json(cfg: MemoryConfig, memory_bytes: int) -> dict[str, Any]:
         "usable_memory_bytes": memory_bytes,
         "gpu_memory_utilization": cfg.gpu_memory_utilization if cfg.engine == "vllm" else None,
         "mem_fraction_static": cfg.mem_fraction_static,
+        "kv_cache_free_gpu_memory_fraction": cfg.kv_cache_free_gpu_memory_fraction if cfg.engine == "trtllm" else None,
         "max_num_seqs": cfg.max_num_seqs,
         "max_num_batched_tokens": cfg.max_num_batched_tokens,
     }
@@ -123,13 +136,19 @@ def _load(model: str, weight_dtype: str | None, kv_dtype: str | None) -> ModelSp
     )
 
 
-def _options(spec: ModelSpec, tp: int | None, pp: int | None) -> list[tuple[int, int]]:
+def _options(spec: ModelSpec, tp: int | None, pp: int | None, ep: int) -> list[tuple[int, int]]:
+    """The (tp, pp) to show: the flags', else every default degree that shards the model and holds ``ep``."""
     if tp is not None:
-        check_degrees(spec, tp, pp or 1)
-    tps = [tp] if tp is not None else [t for t in DEFAULT_TPS if tp_problem(spec, t) is None]
+        check_degrees(spec, tp, pp or 1, ep)
+        tps = [tp]
+    else:
+        shard = [t for t in DEFAULT_TPS if tp_problem(spec, t) is None]
+        tps = [t for t in shard if ep_problem(spec, t, ep) is None]
+        if not tps:  # no default tp holds this ep: the largest one says why
+            check_degrees(spec, shard[-1] if shard else 1, 1, ep)
     pps = [pp] if pp is not None else [p for p in DEFAULT_PPS if p <= spec.num_layers]
     for p in pps:
-        check_degrees(spec, tps[0], p)
+        check_degrees(spec, tps[0], p, ep)
     return [(t, p) for p in pps for t in tps]
 
 
@@ -171,11 +190,11 @@ def _fit_table(
         f"{first.kv_bytes_per_token_model:,} B/token KV for the whole model",
         soft_wrap=True,
     )
-    setting = (
-        f"gpu_memory_utilization {cfg.gpu_memory_utilization}"
-        if cfg.engine == "vllm"
-        else f"mem_fraction_static {cfg.mem_fraction_static or 'default'}"
-    )
+    setting = {
+        "vllm": f"gpu_memory_utilization {cfg.gpu_memory_utilization}",
+        "sglang": f"mem_fraction_static {cfg.mem_fraction_static or 'default'}",
+        "trtllm": f"kv_cache_free_gpu_memory_fraction {cfg.kv_cache_free_gpu_memory_fraction}",
+    }[cfg.engine]
     console.print(
         f"{gpu.name} ({_gib(first.gpu_memory_bytes)} GiB usable), {cfg.engine} sizing, {setting}, "
         f"max_num_seqs {cfg.max_num_seqs}, max_num_batched_tokens {cfg.max_num_batched_tokens}; "
@@ -210,11 +229,17 @@ def fit(
     gpu: str = typer.Option(..., "--gpu", "-g", help=GPU_HELP),
     tp: int | None = typer.Option(None, "--tp", help="Only this tensor-parallel degree (default: 1, 2, 4, 8)."),
     pp: int | None = typer.Option(None, "--pp", help="Only this pipeline-parallel degree (default: 1, 2, 4, 8)."),
-    ep: int = typer.Option(1, "--ep", help="Expert-parallel degree for MoE models (1 or the tp)."),
+    ep: int = typer.Option(
+        1, "--ep", help="Expert-parallel degree for MoE models; it must divide tp (degrees it does not are skipped)."
+    ),
     weight_dtype: str | None = typer.Option(None, "--weight-dtype", help="bf16, fp16, fp8, int8, int4."),
     kv_dtype: str | None = typer.Option(None, "--kv-dtype", help="auto, fp8, int8, int4."),
     max_model_len: int | None = typer.Option(
-        None, "--max-model-len", max=MAX_TOKENS, help="Default: the model's context."
+        None,
+        "--max-model-len",
+        max=MAX_TOKENS,
+        help="Tokens per sequence. Default: the model's whole context, since fit asks what the model can "
+        "hold (plan reserves for a workload: 8192 by default).",
     ),
     num_seqs: int = typer.Option(1, "--num-seqs", min=1, max=MAX_SEQS, help="Sequences of max length that must fit."),
     engine: str = ENGINE,
@@ -222,6 +247,7 @@ def fit(
     max_num_batched_tokens: int | None = MAX_NUM_BATCHED_TOKENS,
     gpu_memory_utilization: float | None = GPU_MEMORY_UTILIZATION,
     mem_fraction_static: float | None = MEM_FRACTION_STATIC,
+    kv_free_fraction: float | None = KV_FREE_FRACTION,
     usable_memory_gib: float | None = USABLE_MEMORY_GIB,
     allow_int4_kv: bool = typer.Option(False, "--allow-int4-kv", help="Offer the INT4 KV fallback."),
     json_out: bool = typer.Option(False, "--json", help="Print JSON instead of a table."),
@@ -233,12 +259,11 @@ def fit(
         raise InfeasibleError(f"--max-model-len must be positive, got {max_model_len}")
     memory_bytes = _usable_bytes(g, usable_memory_gib)
     cfg = _memory_config(g, memory_bytes, engine=engine, gpu_memory_utilization=gpu_memory_utilization,
-                         mem_fraction_static=mem_fraction_static, max_num_seqs=max_num_seqs,
+                         mem_fraction_static=mem_fraction_static, kv_free_fraction=kv_free_fraction,
+                         max_num_seqs=max_num_seqs,
                          max_num_batched_tokens=max_num_batched_tokens, allow_int4_kv=allow_int4_kv)  # fmt: skip
     rows = []
-    for t, p in _options(spec, tp, pp):
-        if ep > 1:
-            check_degrees(spec, t, p, ep)
+    for t, p in _options(spec, tp, pp, ep):
         kw: dict[str, Any] = dict(gpu_memory_bytes=memory_bytes, tp=t, pp=p, ep=ep,
                                   max_model_len=max_model_len, num_seqs=num_seqs, config=cfg)  # fmt: skip
         rows.append((estimate_memory(spec, **kw), capacity_fallbacks(spec, **kw)))
@@ -308,6 +333,7 @@ def estimate(
     max_num_batched_tokens: int | None = MAX_NUM_BATCHED_TOKENS,
     gpu_memory_utilization: float | None = GPU_MEMORY_UTILIZATION,
     mem_fraction_static: float | None = MEM_FRACTION_STATIC,
+    kv_free_fraction: float | None = KV_FREE_FRACTION,
     usable_memory_gib: float | None = USABLE_MEMORY_GIB,
     profile: str | None = typer.Option(None, "--profile", help="Calibration profile JSON (toposched calibrate)."),
     json_out: bool = typer.Option(False, "--json", help="Print JSON instead of text."),
@@ -319,7 +345,8 @@ def estimate(
     between = get_link(pp_link) if pp_link else tp_link
     memory_bytes = _usable_bytes(g, usable_memory_gib)
     cfg = _memory_config(g, memory_bytes, engine=engine, gpu_memory_utilization=gpu_memory_utilization,
-                         mem_fraction_static=mem_fraction_static, max_num_seqs=max_num_seqs,
+                         mem_fraction_static=mem_fraction_static, kv_free_fraction=kv_free_fraction,
+                         max_num_seqs=max_num_seqs,
                          max_num_batched_tokens=max_num_batched_tokens)  # fmt: skip
     loaded = load_profile(profile) if profile else None
     with use_profile(loaded):

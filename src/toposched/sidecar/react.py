@@ -3,8 +3,8 @@
 ``react(report, scheduler, placement, request)`` is a pure decision over the scheduler's state: the
 GPUs named by active alerts are excluded, the request is searched again with the same policy for
 one replica on other free GPUs, and nothing is committed (no ledger booking, no index change once
-it returns). The HTTP service (issue 8) will expose this as the endpoint sidecars report to; until
-then ``toposched sidecar --react`` calls it in-process.
+it returns). The service calls it for each ``POST /v1/reports`` (``service/state.py: report``, which
+also marks the instance degraded); ``toposched sidecar --react`` calls it in-process.
 """
 
 from __future__ import annotations

@@ -260,11 +260,8 @@ class _R:
 
 
 def fabric_link(fabric: Fabric | None) -> str:
-    if fabric is None or fabric.kind == "ETHERNET":
-        return "tcp-100"
-    if fabric.kind == "ROCE":
-        return "roce-400"
-    return "ib-xdr" if fabric.nic_gbps >= 100 else "ib-ndr"
+    """The link-table key of traffic between nodes (``Fabric.perf_link``: HDR, NDR and XDR apart)."""
+    return fabric.perf_link if fabric is not None else "tcp-100"
 
 
 def _pcie_link(gpu: GpuSpec) -> str:

@@ -260,11 +260,30 @@ def _socket_ifname(value: str) -> str:
 SocketIfname = Annotated[str, AfterValidator(_socket_ifname)]
 
 
+NIC_MAX_GBPS = 100.0
+"""Fastest NIC port made: InfiniBand XDR or 800 GbE, 800 Gb/s = 100 GB/s per direction. A per-NIC
+figure above it is a unit mistake (a "400G" NIC written as 400 GB/s), not a faster network."""
+
+IB_GENERATIONS: tuple[tuple[str, float, str], ...] = (
+    # (InfiniBand generation, GB/s per port per direction, perf/links.py key)
+    ("HDR", 25.0, "ib-hdr"),  # 200 Gb/s
+    ("NDR", 50.0, "ib-ndr"),  # 400 Gb/s
+    ("XDR", 100.0, "ib-xdr"),  # 800 Gb/s
+)
+"""InfiniBand port speeds, slowest first (perf/links.py has no table for slower ones)."""
+
+
 class Fabric(_Value):
-    """The network between nodes, and how multi-node pods reach it on Kubernetes."""
+    """The network between nodes, and how multi-node pods reach it on Kubernetes.
+
+    ``nic_gbps`` is gigaBYTES per second per NIC per direction (NDR, sold as 400 Gb/s, is 50); a
+    cluster spec may give the line rate instead as ``nic_gbit_per_s`` (``topology/spec.py``).
+    """
 
     kind: Literal["IB", "ROCE", "ETHERNET"] = "IB"
-    nic_gbps: float = Field(default=50.0, gt=0, description="GB/s per NIC per direction (NDR 400G = 50)")
+    nic_gbps: float = Field(
+        default=50.0, gt=0, le=NIC_MAX_GBPS, description="GB/s (bytes) per NIC per direction (NDR 400 Gb/s = 50)"
+    )
     nics_per_node: int = Field(default=8, ge=0)
     rail_optimized: bool = True
     latency_us: float = Field(default=5.0, ge=0)
@@ -284,6 +303,28 @@ class Fabric(_Value):
     @property
     def link_kind(self) -> LinkKind:
         return LinkKind(self.kind)
+
+    @property
+    def generation(self) -> str | None:
+        """The InfiniBand generation whose port speed its NICs have (HDR, NDR, XDR), else None."""
+        if self.kind != "IB":
+            return None
+        return next((name for name, gbps, _ in IB_GENERATIONS if self.nic_gbps == gbps), None)
+
+    @property
+    def perf_link(self) -> str:
+        """The ``perf/links.py`` key of traffic between nodes: RoCE, TCP, or the table of the slowest
+        InfiniBand generation at least as fast as the NICs (HDR's for anything up to 200 Gb/s)."""
+        if self.kind == "ROCE":
+            return "roce-400"
+        if self.kind == "ETHERNET":
+            return "tcp-100"
+        return next(key for _, gbps, key in IB_GENERATIONS if self.nic_gbps <= gbps)
+
+    def describe(self) -> str:
+        """One phrase for people: ``IB NDR, 8 x 400 Gb/s NICs (50 GB/s each)``."""
+        kind = f"{self.kind} {self.generation}" if self.generation else self.kind
+        return f"{kind}, {self.nics_per_node} x {self.nic_gbps * 8:g} Gb/s NICs ({self.nic_gbps:g} GB/s each)"
 
 
 class NVLinkClique(_Value):

@@ -132,7 +132,7 @@ def _pcie_two_socket(a: int, b: int) -> tuple[LinkKind, int]:
 
 
 def _nvlink_pairs(a: int, b: int) -> tuple[LinkKind, int]:
-    """Seed 004's box: GPU0-1 and GPU2-3 joined by NVLink bridges, one pair per socket."""
+    """GPU0-1 and GPU2-3 joined by NVLink bridges, one pair per socket (seed 004's box)."""
     if a // 2 == b // 2:
         return LinkKind.NVLINK, 12
     return LinkKind.SYS, 0
@@ -239,7 +239,7 @@ def nvlink_pairs_4gpu(name: str = "box4") -> Node:
         numa=_half(4),
         cpus=lambda i: "0-31" if i < 2 else "32-63",
         nvswitch=False,
-        source="seed 004: 4 GPUs, two NUMA nodes, an NVLink-bridged pair in each",
+        source="4x A100 80GB PCIe, two NUMA nodes, an NVLink-bridged pair in each",
     )
 
 
@@ -271,7 +271,7 @@ def gb200_nvl72(name: str = "nvl72") -> Cluster:
 
 
 def hgx_h100_cluster(nodes: int = 32, nodes_per_rack: int = 4, racks_per_zone: int = 4) -> Cluster:
-    """Seed 000's 256-GPU scenario: 32 x HGX H100 over 8 x 400G InfiniBand (NDR), rail-optimised."""
+    """32 x HGX H100 over 8 x 400 Gb/s InfiniBand (NDR), rail-optimised (seed 000's 256-GPU setting)."""
     members = tuple(
         hgx(
             f"h100-{n:02d}",
@@ -331,10 +331,14 @@ for _preset in (
     Preset("l40s-8x-pcie", "8x L40S PCIe, two sockets, no NVLink", _single(l40s_pcie, "l40s-8x-pcie")),
     Preset(
         "4gpu-2numa-nvlink-pairs",
-        "Seed 004's box: 4 GPUs, 2 NUMA nodes, NVLink-bridged pairs",
+        "4x A100 80GB PCIe, 2 sockets, GPU0-1 and GPU2-3 each an NVLink-bridged pair (NV12)",
         _single(nvlink_pairs_4gpu, "4gpu-2numa-nvlink-pairs"),
     ),
-    Preset("cluster-32x-hgx-h100", "Seed 000's 256 GPUs: 32 x HGX H100, 8x400G IB, 8 racks, 2 zones", hgx_h100_cluster),
+    Preset(
+        "cluster-32x-hgx-h100",
+        "256 GPUs: 32 x HGX H100, 8 x 400 Gb/s InfiniBand NDR per node, 8 racks, 2 zones",
+        hgx_h100_cluster,
+    ),
 ):
     register_preset(_preset)
 

@@ -2,7 +2,7 @@
 
 ```yaml
 name: prod-east
-fabric: {kind: IB, nic_gbps: 50, nics_per_node: 8, rail_optimized: true, socket_ifname: eth0}
+fabric: {kind: IB, nic_gbit_per_s: 400, nics_per_node: 8, rail_optimized: true, socket_ifname: eth0}
 nodes:
   - name: "h100-{i:02d}"        # "{i}" expands with count
     count: 4
@@ -26,6 +26,10 @@ names are read through ``toposched.inputs`` (bounded regular files, strict UTF-8
 duplicate keys or deep nesting); numbers must be finite; a node name pattern may only number
 ``{i}`` with a plain width (``{i}``, ``{i:02d}``) and every name it makes must be a hostname
 (``toposched.names``), checked before anything is formatted; at most :data:`MAX_NODES` nodes.
+
+NIC speed: ``nic_gbit_per_s`` is the line rate NICs are sold by (200 HDR, 400 NDR, 800 XDR). The
+older ``nic_gbps`` (gigaBYTES per second, NDR = 50) still reads, but a figure above what any NIC
+carries (``nic_gbps: 400``, a "400G" NIC in the wrong unit) is an error naming the fix.
 """
 
 from __future__ import annotations
@@ -42,7 +46,7 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_valida
 from toposched.errors import InputError, SpecError, TopologyParseError
 from toposched.inputs import load_json, load_yaml, read_text
 from toposched.names import MAX_LABEL, MAX_NODE_NAME, Label, LabelValue, NodeName, node_name_problem
-from toposched.topology.model import Cluster, Fabric, Node, NVLinkClique
+from toposched.topology.model import NIC_MAX_GBPS, Cluster, Fabric, Node, NVLinkClique
 from toposched.topology.presets import preset_node
 from toposched.topology.smi import parse_topo_matrix
 
@@ -125,6 +129,41 @@ def _non_finite(value: Any) -> str | None:
     return None
 
 
+def _nic_speed(fabric: Any, source: str) -> Any:
+    """``fabric`` with its NIC speed as ``nic_gbps`` (GB/s), whichever unit the spec used, checked
+    against what NICs carry; anything else is left to the model's validation."""
+    if not isinstance(fabric, dict):
+        return fabric
+    gbit, gbyte = fabric.get("nic_gbit_per_s"), fabric.get("nic_gbps")
+    number = (int, float)
+    if gbit is not None and gbyte is not None:
+        raise SpecError(
+            source,
+            "fabric",
+            "give nic_gbit_per_s or nic_gbps, not both",
+            fix="keep nic_gbit_per_s (Gb/s, as NICs are sold)",
+        )
+    if gbit is not None:
+        if not isinstance(gbit, number) or isinstance(gbit, bool) or not 0 < gbit <= NIC_MAX_GBPS * 8:
+            raise SpecError(
+                source,
+                "fabric.nic_gbit_per_s",
+                f"{gbit!r} is not a NIC speed in Gb/s (above 0, at most {NIC_MAX_GBPS * 8:g})",
+                fix="e.g. nic_gbit_per_s: 400 for InfiniBand NDR",
+            )
+        rest = {key: value for key, value in fabric.items() if key != "nic_gbit_per_s"}
+        return {**rest, "nic_gbps": gbit / 8}
+    if isinstance(gbyte, number) and not isinstance(gbyte, bool) and gbyte > NIC_MAX_GBPS:
+        raise SpecError(
+            source,
+            "fabric.nic_gbps",
+            f"{gbyte:g} GB/s per NIC is more than any NIC carries ({NIC_MAX_GBPS:g} GB/s = 800 Gb/s XDR); "
+            "nic_gbps is in gigaBYTES per second",
+            fix=f"for a {gbyte:g} Gb/s NIC write nic_gbit_per_s: {gbyte:g}",
+        )
+    return fabric
+
+
 def _as_spec_error(exc: InputError, source: str) -> SpecError:
     """A reader's error about the spec file as a ``SpecError`` (same message, same fix)."""
     if isinstance(exc, SpecError):  # already names the key path
@@ -154,6 +193,8 @@ def load_cluster_spec(path: str | Path, *, warnings: list[str] | None = None) ->
     bad = _non_finite(raw)
     if bad is not None:
         raise SpecError(source, bad, "numbers must be finite (not .inf or .nan)")
+    if "fabric" in raw:
+        raw = {**raw, "fabric": _nic_speed(raw["fabric"], source)}
     try:
         spec = ClusterSpec.model_validate(raw)
     except ValidationError as exc:

@@ -1,6 +1,7 @@
 """Per-GPU HBM estimator: weights, KV cache, activation peak and workspace for (tp, pp, ep).
 
-Two engines' sizing rules (``MemoryConfig.engine``), read from their sources (engines.md §1.4, §2):
+Three engines' sizing rules (``MemoryConfig.engine``), read from their sources (engines.md §1.4, §2;
+../shared/reference/data/trtllm-serve-options.json):
 
 * **vLLM 0.33.0** (``vllm/v1/worker/gpu_worker.py`` ``determine_available_memory``,
   ``vllm/utils/mem_utils.py`` ``memory_profiling``, ``vllm/v1/worker/utils.py`` ``request_memory``):
@@ -16,6 +17,13 @@ Two engines' sizing rules (``MemoryConfig.engine``), read from their sources (en
   KV pool = free memory after loading the weights - (free memory before loading) x
   (1 - ``mem_fraction_static``); no activation profiling. The default ``mem_fraction_static``
   follows ``srt/arg_groups/memory_hook.py`` ``handle_gpu_memory_settings``.
+* **TensorRT-LLM** (``trtllm-serve --kv_cache_free_gpu_memory_fraction``, default 0.9 "of free memory
+  after weights and buffers"): KV pool = fraction x (total - weights - activation peak - non-torch
+  memory), a fraction of what is *free* rather than vLLM's fraction of the *total*. The activation
+  peak of TensorRT-LLM's profiling forward (over ``max_num_tokens``) is modelled by vLLM's rule below,
+  an approximation no TensorRT-LLM measurement has checked yet. CUDA graphs are captured after the
+  pool is allocated, so they must fit in the remaining (1 - fraction) share; a plan's KV bytes become a
+  launch's fraction through :func:`trtllm_fraction_for`, the inverse of :func:`trtllm_kv_budget`.
 
 Then one KV block per layer = block_size x kv_heads_per_rank x (k + v head dims) x dtype bytes, with
 kv_heads_per_rank = max(1, kv_heads // tp) (replicated when tp > KV heads); MLA caches one latent of
@@ -52,7 +60,7 @@ MIB = 1024**2
 # (vllm/model_executor/layers/vocab_parallel_embedding.py, DEFAULT_VOCAB_PADDING_SIZE = 64).
 VOCAB_PADDING = 64
 
-Engine = Literal["vllm", "sglang"]
+Engine = Literal["vllm", "sglang", "trtllm"]
 ENGINES: tuple[Engine, ...] = get_args(Engine)
 
 # ---- constants fitted to the published vLLM v0.19 memory profiles (anchors-train.json,
@@ -71,6 +79,9 @@ FIT_CUDAGRAPH_BASE_GIB = 0.48
 FIT_CUDAGRAPH_PER_LAYER_MIB = 15.1
 """CUDA-graph estimate: slope per decoder layer on the GPU."""
 
+TRTLLM_FREE_FRACTION = 0.9
+"""TensorRT-LLM's default ``--kv_cache_free_gpu_memory_fraction`` (trtllm-serve-options.json)."""
+
 
 class MemoryConfig(BaseModel):
     """Engine memory settings; defaults are vLLM 0.33.0's on an H100/H200-class GPU (API server)."""
@@ -78,11 +89,13 @@ class MemoryConfig(BaseModel):
     model_config = ConfigDict(frozen=True, extra="forbid")
 
     engine: Engine = "vllm"
-    """Whose sizing rule: ``vllm`` (profile run) or ``sglang`` (mem_fraction_static)."""
+    """Whose sizing rule: ``vllm`` (profile run), ``sglang`` (mem_fraction_static) or ``trtllm`` (free fraction)."""
     gpu_memory_utilization: float = Field(0.92, gt=0.0, le=1.0)
     """vLLM: fraction of total GPU memory this instance may use (``CacheConfig`` default 0.92)."""
     mem_fraction_static: float | None = Field(None, gt=0.0, lt=1.0)
     """SGLang: weights + KV pool over GPU memory; None = SGLang's default rule for the GPU."""
+    kv_cache_free_gpu_memory_fraction: float = Field(TRTLLM_FREE_FRACTION, gt=0.0, le=1.0)
+    """TensorRT-LLM: share of the memory free after weights, activations and buffers that the KV pool takes."""
     block_size: int = Field(16, ge=1, le=1024)
     """Tokens per KV block (vLLM ``CacheConfig.DEFAULT_BLOCK_SIZE = 16``, engines.md §1.1)."""
     max_num_batched_tokens: int = Field(8192, ge=1)
@@ -163,6 +176,25 @@ def sglang_default_mem_fraction(gpu_memory_bytes: int, tp: int = 1, pp: int = 1)
     return max(0.01, round((mib - reserved) / mib, 3))
 
 
+def trtllm_free_bytes(gpu_memory_bytes: int, weights: int, activations: int, non_torch: int) -> int:
+    """Memory TensorRT-LLM finds free when it sizes the KV pool: after the weights, the profiling
+    forward's peak and the memory outside PyTorch (CUDA graphs come later, from what the pool leaves)."""
+    return gpu_memory_bytes - weights - activations - non_torch
+
+
+def trtllm_kv_budget(free_bytes: int, fraction: float) -> int:
+    """TensorRT-LLM's KV pool: ``fraction`` of the free memory (nothing when nothing is free)."""
+    return math.floor(free_bytes * fraction) if free_bytes > 0 else free_bytes
+
+
+def trtllm_fraction_for(kv_bytes: int, free_bytes: int) -> float:
+    """The ``--kv_cache_free_gpu_memory_fraction`` whose pool is at most ``kv_bytes`` (3 decimals, rounded
+    down, at least 0.001): how a plan's KV reservation becomes a TensorRT-LLM launch setting."""
+    if kv_bytes <= 0 or free_bytes <= 0:
+        raise InfeasibleError(f"no KV pool to size: {kv_bytes} KV bytes planned, {free_bytes} bytes free")
+    return max(0.001, min(1.0, math.floor(kv_bytes / free_bytes * 1000) / 1000))
+
+
 @dataclass(frozen=True)
 class WeightBreakdown:
     """Weight bytes on one GPU, by what they are."""
@@ -221,7 +253,8 @@ class MemoryEstimate:
     engine: Engine = "vllm"
     non_torch_bytes: int = 0
     cudagraph_bytes: int = 0
-    """The CUDA-graph estimate (deducted only when ``MemoryConfig.deduct_cudagraph``; 0 for SGLang)."""
+    """The CUDA-graph estimate (deducted only when ``MemoryConfig.deduct_cudagraph``; 0 for SGLang;
+    for TensorRT-LLM taken from what the KV pool leaves free)."""
 
     @property
     def gpus(self) -> int:
@@ -411,6 +444,8 @@ def estimate_memory(
         # free before loading = total - non-torch; pool = free after loading - free before x (1 - fraction)
         fraction = cfg.mem_fraction_static or sglang_default_mem_fraction(gpu_memory_bytes, tp, pp)
         budget = math.floor((gpu_memory_bytes - non_torch) * fraction)
+    elif cfg.engine == "trtllm":
+        budget = gpu_memory_bytes  # a share of what is free, not of a budget set beforehand
     else:
         budget = math.ceil(gpu_memory_bytes * cfg.gpu_memory_utilization)
     tokens = min(cfg.max_num_batched_tokens, max(seq_len, 1) * cfg.max_num_seqs)
@@ -418,6 +453,7 @@ def estimate_memory(
     ranges = partition_ranges(spec.num_layers, pp, layer_partition)
     stages = []
     graphs = 0
+    short_of_graphs = False
     for i, layers in enumerate(ranges):
         first, last = i == 0, i == pp - 1
         weights = stage_weights(spec, layers, first=first, last=last, tp=tp, ep=ep)
@@ -429,12 +465,18 @@ def estimate_memory(
                 spec, layers, last=last, tp=tp, tokens=tokens, num_seqs=cfg.max_num_seqs, ep=ep, config=cfg
             )
             graph = cudagraph_estimate(len(layers), cfg)
-            kv_budget = budget - weights.total - act - non_torch - (graph if cfg.deduct_cudagraph else 0)
+            if cfg.engine == "trtllm":
+                free = trtllm_free_bytes(gpu_memory_bytes, weights.total, act, non_torch)
+                kv_budget = trtllm_kv_budget(free, cfg.kv_cache_free_gpu_memory_fraction)
+                short_of_graphs |= free > 0 and free - kv_budget < graph
+            else:
+                kv_budget = budget - weights.total - act - non_torch - (graph if cfg.deduct_cudagraph else 0)
         graphs = max(graphs, graph)
         block_bytes = cfg.block_size * per_layer_kv * len(layers)
         capacity = int(kv_budget // block_bytes) * cfg.block_size if kv_budget > 0 and block_bytes else 0
         stages.append(StageMemory(i, len(layers), weights, act, round(per_layer_kv * len(layers)), kv_budget, capacity))
-    workspace = 0 if cfg.engine == "sglang" else non_torch + (graphs if cfg.deduct_cudagraph else 0)
+    deducted = cfg.deduct_cudagraph or cfg.engine == "trtllm"
+    workspace = 0 if cfg.engine == "sglang" else non_torch + (graphs if deducted else 0)
     worst = max(stages, key=lambda s: s.weights.total)
     capacity = min(s.kv_tokens_capacity for s in stages)
     seq_tokens = math.ceil(seq_len / cfg.block_size) * cfg.block_size
@@ -447,6 +489,12 @@ def estimate_memory(
         )
     elif capacity < num_seqs * seq_tokens:
         reasons.append(f"KV cache holds {capacity} tokens per GPU, fewer than {num_seqs} x {seq_len} (max model len)")
+    if short_of_graphs:
+        left = 1 - cfg.kv_cache_free_gpu_memory_fraction
+        reasons.append(
+            f"CUDA graphs need {graphs / GIB:.2f} GiB per GPU, more than the {left:.0%} of free memory the KV pool "
+            "leaves (lower kv_cache_free_gpu_memory_fraction)"
+        )
     return MemoryEstimate(
         model=spec.name,
         tp=tp,

@@ -45,16 +45,23 @@ def check_degrees(spec: ModelSpec, tp: int, pp: int = 1, ep: int = 1) -> None:
         raise InfeasibleError(problem, fix="valid tp: " + ", ".join(str(t) for t in valid_tps(spec)))
     if pp < 1 or pp > spec.num_layers:
         raise InfeasibleError(f"pp={pp} must be between 1 and the {spec.num_layers} layers of {spec.name}")
+    problem = ep_problem(spec, tp, ep)
+    if problem:
+        multiples = "" if spec.moe is None or ep < 1 else f", or a tp that is a multiple of {ep}"
+        raise InfeasibleError(problem, fix=f"use ep=1{multiples}")
+
+
+def ep_problem(spec: ModelSpec, tp: int, ep: int) -> str | None:
+    """Why expert parallelism of degree ``ep`` cannot run with ``tp``, or ``None`` when it can."""
     if ep < 1:
-        raise InfeasibleError(f"ep={ep} must be at least 1")
-    if ep > 1:
-        if spec.moe is None:
-            raise InfeasibleError(f"ep={ep} needs a mixture-of-experts model; {spec.name} is dense")
-        if tp % ep:
-            raise InfeasibleError(
-                f"ep={ep} must divide tp={tp} (vLLM's expert parallelism spans the TP group)",
-                fix=f"use ep=1 or ep={tp}",
-            )
+        return f"ep={ep} must be at least 1"
+    if ep == 1:
+        return None
+    if spec.moe is None:
+        return f"ep={ep} needs a mixture-of-experts model; {spec.name} is dense"
+    if tp % ep:
+        return f"ep={ep} must divide tp={tp} (vLLM's expert parallelism spans the TP group)"
+    return None
 
 
 def stage_layers(num_layers: int, pp: int) -> list[range]:

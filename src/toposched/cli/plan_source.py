@@ -1,0 +1,302 @@
+"""Where a plan comes from, declared once for ``plan`` and every ``launch`` command.
+
+``toposched plan`` and ``toposched launch ... --model`` make the same plan from the same options, so
+the options live here, once: :func:`plan_options` adds them to a command's signature and hands the
+command one :class:`PlanSource` value instead of thirty parameters. ``plan`` makes and prints the
+plan (:meth:`PlanSource.place`); the launch commands take ``--plan PLAN.json`` or, without it, plan
+now (:meth:`PlanSource.resolve`) through the same document and checks (``binding/plan_doc.py``).
+
+Bad values are refused before any topology is read, with the flag named: a ``--tp`` the model's
+heads cannot be split by, an unknown ``--policy``, a request field out of range.
+"""
+
+from __future__ import annotations
+
+import functools
+import inspect
+from collections.abc import Callable
+from dataclasses import dataclass, fields
+from pathlib import Path
+from typing import Any, TypeVar
+
+import typer
+from pydantic import ValidationError
+
+from toposched.binding.plan_doc import PlanDoc, load_plan, parse_plan, plan_json
+from toposched.cli._common import CLUSTER, LIVE, PRESET, SMI, err_console, source_ref
+from toposched.cli.calibrate import PROFILE, profile_option
+from toposched.errors import InputError
+from toposched.perf.profile import Profile, use_profile
+from toposched.solver.request import PlacementRequest
+from toposched.solver.scheduler import POLICIES, Outcome, Scheduler
+from toposched.topology.model import Cluster
+from toposched.topology.sources import Loaded, SourceRef, load_source
+from toposched.workload import resolve_model
+from toposched.workload.parallel import tp_problem, valid_tps
+
+DEFAULT_MAX_MODEL_LEN = 8192
+"""The context a plan reserves KV for unless told otherwise. Not the model's whole context (which
+``toposched fit`` shows by default): a plan reserves KV for every concurrent sequence at this
+length, and 128k tokens x 8 sequences would ask several GPUs more of most models."""
+
+
+@dataclass(frozen=True)
+class PlanSource:
+    """Everything that says which plan to launch: a plan file, or a model, a topology and the request."""
+
+    plan: Path | None = None
+    model: str | None = None
+    smi: str | None = None
+    preset: str | None = None
+    cluster: str | None = None
+    live: bool = False
+    gpu: str | None = None
+    replicas: int = 1
+    tp: int | None = None
+    ep: int = 1
+    expert_replicas: int = 0
+    expert_hit_rates: str | None = None
+    max_pp: int = 8
+    slo_tpot_ms: float | None = None
+    slo_ttft_ms: float | None = None
+    slo_class: str = "interactive"
+    max_model_len: int = DEFAULT_MAX_MODEL_LEN
+    concurrent_seqs: int = 8
+    input_len: int = 1024
+    output_len: int = 256
+    weight_dtype: str | None = None
+    kv_dtype: str | None = None
+    affinity: str = "auto"
+    policy: str = "slo"
+    busy: str | None = None
+    budget_gbps: float = 256.0
+    seed: int = 0
+    profile: Path | None = None
+
+    def topology(self) -> SourceRef | None:
+        """The one topology source the flags name (None when none is given)."""
+        return source_ref(self.smi, self.preset, self.cluster, self.live)
+
+    def request(self) -> PlacementRequest:
+        """The placement request, checked flag by flag (errors name the flag, exit 2)."""
+        if self.model is None:
+            raise InputError("no model to plan", fix="pass --model NAME (a catalog name, Hugging Face id or path)")
+        POLICIES.get(self.policy)  # unknown names fail here with the valid ones
+        if self.tp is not None:
+            spec = resolve_model(self.model)
+            problem = tp_problem(spec, self.tp)
+            if problem:
+                raise InputError(f"--tp {self.tp}: {problem}", fix="valid tp: " + ", ".join(map(str, valid_tps(spec))))
+        try:
+            return PlacementRequest(
+                id="plan",
+                model=self.model,
+                replicas=self.replicas,
+                allowed_tp=(self.tp,) if self.tp else None,
+                ep=self.ep,
+                expert_replicas=self.expert_replicas,
+                expert_hit_rates=_rates(self.expert_hit_rates),
+                max_pp=self.max_pp,
+                slo_tpot_ms=self.slo_tpot_ms,
+                slo_ttft_ms=self.slo_ttft_ms,
+                slo_class=self.slo_class,
+                max_model_len=self.max_model_len,
+                concurrent_seqs=self.concurrent_seqs,
+                input_len=min(self.input_len, self.max_model_len),
+                output_len=self.output_len,
+                weight_dtype=self.weight_dtype,
+                kv_dtype=self.kv_dtype,
+                affinity=self.affinity,
+            )
+        except ValidationError as exc:
+            err = exc.errors()[0]
+            if err["loc"]:
+                flag = "--" + str(err["loc"][0]).replace("_", "-")
+                raise InputError(f"{flag}: {err['msg']} (got {err.get('input')!r:.60})") from None
+            raise InputError(f"request: {str(err['msg']).removeprefix('Value error, ')}") from None
+
+    def place(self) -> Placed:
+        """Plan now: the request, the topology it was placed on and the outcome (placed and unplaced)."""
+        ref = self.topology()
+        if ref is None:
+            raise InputError(
+                "planning needs a topology", fix="pass --preset NAME, --smi FILE, --cluster FILE or --live"
+            )
+        request = self.request()
+        chosen = profile_option(self.profile)  # a bad profile fails before the topology is read
+        loaded = load_source(ref)
+        for w in loaded.warnings:
+            err_console.print(f"warning: {w}", markup=False, soft_wrap=True)
+        busy = parse_gpu_list(self.busy, loaded.cluster, "--busy")
+        scheduler = Scheduler(loaded.cluster, gpu=self.gpu, busy=busy, budget_gbps=self.budget_gbps, seed=self.seed)
+        with use_profile(chosen):
+            outcome = scheduler.place(request, policy=self.policy)
+        return Placed(request, ref, loaded, outcome, self.policy, chosen)
+
+    def resolve(self) -> PlanDoc:
+        """The plan to launch: read from ``--plan``, or made now from ``--model`` and a topology source."""
+        if self.plan is not None:
+            if self.model is not None or self.topology() is not None:
+                raise InputError("give --plan, or --model with a topology source, not both")
+            return load_plan(self.plan)
+        if self.model is None or self.topology() is None:
+            raise InputError(
+                "launch needs a plan", fix="pass --plan PLAN.json, or --model NAME with --preset/--smi/--cluster/--live"
+            )
+        placed = self.place()
+        for u in placed.outcome.unplaced:
+            reason = u.reasons[0] if u.reasons else ""
+            err_console.print(f"warning: replica {u.replica} not placed: {reason}", markup=False, soft_wrap=True)
+        if not placed.outcome.placements:
+            raise InputError(
+                f"nothing of {self.model} could be placed on {placed.ref.describe()}",
+                fix="run `toposched plan` with the same options for the reasons",
+            )
+        return parse_plan(placed.document(with_unplaced=False), "the plan")
+
+
+@dataclass(frozen=True)
+class Placed:
+    """A plan made now: what was asked, where, and what came out."""
+
+    request: PlacementRequest
+    ref: SourceRef
+    loaded: Loaded
+    outcome: Outcome
+    policy: str
+    profile: Profile | None
+    """The cost-model profile the predictions used (``--profile``)."""
+
+    def document(self, *, with_unplaced: bool = True) -> dict[str, Any]:
+        """The plan document (``plan --json``), under the profile the plan was made with."""
+        with use_profile(self.profile):
+            return plan_json(
+                self.outcome.placements,
+                self.outcome.unplaced if with_unplaced else [],
+                self.request,
+                self.loaded.cluster,
+                policy=self.policy,
+                source=self.ref.describe(),
+            )
+
+
+def parse_gpu_list(text: str | None, cluster: Cluster, flag: str) -> list[str]:
+    """'0,1,5' (single-node clusters) or 'node/0,node/1' -> GPU refs; errors name the flag."""
+    if not text:
+        return []
+    known = {f"{n.name}/{g.index}" for n in cluster.nodes for g in n.gpus}
+    refs: list[str] = []
+    for item in (x.strip() for x in text.split(",")):
+        if not item:
+            continue
+        if "/" in item:
+            ref = item
+        elif item.isdigit():
+            if len(cluster.nodes) != 1:
+                raise InputError(
+                    f"{flag} {item!r}: this cluster has {len(cluster.nodes)} nodes", fix="write NODE/INDEX"
+                )
+            ref = f"{cluster.nodes[0].name}/{item}"
+        else:
+            raise InputError(f"{flag}: {item!r} is not a GPU index", fix="give indices like 0,1,2 or NODE/INDEX")
+        if ref not in known:
+            raise InputError(f"{flag}: GPU {ref} is not in the topology")
+        refs.append(ref)
+    return refs
+
+
+def _rates(text: str | None) -> tuple[float, ...] | None:
+    if not text:
+        return None
+    try:
+        return tuple(float(x) for x in text.split(",") if x.strip())
+    except ValueError as exc:
+        raise InputError(f"--expert-hit-rates: {exc}", fix="give numbers like 0.2,0.1,0.05,...") from exc
+
+
+# --- the options, declared once ---------------------------------------------------------------------
+
+_OPTIONS: dict[str, tuple[Any, Any]] = {
+    # field: (annotation, typer.Option); the launch commands use them only without --plan.
+    "model": (
+        str | None,
+        typer.Option(None, "--model", "-m", help="Catalog name, Hugging Face id or config.json path."),
+    ),
+    "smi": (str | None, SMI),
+    "preset": (str | None, PRESET),
+    "cluster": (str | None, CLUSTER),
+    "live": (bool, LIVE),
+    "gpu": (str | None, typer.Option(None, "--gpu", help="GPU type when the topology does not say (e.g. H100-SXM).")),
+    "replicas": (int, typer.Option(1, "--replicas", help="Instances to place.")),
+    "tp": (int | None, typer.Option(None, "--tp", help="Force this tensor-parallel degree.")),
+    "ep": (int, typer.Option(1, "--ep", help="Expert-parallel degree (MoE; must divide tp).")),
+    "expert_replicas": (int, typer.Option(0, "--expert-replicas", help="Copies of hot experts allowed (ep > 1).")),
+    "expert_hit_rates": (
+        str | None,
+        typer.Option(
+            None, "--expert-hit-rates", help="Per-expert hit rates, comma-separated (ep > 1).", metavar="R0,R1,..."
+        ),
+    ),
+    "max_pp": (int, typer.Option(8, "--max-pp", help="Largest pipeline-parallel degree to consider.")),
+    "slo_tpot_ms": (float | None, typer.Option(None, "--slo-tpot-ms", help="Per-token latency SLO.")),
+    "slo_ttft_ms": (float | None, typer.Option(None, "--slo-ttft-ms", help="Time-to-first-token SLO.")),
+    "slo_class": (str, typer.Option("interactive", "--slo-class", help="realtime|interactive|standard|batch.")),
+    "max_model_len": (
+        int,
+        typer.Option(
+            DEFAULT_MAX_MODEL_LEN,
+            "--max-model-len",
+            help=f"Context length to reserve KV for (default {DEFAULT_MAX_MODEL_LEN}; `fit` defaults to the model's "
+            "whole context, but a plan reserves KV for every concurrent sequence at this length).",
+        ),
+    ),
+    "concurrent_seqs": (int, typer.Option(8, "--concurrent-seqs", help="Sequences to reserve KV for (and batch).")),
+    "input_len": (int, typer.Option(1024, "--input-len", help="Typical prompt length for predictions.")),
+    "output_len": (int, typer.Option(256, "--output-len", help="Typical output length for predictions.")),
+    "weight_dtype": (str | None, typer.Option(None, "--weight-dtype", help="bf16|fp16|fp8|int8|int4.")),
+    "kv_dtype": (str | None, typer.Option(None, "--kv-dtype", help="auto|fp8|int8|int4.")),
+    "affinity": (str, typer.Option("auto", "--affinity", help="auto|nvlink|pcie-switch|numa|node|none.")),
+    "policy": (str, typer.Option("slo", "--policy", help=f"Placement policy: {'|'.join(POLICIES.names())}.")),
+    "busy": (str | None, typer.Option(None, "--busy", help="GPUs already taken: 0,1,... or NODE/INDEX,...")),
+    "budget_gbps": (float, typer.Option(256.0, "--budget-gbps", help="Cross-domain traffic budget (GB/s).")),
+    "seed": (int, typer.Option(0, "--seed", help="Seed for the random policy.")),
+}
+_PLAN_FILE = (Path | None, typer.Option(None, "--plan", help="Output of `toposched plan --json`.", metavar="PLAN.json"))
+
+F = TypeVar("F", bound=Callable[..., Any])
+
+
+def plan_options(*, plan_file: bool) -> Callable[[F], F]:
+    """Give a command every plan option (and ``--plan`` when ``plan_file``); it receives them as one
+    ``source: PlanSource`` keyword argument.
+
+    The command's own parameters come first in ``--help``; the plan options follow, in the order above.
+    """
+
+    def decorate(command: F) -> F:
+        own = inspect.signature(command)
+        if "source" not in own.parameters:
+            raise TypeError(f"{command.__name__} must take a 'source: PlanSource' parameter")
+        declared = dict(_OPTIONS)
+        declared["profile"] = (Path | None, PROFILE)
+        if plan_file:
+            declared = {"plan": _PLAN_FILE, **declared}
+        names = {f.name for f in fields(PlanSource)}
+        assert set(declared) <= names, set(declared) - names  # a declared option must be a PlanSource field
+        params = [p for p in own.parameters.values() if p.name != "source"]
+        params += [
+            inspect.Parameter(name, inspect.Parameter.KEYWORD_ONLY, default=option, annotation=annotation)
+            for name, (annotation, option) in declared.items()
+        ]
+
+        @functools.wraps(command)
+        def wrapper(*args: Any, **kwargs: Any) -> Any:
+            values = {name: kwargs.pop(name) for name in declared if name in kwargs}
+            return command(*args, source=PlanSource(**values), **kwargs)
+
+        wrapper.__signature__ = own.replace(parameters=params)  # type: ignore[attr-defined]
+        wrapper.__annotations__ = {p.name: p.annotation for p in params}
+        del wrapper.__wrapped__  # Typer must read the new signature, not the command's
+        return wrapper  # type: ignore[return-value]
+
+    return decorate
