@@ -11,8 +11,9 @@ large-16k (16,384 GPUs, 100k requests) <= 120 s on one core.
 
 (b) churn-128 at offered occupancy 0.50 / 0.85 / 0.95 for each policy, medians over seeds 0..N-1 of:
 SLO met, SLO met on TP8 instances, GPU utilisation, share of instances that waited for NVLink room,
-migrations (as a share of instance arrivals), cross-domain fallback placements. Issue 15's targets
-at 0.85: SLO met >= 0.99, TP8 >= 0.95, utilisation within 2 points of index-order, migrations <= 1 %.
+share held back to keep a whole NVLink domain free (headroom), migrations (as a share of instance
+arrivals), cross-domain fallback placements. Issue 15's targets at 0.85: SLO met >= 0.99, TP8 >= 0.95,
+utilisation within 2 points of index-order, migrations <= 1 %.
 """
 
 from __future__ import annotations
@@ -55,7 +56,7 @@ def churn(seeds: int, policies: list[str], occupancies: list[float], *, defrag: 
         base = base.model_copy(update={"admission": base.admission.model_copy(update={"defrag": False})})
     head = (
         f"{'occupancy':>9} {'policy':<12} {'SLO met':>8} {'TP8 SLO':>8} {'GPU util':>8} {'NVLink wait':>11} "
-        f"{'migrations':>10} {'fallbacks':>9} {'abandoned':>9} {'requests':>9} {'run s':>6}"
+        f"{'headroom wait':>13} {'migrations':>10} {'fallbacks':>9} {'abandoned':>9} {'requests':>9} {'run s':>6}"
     )
     print(head)
     for occupancy in occupancies:
@@ -78,6 +79,7 @@ def churn(seeds: int, policies: list[str], occupancies: list[float], *, defrag: 
             print(
                 f"{occupancy:>9.2f} {policy:<12} {med('slo_attainment'):>8.3f} {tp8:>8.3f} "
                 f"{med('gpu_utilization'):>8.3f} {med('queued_for_nvlink_rate'):>11.1%} "
+                f"{med('held_for_headroom_rate'):>13.1%} "
                 f"{med('migrations'):>4.0f} ({moves:>4.1%}) {med('fallback_placements'):>9.0f} "
                 f"{med('instances_abandoned'):>9.0f} {med('requests'):>9,.0f} {statistics.median(walls):>6.1f}",
                 flush=True,

@@ -221,14 +221,16 @@ class Admission(_Value):
     abandon_after_s: float = Field(default=600.0, gt=0, le=MAX_SECONDS, description="a waiting instance gives up")
     cross_domain: bool = Field(default=True, description="retry with allow_cross_domain after the class's wait")
     defrag: bool = Field(default=True, description="an instance needing a whole NVLink domain may trigger moves")
-    # 30 s with the headroom below: on churn-128 at 0.85 (docs/simulator.md) the headroom alone
-    # brings TP=8 to 0.975 with no move; defragmenting after 30 s adds the rest (0.988) at a median
-    # of 2 moves per run (0.9 % of instances); after 15 s it is 5 moves, after 60 s TP=8 falls back.
+    # 30 s and at most 2 moves per 300 s, with the headroom below: on churn-128 at 0.85 with the
+    # calibrated cost model (docs/simulator.md, medians of 3 seeds) the headroom alone brings TP=8
+    # to 0.946 with no move; defragmenting after 30 s gives 0.977 at 3 moves per run with a limit of
+    # 4 per window, 1 move with 2; after 60 s 0.972 at 1 move.
     defrag_after_s: float = Field(
         default=30.0, ge=0, le=MAX_SECONDS, description="wait this long for a departure before moving instances"
     )
-    # One whole domain kept free for 30 s: on churn-128 at 0.85 keeping two gave the same figures,
-    # a 15 s wait TP=8 0.969, 60 s 0.955 (small instances then hold GPUs idle for longer).
+    # One whole domain kept free for 30 s: on churn-128 at 0.85 (cost model before the measured
+    # all-reduce curves) keeping two gave the same figures, a 15 s wait TP=8 0.969, 60 s 0.955
+    # (small instances then hold GPUs idle for longer).
     keep_whole_domains: int = Field(
         default=1,
         ge=0,
@@ -240,7 +242,7 @@ class Admission(_Value):
         default=30.0, ge=0, le=MAX_SECONDS, description="... for at most this long; then it may break one"
     )
     defrag_max_moves: int = Field(default=4, ge=1, le=64, description="most moves of one defragmentation plan")
-    defrag_moves_per_window: int = Field(default=4, ge=1, le=10_000, description="rate limit: moves ...")
+    defrag_moves_per_window: int = Field(default=2, ge=1, le=10_000, description="rate limit: moves ...")
     defrag_window_s: float = Field(default=300.0, gt=0, le=MAX_SECONDS, description="... per this many seconds")
 
 

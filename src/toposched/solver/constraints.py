@@ -160,11 +160,15 @@ def _domain_affinity(ctx: CheckContext) -> ConstraintCheck:
 
 
 def _cross_domain_budget(ctx: CheckContext) -> ConstraintCheck:
+    """Traffic between NVLink domains against what is left of the SLO class's share of the cluster's
+    cross-domain budget (``Scheduler.budget_gbps``, split by class weight)."""
+    share = f"{ctx.budget_left_gbps:.2f} GB/s left of class {ctx.request.slo_class}'s cross-domain budget"
+    if ctx.cross_gbps == 0:
+        detail = "no traffic between NVLink domains"
+    else:
+        detail = f"{ctx.cross_gbps:.2f} GB/s between NVLink domains; {share}"
     return ConstraintCheck(
-        name="cross-domain-budget",
-        held=ctx.cross_gbps <= ctx.budget_left_gbps + 1e-9,
-        detail=f"{ctx.cross_gbps:.2f} GB/s cross-domain, {ctx.budget_left_gbps:.2f} GB/s left for class "
-        f"{ctx.request.slo_class}",
+        name="cross-domain-budget", held=ctx.cross_gbps <= ctx.budget_left_gbps + 1e-9, detail=detail
     )
 
 
