@@ -279,5 +279,19 @@ def link_registry() -> Registry[LinkSpec]:
 
 
 def get_link(name: str) -> LinkSpec:
-    """The link kind named ``name`` (``UnknownNameError`` with suggestions otherwise)."""
+    """The link kind named ``name`` (``UnknownNameError`` with suggestions otherwise).
+
+    ``INTER+INTRAxN`` (the name ``two_level_link`` gives, e.g. ``ib-ndr+nvlink4x4``) is a TP group of
+    N GPUs per node over INTRA, the nodes joined by INTER: the solver's key for a TP group that spans
+    nodes in equal shares, so every cache keyed by link name tells it apart from a flat ring.
+    """
+    if "+" in name:
+        inter, _, rest = name.partition("+")
+        intra, sep, count = rest.rpartition("x")
+        if not (inter and intra and sep and count.isdigit() and 0 < int(count) <= 1024):
+            raise InputError(
+                f"link kind {name!r} is not a two-level link",
+                fix="write INTER+INTRAxN, e.g. ib-ndr+nvlink4x4 (N GPUs per node over INTRA, nodes over INTER)",
+            )
+        return two_level_link(inter, intra, int(count))
     return link_registry().get(name)

@@ -18,6 +18,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
 from toposched.perf.hardware import GpuSpec
+from toposched.perf.links import get_link
 from toposched.perf.step import COMPRESSION_RATIO, COMPRESSION_US_PER_ALLREDUCE
 from toposched.solver.constraints import LEVEL_ORDER, CheckContext, run_checks
 from toposched.solver.experts import place_experts
@@ -282,7 +283,17 @@ def tp_link(index: ClusterIndex, refs: Sequence[str], gpu: GpuSpec) -> tuple[str
             return "nvlink-bridge", True
         return gpu.native_link, True
     if len(nodes) > 1:
-        return fabric_link(index.cluster.fabric), False
+        # equal shares per node (what pick_in_group takes): a two-level all-reduce, inside each node
+        # over its own link, across nodes one NIC per GPU (perf/links.py two_level_link); else a flat ring
+        inter = fabric_link(index.cluster.fabric)
+        per_node: dict[str, list[str]] = {}
+        for ref in refs:
+            per_node.setdefault(index.info[ref].node, []).append(ref)
+        shares = {len(v) for v in per_node.values()}
+        if len(shares) == 1 and (share := shares.pop()) > 1:
+            intra, _ = tp_link(index, next(iter(per_node.values())), gpu)
+            return f"{inter}+{intra}x{share}", False
+        return inter, False
     return (gpu.native_link if len(refs) == 1 else _pcie_link(gpu)), len(refs) == 1
 
 
@@ -344,7 +355,12 @@ def assess(
     cross = 0.0
     if not in_domain and option.tp > 1:
         layers_per_stage = spec.num_layers / option.pp
-        bus = 2 * (option.tp - 1) / option.tp * act_bytes
+        # bytes each rank sends outside its domain per all-reduce: a flat ring moves 2(n-1)/n of the
+        # activations; a two-level all-reduce (``tp_link``: g GPUs per node) reduces inside each node
+        # first, so only 2(m-1)/m of 1/g of them cross, between the m = n/g nodes
+        share = get_link(link).gpus_per_node or 1
+        across = option.tp // share
+        bus = 2 * (across - 1) / across * act_bytes / share
         cross += option.pp * option.tp * 2 * layers_per_stage * bus * steps_per_s / 1e9
     domains = [index.domain_of(stage) for stage in stages]
     for a, b in itertools.pairwise(domains):
