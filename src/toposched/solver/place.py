@@ -358,9 +358,9 @@ def assess(
         # bytes each rank sends outside its domain per all-reduce: a flat ring moves 2(n-1)/n of the
         # activations; a two-level all-reduce (``tp_link``: g GPUs per node) reduces inside each node
         # first, so only 2(m-1)/m of 1/g of them cross, between the m = n/g nodes
-        share = get_link(link).gpus_per_node or 1
-        across = option.tp // share
-        bus = 2 * (across - 1) / across * act_bytes / share
+        per_node = get_link(link).gpus_per_node or 1
+        across = option.tp // per_node
+        bus = 2 * (across - 1) / across * act_bytes / per_node
         cross += option.pp * option.tp * 2 * layers_per_stage * bus * steps_per_s / 1e9
     domains = [index.domain_of(stage) for stage in stages]
     for a, b in itertools.pairwise(domains):
