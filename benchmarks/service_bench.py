@@ -2,6 +2,8 @@
 
     .venv/bin/python benchmarks/service_bench.py [--backend sqlite|etcd|both] [--concurrency 1,8,32]
         [--pairs 600] [--repeat 3] [--gpus 256] [--live-gpus 1280] [--live 1000] [--json]
+    .venv/bin/python benchmarks/service_bench.py --tick [--backend ...] [--live-gpus 1280] [--live 1000]
+        [--ticks 30]
 
 Starts one server (``toposched serve``: uvicorn, a process of its own) per backend and cluster on a free
 loopback port, on a cluster spec of HGX H100 nodes (SQLite state in a temporary folder; etcd: Debian's
@@ -18,6 +20,14 @@ Rows: the ``--gpus`` cluster with no other placement at each concurrency, then t
 cluster with no other placement and with ``--live`` placements held (booked before the measured runs)
 at the middle concurrency, so the CPU per pair can be compared as live placements grow. Each figure is
 the median of ``--repeat`` runs of ``--pairs`` pairs on the same server, after a warm-up run.
+
+``--tick``: the background tick, in process (``ServiceState`` without HTTP), on the ``--live-gpus``
+cluster with no placement and with ``--live`` placements held. Each round: the replica makes one change of
+its own (a create + delete pair), the tick runs, then the ``follow()`` the next decision makes (its CPU,
+and the resyncs it triggered: 0 when it knows the entries are its own), then a tick with nothing changed
+(``tick ms CPU``: a full resync, the DomainMap version check, the queue), then one more ``resync()``
+(what a follow that mistakes own changes for another replica's adds). Medians of ``--ticks`` rounds, CPU
+time of this process (``time.process_time``).
 """
 
 from __future__ import annotations
@@ -218,6 +228,71 @@ def format_row(r: dict[str, Any]) -> str:
     )
 
 
+def tick_bench(backend: str, gpus: int, live: int, ticks: int) -> dict[str, Any]:
+    """One row of ``--tick``: a replica on a fresh state with ``live`` placements held, nothing changing."""
+    from toposched.service.config import ServiceConfig
+    from toposched.service.request import ServiceRequest
+    from toposched.service.state import ServiceState
+    from toposched.topology.sources import SourceRef
+
+    with tempfile.TemporaryDirectory(prefix="toposched-bench-") as tmp:
+        folder = Path(tmp)
+        etcd = None
+        if backend == "etcd":
+            etcd, etcd_url = start_etcd(folder)
+            url = f"etcd:{etcd_url}/bench"
+        else:
+            url = f"sqlite:{folder / 'state.sqlite3'}"
+        source = SourceRef(kind="cluster", ref=str(cluster_spec(folder, gpus)))
+        state = ServiceState(ServiceConfig(state=url, source=source, auth=False, max_queue=1))
+        try:
+            state.open()
+            for i in range(live):
+                decision = state.place(ServiceRequest(model="llama-3.1-8b", id=f"held-{i}"))
+                if decision.status != "placed":
+                    raise SystemExit(f"booking live placement {i}: {decision.status} {decision.reasons}")
+            state.sync()  # warm-up
+            tick, follow, resync, resyncs = [], [], [], []
+            for i in range(ticks):
+                own = ServiceRequest(model="llama-3.1-8b", id=f"own-{i}")  # this replica's own change
+                if state.place(own).status != "placed" or state.release(own.id) is None:
+                    raise SystemExit(f"own change {i} failed")
+                if not state.sync():  # the tick after it
+                    raise SystemExit(f"tick failed: {state.last_error}")
+                before = state.counters.resyncs
+                started = time.process_time()
+                state.follow()  # the next decision's look at the log: only own entries since the tick
+                follow.append(time.process_time() - started)
+                resyncs.append(state.counters.resyncs - before)
+                started = time.process_time()
+                state.sync()  # nothing changed since the last tick
+                tick.append(time.process_time() - started)
+                started = time.process_time()
+                state.resync()
+                resync.append(time.process_time() - started)
+            ms = {"tick_ms": tick, "follow_ms": follow, "resync_ms": resync}
+            row: dict[str, Any] = {"backend": backend, "gpus": gpus, "live": live, "ticks": ticks}
+            row |= {key: 1000 * statistics.median(values) for key, values in ms.items()}
+            return row | {"follow_resyncs": sum(resyncs)}
+        finally:
+            state.shutdown()
+            if etcd is not None:
+                stop(etcd)
+
+
+TICK_HEADER = (
+    f"{'backend':8} {'GPUs':>5} {'live':>5} {'tick ms CPU':>12} {'follow ms':>10} {'resyncs by follow':>18} "
+    f"{'resync ms':>10}"
+)
+
+
+def format_tick_row(r: dict[str, Any]) -> str:
+    return (
+        f"{r['backend']:8} {r['gpus']:>5} {r['live']:>5} {r['tick_ms']:>12.3f} {r['follow_ms']:>10.3f} "
+        f"{r['follow_resyncs']:>10} of {r['ticks']:<5} {r['resync_ms']:>10.3f}"
+    )
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--backend", choices=("sqlite", "etcd", "both"), default="sqlite")
@@ -229,13 +304,28 @@ def main() -> None:
     parser.add_argument("--live-gpus", type=int, default=1280, help="the cluster for the live-placement rows")
     parser.add_argument("--live", type=int, default=1000, help="placements held in the live rows (0: skip them)")
     parser.add_argument("--json", action="store_true")
+    parser.add_argument("--tick", action="store_true", help="the background tick in process, nothing changed")
+    parser.add_argument("--ticks", type=int, default=30, help="ticks measured per row of --tick")
     args = parser.parse_args()
+    backends = ("sqlite", "etcd") if args.backend == "both" else (args.backend,)
+    if args.tick:
+        if not args.json:
+            print(TICK_HEADER, flush=True)
+        tick_rows = []
+        for backend in backends:
+            for live in sorted({0, args.live}):
+                tick_rows.append(tick_bench(backend, args.live_gpus, live, args.ticks))
+                if not args.json:
+                    print(format_tick_row(tick_rows[-1]), flush=True)
+        if args.json:
+            print(json.dumps(tick_rows, indent=2))
+        return
     concurrencies = [int(c) for c in args.concurrency.split(",")]
     middle = concurrencies[len(concurrencies) // 2]
     rows = []
     if not args.json:
         print(HEADER, flush=True)
-    for backend in ("sqlite", "etcd") if args.backend == "both" else (args.backend,):
+    for backend in backends:
         pairs = args.pairs if backend == "sqlite" else args.etcd_pairs
         show = not args.json
         rows += bench(backend, args.gpus, 0, concurrencies, pairs, args.repeat, show=show)

@@ -12,8 +12,15 @@ stderr and a non-zero exit; everything else is a bug and keeps its traceback.
     │   └── InfeasibleError         a request that cannot be satisfied as asked (tp, pp, memory)
     ├── DiscoveryError              a probe of real hardware failed
     │   └── NoDriverError           no NVIDIA driver / NVML library on this machine
-    └── StateError                  the persistent state cannot be read or written
-        └── LedgerConflict          the ledger refused a booking (another holder was first)
+    ├── StateError                  the persistent state cannot be read or written
+    │   ├── LedgerConflict          the ledger refused a booking (another holder was first)
+    │   ├── EtcdError               etcd answered with an error status (``code``: etcd's gRPC code)
+    │   └── EtcdUnreachable         no answer from etcd (refused, reset, timed out)
+    └── InvariantError              an internal check failed: a bug in toposched (exit code 70)
+
+Each class may carry a ``default_fix`` for raises that give no ``fix`` of their own. Errors of outside
+libraries are translated where the library is called: NVML in ``topology/nvml.py``, etcd in
+``ledger/etcd_client.py``, sqlite in ``sqlite_file.py`` and the SQLite ledger.
 """
 
 from __future__ import annotations
@@ -26,11 +33,13 @@ class ToposchedError(Exception):
     """Base class: a message that names the input, and an optional hint on how to fix it."""
 
     exit_code: int = 1
+    default_fix: str | None = None
+    """The hint used when a raise gives no ``fix`` of its own."""
 
     def __init__(self, message: str, *, fix: str | None = None) -> None:
         super().__init__(message)
         self.message = message
-        self.fix = fix
+        self.fix = fix if fix is not None else self.default_fix
 
     def __str__(self) -> str:
         return self.message
@@ -126,3 +135,32 @@ class LedgerConflict(StateError):
     def __init__(self, message: str, *, result: object) -> None:
         super().__init__(message, fix="resync from the ledger and decide again")
         self.result = result
+
+
+class EtcdError(StateError):
+    """etcd answered with an error; ``code`` is etcd's gRPC code (5 not found, 14 unavailable ...).
+
+    Raised by ``ledger/etcd_client.py``, the one place etcd's answers are translated.
+    """
+
+    default_fix = "check etcd's health (`etcdctl endpoint health`) and its limits (--max-request-bytes, --max-txn-ops)"
+
+    def __init__(self, message: str, *, code: int = 0, fix: str | None = None) -> None:
+        super().__init__(message, fix=fix)
+        self.code = code
+
+
+class EtcdUnreachable(StateError):
+    """No answer from etcd (refused, reset, timed out); calls succeed again once it answers."""
+
+    default_fix = "start etcd or check --endpoint / --state; calls succeed again once it answers"
+
+
+class InvariantError(ToposchedError):
+    """An internal check failed (the simulator's conservation of requests and memory): a bug, not bad input.
+
+    Exit code 70 (``EX_SOFTWARE`` in sysexits.h) tells it apart from bad input (2) and state errors (1).
+    """
+
+    exit_code = 70
+    default_fix = "this is a bug in toposched: report it with the command and its output under TOPOSCHED_DEBUG=1"

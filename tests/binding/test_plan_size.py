@@ -5,7 +5,8 @@ from __future__ import annotations
 import json
 
 from toposched.binding.engines import build_launches
-from toposched.binding.plan_doc import cluster_summary, parse_plan, plan_json, used_cluster
+from toposched.binding.plan_doc import parse_plan, plan_json
+from toposched.binding.plan_schema import ClusterSummary, used_cluster
 from toposched.sim.scenario import load_cluster
 from toposched.solver.request import PlacementRequest
 from toposched.solver.scheduler import Scheduler
@@ -22,9 +23,9 @@ def test_one_instance_on_a_large_cluster_is_a_small_self_contained_plan() -> Non
     assert {n["name"] for n in doc["cluster"]["nodes"]} == used and len(used) == 2
     summary = doc["cluster_summary"]
     assert summary["nodes"] == 512 and summary["gpus"] == 4096 and len(summary["sha256"]) == 64
-    assert summary == cluster_summary(cluster)  # deterministic
+    assert summary == ClusterSummary.of(cluster).model_dump()  # deterministic
     other = cluster.model_copy(update={"name": "other"})
-    assert cluster_summary(other)["sha256"] != summary["sha256"]
+    assert ClusterSummary.of(other).sha256 != summary["sha256"]
     plan = parse_plan(json.loads(text), "plan.json")  # reads back and passes every check
     assert [p.id for p in plan.placements] == [p.id for p in out.placements]
     assert plan.cluster.fabric == cluster.fabric

@@ -22,7 +22,8 @@ from tests.ledger.common import FakeClock
 from toposched.errors import StateError
 from toposched.ledger.base import GIB
 from toposched.ledger.sqlite import SqliteLedger, row_checksum
-from toposched.ledger.sqlite_checks import access_problem, wal_damage
+from toposched.ledger.sqlite_checks import wal_damage
+from toposched.sqlite_file import access_problem
 
 FLIPS = int(os.environ.get("TOPOSCHED_FLIPS", "0"))
 SUFFIXES = ("", "-wal", "-commits")  # what a crash leaves (the -shm is rebuilt from the WAL)
@@ -402,7 +403,7 @@ def test_a_folder_the_user_may_not_write_is_refused_before_sqlite_opens_it(
     path = folder / "state.sqlite3"
     SqliteLedger(path).set_capacity({"n/0": GIB})
     # as a non-root user sees it
-    monkeypatch.setattr("toposched.ledger.sqlite_checks._can", lambda p, mode: p != folder)
+    monkeypatch.setattr("toposched.sqlite_file._can", lambda p, mode: p != folder)
     with pytest.raises(StateError) as caught:
         SqliteLedger(path).accounts()
     assert caught.value.message.startswith(f"the folder {folder} is not writable by user ")

@@ -15,8 +15,9 @@ from fastapi.testclient import TestClient
 
 from toposched.service.app import create_app
 from toposched.service.config import ServiceConfig
+from toposched.service.records import Decision
 from toposched.service.schemas import PlaceBody
-from toposched.service.state import Decision, ServiceState
+from toposched.service.state import ServiceState
 from toposched.topology.sources import SourceRef
 
 SPEC = "name: three\nnodes:\n  - name: 'h{i}'\n    count: 3\n    preset: hgx-h100\n"

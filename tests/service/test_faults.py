@@ -30,6 +30,7 @@ from toposched.ledger.memory import MemoryLedger
 from toposched.service import state as state_module
 from toposched.service.app import create_app
 from toposched.service.config import ServiceConfig
+from toposched.service.following import STALE_PARTIAL_S
 from toposched.service.schemas import PlaceBody
 from toposched.service.state import ServiceState
 from toposched.topology.sources import SourceRef
@@ -309,7 +310,7 @@ def test_a_partial_booking_of_a_replica_that_died_is_released_after_the_grace(
         # "dead" never syncs again; "alive" hides the partial booking, then releases it once it is stale
         assert alive.sync() and booked(inner) == ["keep-0", "keep-1", "r-0"]
         assert alive.lookup("r") == [] and [len(g) for g in alive.all_groups()] == [2]
-        now[0] += state_module.STALE_PARTIAL_S - 1
+        now[0] += STALE_PARTIAL_S - 1
         assert alive.sync() and booked(inner) == ["keep-0", "keep-1", "r-0"]
         now[0] += 2
         assert alive.sync() and booked(inner) == ["keep-0", "keep-1"]  # a whole placement stays, however old

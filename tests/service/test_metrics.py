@@ -9,7 +9,8 @@ from prometheus_client import generate_latest
 from toposched.service.config import ServiceConfig
 from toposched.service.metrics import breaches, build_registry, in_one_domain, signals
 from toposched.service.schemas import PlaceBody
-from toposched.service.state import ServiceState, Stats
+from toposched.service.state import ServiceState
+from toposched.service.views import Stats
 from toposched.topology.sources import SourceRef
 
 

@@ -14,8 +14,9 @@ from toposched.ledger.base import ReserveResult
 from toposched.ledger.memory import MemoryLedger
 from toposched.service import state as state_module
 from toposched.service.config import ServiceConfig
+from toposched.service.records import Decision
 from toposched.service.schemas import PlaceBody
-from toposched.service.state import Decision, ServiceState
+from toposched.service.state import ServiceState
 from toposched.topology.sources import SourceRef
 
 HGX = SourceRef(kind="preset", ref="hgx-h100")
@@ -263,12 +264,41 @@ def test_background_sync_parses_the_stored_topology_only_when_a_newer_version_ex
         other.close()
 
 
+@pytest.mark.parametrize("store", ["memory", "sqlite"])
+def test_own_changes_do_not_trigger_a_resync_and_another_replicas_do(store: str, tmp_path: Path) -> None:
+    """Issue 17: after the background sync's full resync, the next ``follow`` must not take this replica's
+    own bookings, renewals and releases for another replica's (it used to resync a second time)."""
+    url = "memory" if store == "memory" else f"sqlite:{tmp_path / 's.db'}"
+    one = make_state(url, replica="one")
+    two = make_state(url, replica="two") if store == "sqlite" else None
+    try:
+        assert one.place(body("a", ttl_s=60)).status == "placed"
+        assert one.renew("a", 120) is not None
+        assert one.place(body("b")).status == "placed"
+        assert one.release("b") == ["b"]
+        assert one.sync()  # the background tick: one full resync
+        resyncs = one.counters.resyncs
+        assert one.follow() is False  # its own reserve, renew and releases: nothing to learn
+        assert one.place(body("c")).status == "placed"  # a decision follows the log first
+        assert one.follow() is False
+        assert one.counters.resyncs == resyncs
+        if two is not None:  # a change by another replica still triggers one
+            assert two.place(body("d")).status == "placed"
+            assert one.follow() is True
+            assert one.counters.resyncs == resyncs + 1 and "d" in one.instances
+            assert one.follow() is False
+    finally:
+        one.close()
+        if two is not None:
+            two.close()
+
+
 def test_instance_table_keeps_its_request_index_in_step() -> None:
     """Issue 17: a request's instances come from an index, not a scan; every way of changing the table
     keeps the index right (compared with a scan after a random sequence of changes)."""
     import random
 
-    from toposched.service.state import Instance, InstanceTable
+    from toposched.service.records import Instance, InstanceTable
 
     state = make_state("memory")
     decision = state.place(body("seed"))

@@ -59,7 +59,7 @@ def test_the_page_draws_the_domain_grid_with_held_and_free_gpus(sqlite_server: S
 
     # the screenshot: four red and four green 40x40 cells (less their white index digits), plus a legend swatch
     image = Image.open(shot).convert("RGB")
-    counts: dict[tuple[int, int, int], int] = {}
+    counts: dict[object, int] = {}  # colour (an RGB tuple) -> pixels
     for count, colour in image.getcolors(maxcolors=1 << 20) or []:
         counts[colour] = count
     legend = 14 * 14

@@ -51,7 +51,7 @@ def test_topology_awareness_keeps_requests_in_one_domain() -> None:
 
 def test_failure_drains_and_replaces_and_everything_is_accounted_for() -> None:
     scenario = SMALL.model_copy(update={"failures": (Failure(at_s=1.0, gpu="hgx-h100-0/1"),), "requests": 200})
-    result = run_policy(scenario, "slo", seed=2)  # raises AssertionError if conservation breaks
+    result = run_policy(scenario, "slo", seed=2)  # raises InvariantError if conservation breaks
     m = result.metrics
     assert m["replacements"] == 1 and m["gpu_failures"] == 1
     assert m["requeued_requests"] >= 1

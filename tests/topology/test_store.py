@@ -44,7 +44,7 @@ def test_a_file_that_is_not_sqlite_is_a_state_error_and_is_left_alone(tmp_path: 
 def test_unwritable_location_is_a_state_error(tmp_path: Path) -> None:
     blocker = tmp_path / "file"
     blocker.write_text("x")
-    with pytest.raises(StateError, match="cannot open the state file"):
+    with pytest.raises(StateError, match=f"cannot create the folder of the state file {blocker}"):
         TopologyStore(blocker / "state.sqlite3").save(load_preset("dgx2"), SourceRef(kind="preset", ref="dgx2"))
 
 
@@ -58,3 +58,23 @@ def test_damaged_row_is_reported_not_guessed(tmp_path: Path) -> None:
         conn.execute("UPDATE domain_maps SET cluster_json = '{\"nodes\": []}'")
     with pytest.raises(StateError, match="damaged"):
         store.latest()
+
+
+def test_a_folder_given_as_the_state_file_is_named_as_such(tmp_path: Path) -> None:
+    with pytest.raises(StateError, match="is a folder, not a state file") as caught:
+        TopologyStore(tmp_path).save(load_preset("dgx2"), SourceRef(kind="preset", ref="dgx2"))
+    assert caught.value.fix is not None and "DIR/state.sqlite3" in caught.value.fix
+
+
+def test_the_file_is_in_wal_mode_shared_with_the_ledger(tmp_path: Path) -> None:
+    import sqlite3
+
+    from toposched.ledger.base import GIB
+    from toposched.ledger.sqlite import SqliteLedger
+
+    path = tmp_path / "state.sqlite3"
+    TopologyStore(path).save(load_preset("dgx2"), SourceRef(kind="preset", ref="dgx2"))
+    with sqlite3.connect(path) as conn:
+        assert conn.execute("PRAGMA journal_mode").fetchone() == ("wal",)
+    SqliteLedger(path).set_capacity({"n/0": GIB})  # one file holds both
+    assert TopologyStore(path).latest_version() == 1

@@ -1,17 +1,12 @@
-"""The plan document: what ``toposched plan --json`` writes and what ``toposched launch --plan`` reads.
+"""Plan documents in and out: ``plan_json`` writes what ``toposched plan --json`` prints, ``parse_plan``
+and ``load_plan`` read what ``toposched launch --plan`` takes, both through the one schema
+(``binding/plan_schema.py``: ``PlanDocument``); ``launch --model`` (plan and launch in one step) goes
+through both, so every launch starts from a document that passed the same checks.
 
-This module is the one schema for both sides: ``plan_json`` writes a document (``placement_json``
-each placement) and ``parse_plan`` reads one back into a ``PlanDoc``; ``launch --model`` (plan and
-launch in one step) goes through both, so every launch starts from a document that passed the same
-checks.
-
-The document is self-contained (it embeds the request and the part of the topology snapshot its
-placements use: those nodes, the fabric and the cliques among them, plus ``cluster_summary`` with the
-whole cluster's name, size and SHA-256 fingerprint), so a launch plan can be made on another machine
-than the one that planned, and one instance on a 65,536-GPU cluster is a few kilobytes, not 130 MB.
-That also makes it an input from outside: a plan may have been edited, forged or made by an older
-toposched, and its ids and node names end up in scripts, file names and Kubernetes objects.
-``parse_plan`` refuses, with one line naming the file and the key path:
+A plan is an input from outside: it may have been edited, forged or made by an older toposched, and
+its ids and node names end up in scripts, file names and Kubernetes objects. Before the schema
+validates it, ``parse_plan`` checks what a type cannot say in one line, and refuses with one line
+naming the file and the key path:
 
 * keys the schema does not have (a misspelt ``tp_size`` would otherwise be ignored);
 * names that break the rules of ``toposched.names`` (the cluster through the topology model, the
@@ -29,33 +24,31 @@ toposched, and its ids and node names end up in scripts, file names and Kubernet
 
 from __future__ import annotations
 
-import hashlib
-import math
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 from pydantic import ValidationError
 
+from toposched.binding.plan_schema import (
+    EXPERT_KEYS,
+    HBM_KEYS,
+    PLACEMENT_KEYS,
+    PLAN_SCHEMA_VERSION,
+    RANK_KEYS,
+    PlanDocument,
+)
 from toposched.errors import InputError
 from toposched.inputs import load_json, read_text
 from toposched.names import id_problem, node_name_problem, placement_id_problem
 from toposched.solver.options import gpu_type_for
-from toposched.solver.request import ExpertReport, HbmShare, Placement, PlacementRequest, Unplaced, instance_ids
+from toposched.solver.request import HbmShare, Placement, PlacementRequest, Unplaced, instance_ids
 from toposched.topology.model import GPU, Cluster
 from toposched.workload.dtypes import KV_DTYPES, parse_kv_dtype, parse_weight_dtype
 
-PLAN_SCHEMA_VERSION = 1
 _FIX = "pass the output of `toposched plan --json` unedited, or plan again"
 _GIB = 2**30
-
-_TOP_KEYS = frozenset(
-    {"schema_version", "policy", "source", "placements", "unplaced", "request", "cluster", "cluster_summary"}
-)
-_PLACEMENT_KEYS = frozenset(Placement.model_fields) | {"predicted"}
-_RANK_KEYS = frozenset({"rank", "node", "gpu", "stage", "tp_rank"})
-_HBM_KEYS = frozenset(HbmShare.model_fields) | {"total"}
-_EXPERT_KEYS = frozenset(ExpertReport.model_fields)
+_TOP_KEYS = frozenset(PlanDocument.model_fields)
 
 
 @dataclass(frozen=True)
@@ -65,19 +58,6 @@ class PlanDoc:
     placements: tuple[Placement, ...]
     request: PlacementRequest
     cluster: Cluster
-
-
-# --- writing --------------------------------------------------------------------------------------
-
-
-def placement_json(p: Placement) -> dict[str, Any]:
-    """One placement as the document holds it: ranks without ``tp_rank`` (``rank % tp``), the
-    predictions together, and the HBM share with its ``total``."""
-    data = p.model_dump(mode="json")
-    data["ranks"] = [{"rank": r.rank, "node": r.node, "gpu": r.gpu, "stage": r.stage} for r in p.ranks]
-    data["predicted"] = {"ttft_ms": p.ttft_ms, "tpot_ms": p.tpot_ms}
-    data["hbm_per_gpu"] = {**p.hbm_per_gpu.model_dump(), "total": p.hbm_per_gpu.total}
-    return data
 
 
 def plan_json(
@@ -90,38 +70,8 @@ def plan_json(
     source: str,
 ) -> dict[str, Any]:
     """The document ``toposched plan --json`` prints (``parse_plan`` reads it back)."""
-    return {
-        "schema_version": PLAN_SCHEMA_VERSION,
-        "policy": policy,
-        "source": source,
-        "placements": [placement_json(p) for p in placements],
-        "unplaced": [u.model_dump(mode="json") for u in unplaced],
-        "request": request.model_dump(mode="json"),
-        "cluster": used_cluster(cluster, placements).model_dump(mode="json"),
-        "cluster_summary": cluster_summary(cluster),
-    }
-
-
-def used_cluster(cluster: Cluster, placements: list[Placement] | tuple[Placement, ...]) -> Cluster:
-    """The part of ``cluster`` the placements use: their nodes (in cluster order; the first node when
-    nothing was placed, so the snapshot stays a valid cluster), the fabric, the cliques among them."""
-    used = {r.node for p in placements for r in p.ranks}
-    nodes = tuple(n for n in cluster.nodes if n.name in used) or cluster.nodes[:1]
-    if len(nodes) == len(cluster.nodes):
-        return cluster
-    kept = {n.name for n in nodes}
-    cliques = tuple(
-        c.model_copy(update={"nodes": tuple(n for n in c.nodes if n in kept)})
-        for c in cluster.cliques
-        if any(n in kept for n in c.nodes)
-    )
-    return cluster.model_copy(update={"nodes": nodes, "cliques": cliques})
-
-
-def cluster_summary(cluster: Cluster) -> dict[str, Any]:
-    """Name, size and fingerprint (SHA-256 of the snapshot's canonical JSON) of the whole cluster."""
-    digest = hashlib.sha256(cluster.model_dump_json().encode()).hexdigest()
-    return {"name": cluster.name, "nodes": len(cluster.nodes), "gpus": cluster.gpu_count, "sha256": digest}
+    document = PlanDocument.write(placements, unplaced, request, cluster, policy=policy, source=source)
+    return document.model_dump(mode="json")
 
 
 # --- reading --------------------------------------------------------------------------------------
@@ -163,32 +113,31 @@ def _degree(data: dict[str, Any], key: str, where: str, source: str) -> int:
     return value
 
 
-def _hbm(data: Any, where: str, source: str) -> dict[str, Any]:
-    """The HBM share without its ``total``, which must be the sum of the parts (all bytes >= 0)."""
+def _hbm(data: Any, where: str, source: str) -> None:
+    """The HBM share: bytes >= 0, and a ``total`` that is the sum of the parts."""
     if not isinstance(data, dict):
         raise _bad(source, where, f"must be an object, got {type(data).__name__}")
-    _unknown_keys(data, _HBM_KEYS, where, source)
+    _unknown_keys(data, HBM_KEYS, where, source)
     parts = {k: _whole(data, k, where, source, 0) for k in HbmShare.model_fields}
     if "total" in data and data["total"] != sum(parts.values()):
         raise _bad(
             source, f"{where}.total", f"{data['total']!r:.30} is not the sum of the parts ({sum(parts.values())})"
         )
-    return parts
 
 
-def _experts(data: Any, ep: int, where: str, source: str) -> Any:
-    """The expert report; ``redundant_experts`` (added later) is derived for older documents."""
+def _experts(data: Any, ep: int, where: str, source: str) -> None:
+    """The expert report: the placement's ``ep``, redundant slots (when given) spread evenly."""
     if data is None:
-        return None
+        return
     if not isinstance(data, dict):
         raise _bad(source, where, f"must be an object, got {type(data).__name__}")
-    _unknown_keys(data, _EXPERT_KEYS, where, source)
+    _unknown_keys(data, EXPERT_KEYS, where, source)
     if data.get("ep") != ep:
         raise _bad(source, f"{where}.ep", f"{data.get('ep')!r:.20} is not the placement's ep={ep}")
     replicas = _whole(data, "replicas", where, source, 0)
     _whole(data, "extra_bytes_per_gpu", where, source, 0)
-    if "redundant_experts" not in data:  # copies spread one slot at a time over the EP ranks
-        return {**data, "redundant_experts": math.ceil(replicas / ep) * ep}
+    if "redundant_experts" not in data:  # an older document: the schema derives it
+        return
     redundant = _whole(data, "redundant_experts", where, source, 0)
     if redundant % ep or redundant < replicas:
         raise _bad(
@@ -196,14 +145,14 @@ def _experts(data: Any, ep: int, where: str, source: str) -> Any:
             f"{where}.redundant_experts",
             f"{redundant} slots for {replicas} copies on {ep} EP ranks (needs a multiple of ep, at least the copies)",
         )
-    return data
 
 
-def _placement(data: Any, where: str, source: str) -> Placement:
-    """One placement, after checking the degrees its ranks are derived from (``tp: 0`` would divide by 0)."""
+def _placement(data: Any, where: str, source: str) -> None:
+    """One stored placement's keys, degrees, ranks, dtypes and memory (before the schema derives
+    ``tp_rank`` from ``tp``: ``tp: 0`` would divide by 0)."""
     if not isinstance(data, dict):
         raise _bad(source, where, f"must be an object, got {type(data).__name__}")
-    _unknown_keys(data, _PLACEMENT_KEYS, where, source)
+    _unknown_keys(data, PLACEMENT_KEYS, where, source)
     tp, pp = _degree(data, "tp", where, source), _degree(data, "pp", where, source)
     ep = _degree(data, "ep", where, source)
     ranks = data.get("ranks")
@@ -216,7 +165,7 @@ def _placement(data: Any, where: str, source: str) -> Placement:
     if tp % ep:
         raise _bad(source, f"{where}.ep", f"ep={ep} does not divide tp={tp} (each expert is split over tp/ep GPUs)")
     for k, r in enumerate(ranks):
-        _unknown_keys(r, _RANK_KEYS, f"{where}.ranks.{k}", source)
+        _unknown_keys(r, RANK_KEYS, f"{where}.ranks.{k}", source)
     numbers = [r.get("rank") for r in ranks]
     if sorted(n for n in numbers if isinstance(n, int) and not isinstance(n, bool)) != list(range(len(ranks))):
         raise _bad(source, f"{where}.ranks", f"ranks must be numbered 0..{len(ranks) - 1}, once each")
@@ -229,17 +178,8 @@ def _placement(data: Any, where: str, source: str) -> Placement:
         raise _bad(source, f"{where}.stage_layers", "every stage holds at least one layer")
     if data.get("kv_dtype") not in KV_DTYPES:
         raise _bad(source, f"{where}.kv_dtype", f"{data.get('kv_dtype')!r:.30} is not one of {', '.join(KV_DTYPES)}")
-    fields = dict(data)
-    fields.pop("predicted", None)
-    fields["hbm_per_gpu"] = _hbm(data.get("hbm_per_gpu"), f"{where}.hbm_per_gpu", source)
-    fields["experts"] = _experts(data.get("experts"), ep, f"{where}.experts", source)
-    fields["ranks"] = [
-        {**r, "tp_rank": r.get("tp_rank", r["rank"] % tp), "stage": r.get("stage", r["rank"] // tp)} for r in ranks
-    ]
-    try:
-        return Placement.model_validate(fields)
-    except ValidationError as exc:
-        raise _invalid(source, where, exc) from None
+    _hbm(data.get("hbm_per_gpu"), f"{where}.hbm_per_gpu", source)
+    _experts(data.get("experts"), ep, f"{where}.experts", source)
 
 
 def _capacity(gpu: GPU) -> int | None:
@@ -341,7 +281,13 @@ def parse_plan(data: Any, source: str = "<plan>") -> PlanDoc:
     except ValidationError as exc:
         raise _invalid(source, "request", exc) from None
     _check_request(request, source)
-    placements = tuple(_placement(p, f"placements.{i}", source) for i, p in enumerate(data["placements"]))
+    for i, p in enumerate(data["placements"]):
+        _placement(p, f"placements.{i}", source)
+    try:  # the cluster and request as validated above, not a second time
+        document = PlanDocument.model_validate({**data, "cluster": cluster, "request": request})
+    except ValidationError as exc:
+        raise _invalid(source, "", exc) from None
+    placements = document.placements
     if not placements:
         raise InputError(f"{source}: the plan places nothing", fix="check `toposched plan` for the reasons")
     ids: set[str] = set()

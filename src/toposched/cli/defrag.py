@@ -21,7 +21,8 @@ from toposched.cli._common import CLUSTER, PRESET, STATE, console, err_console, 
 from toposched.cli.ledger import JSON, open_existing
 from toposched.errors import InputError
 from toposched.service.defrag import lease_of
-from toposched.service.state import Instance, ServiceScheduler, open_topology_store, scheduler_from_ledger
+from toposched.service.records import Instance, ServiceScheduler, scheduler_from_ledger
+from toposched.service.state import open_topology_store
 from toposched.solver.defrag import DefragPlan, defrag_need, search_defrag, start_move
 from toposched.solver.request import PlacementRequest
 from toposched.topology.model import Cluster

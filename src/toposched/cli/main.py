@@ -110,7 +110,7 @@ def _root(
 
 
 def main(argv: list[str] | None = None) -> None:
-    """Run the CLI; user errors become one or two lines on stderr and exit code 1 or 2.
+    """Run the CLI; user errors become one or two lines on stderr and exit code 1 or 2 (70 for an internal error).
 
     Usage mistakes (an unknown option, a value out of range, a missing option) keep the same shape
     as toposched's own errors, ``error: ...`` and ``  fix: ...``, instead of click's four-line

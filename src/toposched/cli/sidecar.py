@@ -27,7 +27,7 @@ from toposched.sidecar.loop import LoopConfig, Report, Sidecar, SidecarMetrics
 from toposched.sidecar.react import react
 from toposched.solver.request import Placement
 from toposched.solver.scheduler import Scheduler
-from toposched.topology.nvml import _Session
+from toposched.topology.nvml import NvmlSession
 
 
 def register(app: typer.Typer) -> None:
@@ -64,7 +64,7 @@ def _real_nvml() -> Any:
         import pynvml
     except ImportError as exc:
         raise NoDriverError("the nvidia-ml-py package is not installed", fix="pip install nvidia-ml-py") from exc
-    _Session(pynvml).call("init", pynvml.nvmlInit)
+    NvmlSession(pynvml).call("init", pynvml.nvmlInit)
     return pynvml
 
 

@@ -8,7 +8,7 @@ older than the bound. ``--state`` is spelled as everywhere else: ``sqlite:PATH``
 from __future__ import annotations
 
 import time
-from typing import Any, Protocol
+from typing import Any
 
 import typer
 from rich.markup import escape
@@ -33,7 +33,7 @@ from toposched.topology.domains import DomainMap, build_domain_map, gpu_ref
 from toposched.topology.model import Cluster, LinkKind, Node
 from toposched.topology.presets import presets
 from toposched.topology.sources import Loaded, SourceRef, load_source
-from toposched.topology.store import StoredTopology, TopologyStore
+from toposched.topology.store import DomainMapStore, TopologyStore
 
 topo_app = typer.Typer(help="Discover and show GPU topology: NVLink domains, NUMA groups, links.", no_args_is_help=True)
 
@@ -42,15 +42,7 @@ def register(app: typer.Typer) -> None:
     app.add_typer(topo_app, name="topo")
 
 
-class Store(Protocol):
-    """What ``show`` and ``refresh`` need of a DomainMap store (SQLite file or etcd)."""
-
-    def save(self, cluster: Cluster, source: SourceRef, *, now: float | None = None) -> StoredTopology: ...
-
-    def latest(self) -> StoredTopology | None: ...
-
-
-def open_store(state: str | None) -> tuple[str, Store]:
+def open_store(state: str | None) -> tuple[str, DomainMapStore]:
     """The DomainMap store ``--state`` names, and its URL (etcd's client is imported only for etcd)."""
     url = ledger_url(state)
     scheme, _, arg = url.partition(":")

@@ -69,7 +69,7 @@ from urllib.parse import quote, unquote, urlsplit
 
 from pydantic import ValidationError
 
-from toposched.errors import InputError, StateError
+from toposched.errors import EtcdError, InputError, StateError
 from toposched.ledger.base import (
     AuditAction,
     AuditEntry,
@@ -85,7 +85,6 @@ from toposched.ledger.base import (
 from toposched.ledger.etcd_client import (
     ETCD_MAX_REQUEST_BYTES,
     EtcdClient,
-    EtcdError,
     Json,
     KeyValue,
     absent,

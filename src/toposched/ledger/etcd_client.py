@@ -7,7 +7,7 @@ transaction has no ``succeeded``; a PUT event has no ``type``), so every read ha
 
 Errors are translated here, in one place: a connection that fails or times out is
 ``EtcdUnreachable``; an answer with an error status is ``EtcdError`` with etcd's code and message.
-Both are ``StateError``s.
+Both are ``StateError``s, defined in ``toposched.errors`` with the rest of the tree.
 
 The transport is the standard library's ``http.client`` on a small pool of keep-alive connections
 (one per thread that calls at the same time), opened lazily and again after a fork: a small
@@ -31,7 +31,7 @@ from dataclasses import dataclass
 from typing import Any
 from urllib.parse import urlsplit
 
-from toposched.errors import StateError
+from toposched.errors import EtcdError, EtcdUnreachable
 
 Json = dict[str, Any]
 
@@ -39,18 +39,6 @@ ETCD_MAX_TXN_OPS = 128
 """etcd's default ``--max-txn-ops``: at most this many compares, and this many operations, per transaction."""
 ETCD_MAX_REQUEST_BYTES = 1536 * 1024
 """etcd's default ``--max-request-bytes``: the largest request (a transaction and all its values)."""
-
-
-class EtcdError(StateError):
-    """etcd answered with an error (``code`` is etcd's gRPC code: 5 not found, 14 unavailable ...)."""
-
-    def __init__(self, message: str, *, code: int = 0, fix: str | None = None) -> None:
-        super().__init__(message, fix=fix)
-        self.code = code
-
-
-class EtcdUnreachable(StateError):
-    """No answer from etcd (refused, reset, timed out)."""
 
 
 def b64(text: str | bytes) -> str:
@@ -224,10 +212,7 @@ class EtcdClient:
         return self._connect()
 
     def _unreachable(self, exc: Exception) -> EtcdUnreachable:
-        return EtcdUnreachable(
-            f"etcd at {self.endpoint} is unreachable ({type(exc).__name__}: {exc})",
-            fix="start etcd or check --endpoint / --state; calls succeed again once it answers",
-        )
+        return EtcdUnreachable(f"etcd at {self.endpoint} is unreachable ({type(exc).__name__}: {exc})")
 
     def post(self, path: str, body: Json) -> Json:
         conn = self._take()

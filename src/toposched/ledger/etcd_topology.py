@@ -1,4 +1,4 @@
-"""DomainMap versions in etcd, for scheduler replicas: the same methods as ``topology.store.TopologyStore``.
+"""DomainMap versions in etcd, for scheduler replicas: the etcd backend of ``topology.store.DomainMapStore``.
 
 Keys, under ``/NAMESPACE/topology/``:
 
@@ -43,7 +43,8 @@ MAX_BODY_BYTES = 1024**3  # what a stored body may inflate to (a guard against a
 
 
 class EtcdTopologyStore:
-    """DomainMap versions in etcd (``http://HOST:PORT[/NAMESPACE]``). The constructor does no I/O."""
+    """DomainMap versions in etcd (``http://HOST:PORT[/NAMESPACE]``): a ``DomainMapStore`` plus ``watch``.
+    The constructor does no I/O."""
 
     def __init__(self, url: str, *, timeout_s: float = 5.0, part_bytes: int = PART_BYTES) -> None:
         endpoint, namespace = split_url(url)
@@ -187,4 +188,5 @@ class EtcdTopologyStore:
                 yield stored
 
     def close(self) -> None:
+        """Close the client's keep-alive connections."""
         self.client.close()

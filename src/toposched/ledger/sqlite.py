@@ -15,8 +15,9 @@ Every change runs in a ``BEGIN IMMEDIATE`` transaction, which takes the file's s
 before it reads: the fit check and the insert see the same sums, so several processes can never
 book the same bytes twice. Write transactions first sweep leases that have run out (deleting them
 and logging ``expire``); reads filter by the clock, so an expired lease stops counting at once even
-before a sweep. The file is in WAL mode (readers never wait for the writer) with
-``synchronous=FULL``: a change is on disk when the call returns, and survives a power loss.
+before a sweep. The file is opened through ``toposched.sqlite_file``, as the DomainMap store opens
+it: WAL mode (readers never wait for the writer) with ``synchronous=FULL``, so a change is on disk
+when the call returns and survives a power loss.
 
 Damage. The first use in a process opens the file and refuses (``StateError`` naming the file,
 what is wrong and the fix) to serve a ledger that differs from what was committed:
@@ -31,7 +32,7 @@ what is wrong and the fix) to serve a ledger that differs from what was committe
 
 Rows are checked again whenever they are read (reservations, audit entries); sums (``accounts``,
 the fit check) rely on the check at open. A folder or file the user may not write is reported as
-such (``access_problem``), not as damage. A file that stays locked past ``busy_timeout_s`` raises
+such (``sqlite_file.access_problem``), not as damage. A file that stays locked past ``busy_timeout_s`` raises
 ``StateError`` too; the ledger never starts empty over a file it cannot read.
 """
 
@@ -49,6 +50,7 @@ from contextlib import contextmanager
 from pathlib import Path
 from typing import Any, ClassVar
 
+from toposched import sqlite_file
 from toposched.config import default_state_path
 from toposched.errors import StateError
 from toposched.ledger.base import (
@@ -64,7 +66,7 @@ from toposched.ledger.base import (
     validate_request,
     wall_clock,
 )
-from toposched.ledger.sqlite_checks import access_problem, wal_damage
+from toposched.ledger.sqlite_checks import wal_damage
 
 LEDGER_SCHEMA = 2
 log = logging.getLogger(__name__)
@@ -162,7 +164,9 @@ class SqliteLedger:
         Feature.WATCH: "other processes see changes when they read, not by notification",
     }
 
-    def __init__(self, path: str | Path, *, clock: Clock = wall_clock, busy_timeout_s: float = 10.0) -> None:
+    def __init__(
+        self, path: str | Path, *, clock: Clock = wall_clock, busy_timeout_s: float = sqlite_file.BUSY_TIMEOUT_S
+    ) -> None:
         self.path = Path(path)
         self._clock = clock
         self._busy_timeout_s = busy_timeout_s
@@ -195,7 +199,7 @@ class SqliteLedger:
                 f"the ledger file {self.path} is locked by another process (waited {self._busy_timeout_s:g} s)",
                 fix=f"find the process holding it (`fuser {self.path}`) or retry when it is done",
             )
-        access = access_problem(self.path)
+        access = sqlite_file.access_problem(self.path)
         if access is not None:
             return StateError(access[0], fix=access[1])
         if name == "SQLITE_NOTADB":
@@ -212,25 +216,14 @@ class SqliteLedger:
     def _connect(self) -> sqlite3.Connection:
         if self._conn is not None and self._pid == os.getpid():
             return self._conn
-        try:
-            self.path.parent.mkdir(parents=True, exist_ok=True)
-        except OSError as exc:
-            raise StateError(
-                f"cannot create the folder of the ledger file {self.path}: {exc}",
-                fix="create it as a user who may, or point --state (TOPOSCHED_STATE) at a writable place",
-            ) from exc
-        access = access_problem(self.path)
-        if access is not None:
-            raise StateError(access[0], fix=access[1])
+        sqlite_file.prepare(self.path, what="ledger file")
         wal = self._wal_damage()
         if wal is not None:
             raise self._damaged(wal)
         mark = self._read_mark()
         conn: sqlite3.Connection | None = None
         try:
-            conn = sqlite3.connect(
-                self.path, timeout=self._busy_timeout_s, isolation_level=None, check_same_thread=False
-            )
+            conn = sqlite_file.connect(self.path, busy_timeout_s=self._busy_timeout_s, shared=True)
             ledger_id, commits = self._open(conn)
         except BaseException as exc:
             if conn is not None:
@@ -274,10 +267,7 @@ class SqliteLedger:
         if [tuple(row) for row in check] != [("ok",)]:
             more = f" (and {len(check) - 1} more)" if len(check) > 1 else ""
             raise _Damaged(f"integrity_check: {check[0][0] if check else 'no answer'}{more}")
-        mode = conn.execute("PRAGMA journal_mode=WAL").fetchone()
-        if mode is None or str(mode[0]).lower() != "wal":
-            raise sqlite3.OperationalError(f"cannot switch to WAL mode (got {mode})")
-        conn.execute("PRAGMA synchronous=FULL")
+        sqlite_file.use_wal(conn)
         conn.execute("BEGIN IMMEDIATE")
         try:
             for statement in _TABLES.split(";"):

@@ -2,14 +2,12 @@
 
 ``wal_damage`` reads the ``-wal`` file frame by frame with SQLite's own checksum rule: SQLite replays a
 WAL only up to the first frame that fails its checksum and silently drops every later commit, so the
-ledger refuses instead. ``access_problem`` names a folder or file the user may not write (SQLite needs to
-create ``-wal`` and ``-shm`` next to the ledger file) so that it is not reported as damage.
+ledger refuses instead. (Whether the user may write the file's folder is ``toposched.sqlite_file``'s
+``access_problem``, shared with the DomainMap store.)
 """
 
 from __future__ import annotations
 
-import os
-import pwd
 import struct
 from collections.abc import Callable, Sequence
 from pathlib import Path
@@ -100,69 +98,3 @@ def wal_damage(wal: Path, page_size: int | None) -> str | None:
         f"frame {first_bad + 1} of {wal.name} (byte {32 + first_bad * (24 + page)}) fails its checksum, so SQLite "
         f"would silently drop the {lost} committed transaction(s) after it"
     )
-
-
-# ---------------------------------------------------------------------------------- permissions
-
-
-def _can(path: Path, mode: int) -> bool:
-    return os.access(path, mode, effective_ids=os.access in os.supports_effective_ids)
-
-
-def _user_name(uid: int) -> str:
-    try:
-        return pwd.getpwuid(uid).pw_name
-    except KeyError:
-        return f"uid {uid}"
-
-
-def _shown(path: Path) -> str:
-    text = str(path)
-    return text if len(text) <= 80 else text[:77] + "..."
-
-
-def access_problem(path: Path, *, can: Callable[[Path, int], bool] | None = None) -> tuple[str, str] | None:
-    """(message, fix) when this user may not use the ledger file ``path`` as SQLite needs, else None.
-
-    SQLite writes the file and creates ``FILE-wal`` and ``FILE-shm`` next to it (and the ledger
-    ``FILE-commits``), so the folder must be writable too, not only the file.
-    """
-    can = can or _can
-    user = _user_name(os.geteuid())
-    folder = path.parent
-    try:
-        if path.is_dir():
-            return (f"{_shown(path)} is a folder, not a ledger file", "point --state at a file, e.g. DIR/state.sqlite3")
-        path.exists()
-    except (OSError, ValueError) as exc:  # a name too long for the file system, a NUL byte
-        reason = exc.strerror if isinstance(exc, OSError) and exc.strerror else str(exc)
-        return (f"the ledger path {_shown(path)} cannot be used: {reason}", "give a shorter, plain path")
-    redirect = "or point --state (TOPOSCHED_STATE) at a writable place"
-    if not can(folder, os.W_OK | os.X_OK):
-        try:
-            read_only = bool(os.statvfs(folder).f_flag & os.ST_RDONLY)
-            owner = _user_name(folder.stat().st_uid)
-        except OSError:
-            read_only, owner = False, "?"
-        if read_only:
-            return (
-                f"the folder {folder} is on a read-only file system; SQLite needs to write the ledger file "
-                f"{path.name} and create {path.name}-wal and {path.name}-shm next to it",
-                f"remount it read-write, {redirect}",
-            )
-        return (
-            f"the folder {folder} is not writable by user {user}; SQLite needs to create {path.name}-wal and "
-            f"{path.name}-shm next to the ledger file {path.name}",
-            f"run toposched as {owner} (the folder's owner), let {user} write to the folder, {redirect}",
-        )
-    for each in (path, *(path.with_name(path.name + suffix) for suffix in ("-wal", "-shm", "-commits"))):
-        if each.exists() and not can(each, os.R_OK | os.W_OK):
-            owner = _user_name(each.stat().st_uid)
-            return (
-                f"the ledger file {each} is not readable and writable by user {user} (it belongs to {owner})",
-                f"run toposched as {owner}, give {user} read and write access to {path.name}*, {redirect}",
-            )
-    return None
-
-
-# ---------------------------------------------------------------------------------- the ledger

@@ -31,6 +31,8 @@ from toposched.names import ID_PATTERN
 from toposched.perf.profile import use_profile
 from toposched.service import defrag as service_defrag
 from toposched.service.metrics import breaches, signals
+from toposched.service.records import Decision, Instance
+from toposched.service.replica import P, R
 from toposched.service.schemas import (
     AlertsOut,
     DefragBody,
@@ -50,7 +52,7 @@ from toposched.service.schemas import (
     ReportBody,
     TopologyOut,
 )
-from toposched.service.state import Decision, Instance, P, R, ServiceState
+from toposched.service.state import ServiceState
 
 PlacementId = Annotated[str, Path(pattern=ID_PATTERN, description="placement (request) id")]
 Responses = dict[int | str, dict[str, Any]]
@@ -227,7 +229,16 @@ def build_router(state: ServiceState, latency: Histogram) -> APIRouter:
         summary="The fewest moves that free room for a TP group (dry run by default; else books the new copies)",
     )
     async def post_defrag(body: DefragBody) -> JSONResponse:
-        answer = await on_worker(state, service_defrag.defrag, state, body)
+        answer = await on_worker(
+            state,
+            service_defrag.defrag,
+            state,
+            need_gpus=body.need_gpus,
+            request=body.request() if body.model is not None else None,
+            level=body.level,
+            max_moves=body.max_moves,
+            dry_run=body.dry_run,
+        )
         if answer.status in ("no-plan", "conflict"):
             error = "no defrag plan" if answer.status == "no-plan" else "conflict"
             return JSONResponse({"error": error, "detail": answer.reason}, status_code=409)
@@ -259,7 +270,7 @@ def build_router(state: ServiceState, latency: Histogram) -> APIRouter:
     @router.get(
         "/alerts",
         responses=answers(*AUTH, ok=AlertsOut),
-        summary="The nine signals now and the seed's thresholds they cross (no for: duration)",
+        summary="The nine placement-health signals now and the alert thresholds they cross (no for: duration)",
     )
     async def get_alerts() -> JSONResponse:
         stats = await on_worker(state, state.stats)
@@ -271,8 +282,7 @@ def build_router(state: ServiceState, latency: Histogram) -> APIRouter:
         summary="A sidecar report: mark degraded, propose a move",
     )
     async def post_report(body: ReportBody) -> JSONResponse:
-        alerts = [a.model_dump() for a in body.active_alerts]
-        reaction = await on_worker(state, state.report, body.placement, alerts)
+        reaction = await on_worker(state, state.report, body.report())
         return JSONResponse(reaction) if reaction is not None else not_found(body.placement)
 
     return router

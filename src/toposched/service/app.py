@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Mapping
 from importlib import resources
 from typing import Any
 
@@ -25,7 +25,7 @@ from toposched.errors import InputError, StateError, ToposchedError
 from toposched.service.api import ERRORS, build_router, on_worker
 from toposched.service.config import ServiceConfig
 from toposched.service.extender import EXTENDER_PREFIX, build_extender, drop_validation_answer
-from toposched.service.guards import BearerAuth, BodyLimit
+from toposched.service.guards import TOO_LARGE, BearerAuth, BodyLimit, BodyTooLarge, too_large
 from toposched.service.metrics import build_registry
 from toposched.service.schemas import ErrorOut, HealthOut, ReadyOut
 from toposched.service.state import ServiceState
@@ -50,13 +50,29 @@ def invalid(exc: RequestValidationError) -> dict[str, Any]:
     return {"error": "invalid request", "fields": fields}
 
 
-def http_error(exc: HTTPException) -> JSONResponse:
+def error_response(status: int, error: str, detail: str, headers: Mapping[str, str] | None = None) -> JSONResponse:
+    """An answer in the one error shape (``ErrorOut``): ``{"error", "detail"}``."""
+    return JSONResponse({"error": error, "detail": detail}, status_code=status, headers=headers)
+
+
+def too_large_response(exc: BodyTooLarge) -> JSONResponse:
+    return error_response(413, TOO_LARGE, exc.message, {"Connection": "close"})
+
+
+def http_error(request: Request, exc: HTTPException) -> JSONResponse:
     """Starlette's and FastAPI's own errors (no route, wrong method, a body that is not JSON, too large) as ErrorOut."""
-    if exc.status_code == 400:  # FastAPI: the body could not be read as JSON (not UTF-8, ...)
+    if exc.status_code == 400:  # FastAPI: the body could not be read (not UTF-8, or over the limit while streaming)
+        large = too_large(exc)
+        if large is not None:
+            return too_large_response(large)
         fields = [{"field": "body", "message": "not a JSON document in UTF-8"}]
         return JSONResponse({"error": "invalid request", "fields": fields}, status_code=422)
-    error = {404: "not found", 405: "method not allowed", 413: "body too large"}.get(exc.status_code, "failed")
-    return JSONResponse({"error": error, "detail": exc.detail}, status_code=exc.status_code, headers=exc.headers)
+    if exc.status_code == 404:
+        return error_response(404, "not found", f"nothing at {request.url.path}", exc.headers)
+    if exc.status_code == 405:
+        detail = f"{request.method} is not a method of {request.url.path} (the API is listed at /openapi.json)"
+        return error_response(405, "method not allowed", detail, exc.headers)
+    return error_response(exc.status_code, "failed", str(exc.detail), exc.headers)
 
 
 def create_app(config: ServiceConfig, state: ServiceState | None = None) -> FastAPI:
@@ -81,7 +97,7 @@ def create_app(config: ServiceConfig, state: ServiceState | None = None) -> Fast
     app = FastAPI(
         title="toposched",
         version=__version__,
-        summary="Topology-aware placement of LLM inference instances (seed 000), one replica's API.",
+        summary="Topology-aware placement of LLM inference instances on GPU clusters, one replica's API.",
         lifespan=lifespan,
         docs_url=None,  # Swagger UI loads from a CDN; the spec is at /openapi.json
         redoc_url=None,
@@ -103,8 +119,12 @@ def create_app(config: ServiceConfig, state: ServiceState | None = None) -> Fast
         return JSONResponse(invalid(exc), status_code=422)
 
     @app.exception_handler(HTTPException)
-    async def _http(_request: Request, exc: HTTPException) -> JSONResponse:
-        return http_error(exc)
+    async def _http(request: Request, exc: HTTPException) -> JSONResponse:
+        return http_error(request, exc)
+
+    @app.exception_handler(BodyTooLarge)
+    async def _too_large(_request: Request, exc: BodyTooLarge) -> JSONResponse:
+        return too_large_response(exc)
 
     @app.exception_handler(InputError)
     async def _input(_request: Request, exc: InputError) -> JSONResponse:
@@ -117,6 +137,11 @@ def create_app(config: ServiceConfig, state: ServiceState | None = None) -> Fast
     @app.exception_handler(ToposchedError)
     async def _other(_request: Request, exc: ToposchedError) -> JSONResponse:
         return JSONResponse({"error": "failed", "detail": exc.message}, status_code=422)
+
+    @app.exception_handler(Exception)
+    async def _bug(_request: Request, _exc: Exception) -> JSONResponse:
+        # Starlette still logs the traceback (and re-raises for the server); the client gets the error shape
+        return error_response(500, "internal error", "an unexpected error; the service log has the traceback")
 
     @app.get("/healthz", responses={200: {"model": HealthOut}}, summary="The process answers")
     def healthz() -> JSONResponse:

@@ -6,7 +6,7 @@ engines. It shows the admission queue's head a plan when the head's TP group fin
 ``dry_run`` false; all or none, rate-limited by ``DefragLimiter``, each move counted as a migration),
 and releases an old copy once its new engine is up and the old one drained (``finish``).
 
-Each function takes the ``ServiceState`` and runs where the state lives, under its lock.
+Each function takes the replica (``ServiceState``) and runs where the state lives, under its lock.
 """
 
 from __future__ import annotations
@@ -15,12 +15,15 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Literal
 
 from toposched.errors import InputError, LedgerConflict, StateError
-from toposched.service.schemas import DefragBody
 from toposched.solver.defrag import DefragPlan, Move, defrag_need, finish_move, room_for, search_defrag, start_move
 from toposched.solver.queue import QueuedItem
+from toposched.solver.request import PlacementRequest
 
 if TYPE_CHECKING:
-    from toposched.service.state import Instance, ServiceState, Waiting
+    from toposched.service.admission import Waiting
+    from toposched.service.following import Following
+    from toposched.service.records import Instance
+    from toposched.service.replica import ReplicaCore
 
 
 @dataclass(frozen=True)
@@ -67,7 +70,7 @@ class FinishAnswer:
     reason: str = ""
 
 
-def plan_head(state: ServiceState, head: QueuedItem, waiting: Waiting) -> None:
+def plan_head(state: ReplicaCore, head: QueuedItem, waiting: Waiting) -> None:
     """A plan for a head whose TP group finds no room, at most every ``defrag_plan_interval_s``.
 
     Only the head gets one (it is the next to be served, and the queue lets nothing overtake it). It is
@@ -91,8 +94,19 @@ def plan_head(state: ServiceState, head: QueuedItem, waiting: Waiting) -> None:
         state.counters.decisions["defrag-plan"] += 1
 
 
-def defrag(state: ServiceState, body: DefragBody) -> DefragAnswer:
+def defrag(
+    state: Following,
+    *,
+    need_gpus: int | None = None,
+    request: PlacementRequest | None = None,
+    level: Literal["nvlink", "node"] | None = None,
+    max_moves: int = 4,
+    dry_run: bool = True,
+) -> DefragAnswer:
     """Plan the fewest moves that make room; unless ``dry_run``, book the replacements (all or none).
+
+    Room for ``need_gpus`` free GPUs in one group at ``level`` (default nvlink), or for the TP group of
+    ``request`` (its level unless ``level`` is given): exactly one of the two.
 
     Booking is rate-limited (``defrag_moves_per_window`` per ``defrag_window_s``) and each booked move
     counts as a migration. The old copies stay booked until ``finish``.
@@ -100,22 +114,24 @@ def defrag(state: ServiceState, body: DefragBody) -> DefragAnswer:
     with state.lock:
         state.follow()
         scheduler = state.scheduler
-        if body.model is not None:
-            need, level = defrag_need(scheduler, body.request())
-            level = body.level or level
+        if (need_gpus is None) == (request is None):
+            raise InputError("defrag: give need_gpus or a request to make room for (one of them)")
+        if request is not None:
+            need, needed_level = defrag_need(scheduler, request)
+            group = level or needed_level
         else:
-            assert body.need_gpus is not None
-            need, level = body.need_gpus, body.level or "nvlink"
-        if level not in ("nvlink", "node"):
-            return DefragAnswer("no-plan", need, level, reason=f"a TP group of {need} GPUs needs level {level}")
-        max_moves = min(body.max_moves, state.config.defrag_max_moves)
-        plan, why = search_defrag(scheduler, need, level=level, max_moves=max_moves)
+            assert need_gpus is not None
+            need, group = need_gpus, level or "nvlink"
+        if group not in ("nvlink", "node"):
+            return DefragAnswer("no-plan", need, group, reason=f"a TP group of {need} GPUs needs level {group}")
+        max_moves = min(max_moves, state.config.defrag_max_moves)
+        plan, why = search_defrag(scheduler, need, level=group, max_moves=max_moves)
         if plan is None:
-            return DefragAnswer("no-plan", need, level, reason=why)
+            return DefragAnswer("no-plan", need, group, reason=why)
         if plan.moves:
             state.counters.decisions["defrag-plan"] += 1
-        if body.dry_run or not plan.moves:
-            return DefragAnswer("planned", need, level, plan)
+        if dry_run or not plan.moves:
+            return DefragAnswer("planned", need, group, plan)
         now = state.clock()
         limiter = state.defrag_limiter
         if not limiter.allow(now, len(plan.moves)):
@@ -125,7 +141,7 @@ def defrag(state: ServiceState, body: DefragBody) -> DefragAnswer:
                 f"per {config.defrag_window_s:g} s"
             )
             return DefragAnswer(
-                "limited", need, level, plan, reason, retry_after_s=limiter.retry_after(now, len(plan.moves))
+                "limited", need, group, plan, reason, retry_after_s=limiter.retry_after(now, len(plan.moves))
             )
         booked: list[Move] = []
         try:
@@ -140,15 +156,15 @@ def defrag(state: ServiceState, body: DefragBody) -> DefragAnswer:
                     state.ledger.release(move.replacement_id)
             state.counters.ledger_refusals += isinstance(exc, LedgerConflict)
             state.resync()
-            return DefragAnswer("conflict", need, level, plan, f"{exc.message}; nothing was booked")
+            return DefragAnswer("conflict", need, group, plan, f"{exc.message}; nothing was booked")
         limiter.record(now, len(booked))
         state.counters.migrations_proposed += len(booked)
         state.counters.decisions["defrag-move"] += len(booked)
         state.resync()
-        return DefragAnswer("booked", need, level, plan)
+        return DefragAnswer("booked", need, group, plan)
 
 
-def finish(state: ServiceState, placement_id: str, replacement_id: str) -> FinishAnswer:
+def finish(state: Following, placement_id: str, replacement_id: str) -> FinishAnswer:
     """Release a moved instance's old copy once its replacement is booked.
 
     ``not-found`` when neither copy is known; ``not-a-move`` when the replacement is not a booked copy of

@@ -35,6 +35,7 @@ from starlette.exceptions import HTTPException
 
 from toposched.names import MAX_NODE_NAME, NODE_NAME_PATTERN, NodeName
 from toposched.service.api import ERRORS, on_worker
+from toposched.service.guards import too_large
 from toposched.service.schemas import ErrorOut
 from toposched.service.state import ServiceState
 
@@ -193,7 +194,7 @@ class FilterRoute(APIRoute):
             try:
                 return await handler(request)
             except (RequestValidationError, HTTPException) as exc:
-                if isinstance(exc, HTTPException) and exc.status_code != 400:
+                if isinstance(exc, HTTPException) and (exc.status_code != 400 or too_large(exc)):
                     raise  # 413: the app's handler answers
                 return JSONResponse(filter_error(malformed(exc)))
 

@@ -31,6 +31,8 @@ from typing import Any, ClassVar
 from starlette.exceptions import HTTPException
 from uvicorn.protocols.http.httptools_impl import STATUS_LINE, HttpToolsProtocol
 
+from toposched.errors import InputError
+
 Scope = MutableMapping[str, Any]
 Message = MutableMapping[str, Any]
 Receive = Callable[[], Awaitable[Message]]
@@ -83,9 +85,28 @@ class BearerAuth:
         await self.app(scope, receive, send)
 
 
-def body_too_large(limit: int) -> HTTPException:
-    """The 413 for a body over ``limit`` bytes (the app's HTTPException handler renders it and closes)."""
-    return HTTPException(413, f"at most {limit} bytes", headers={"Connection": "close"})
+class BodyTooLarge(InputError):
+    """A request body over ``limit`` bytes, found while it streams in: the app answers 413 and closes.
+
+    FastAPI turns any error raised while it reads a body into a 400 ``HTTPException`` raised *from* it;
+    ``too_large`` finds this error behind one, so the app and the extender answer 413, not 422.
+    """
+
+    def __init__(self, limit: int) -> None:
+        super().__init__(f"at most {limit} bytes", fix="send a smaller body")
+        self.limit = limit
+
+
+def too_large(exc: BaseException) -> BodyTooLarge | None:
+    """The ``BodyTooLarge`` that ``exc`` is, or that FastAPI's 400 ``HTTPException`` was raised from."""
+    if isinstance(exc, BodyTooLarge):
+        return exc
+    if isinstance(exc, HTTPException) and isinstance(exc.__cause__, BodyTooLarge):
+        return exc.__cause__
+    return None
+
+
+TOO_LARGE = "body too large"
 
 
 class BodyLimit:
@@ -114,7 +135,7 @@ class BodyLimit:
             scope = {**scope, "headers": headers}
         length = next((v for k, v in headers if k == b"content-length"), None)
         if length is not None and (not length.isdigit() or int(length) > limit):
-            body = {"error": "body too large", "detail": f"at most {limit} bytes"}
+            body = {"error": TOO_LARGE, "detail": BodyTooLarge(limit).message}
             await _reply(send, 413, body, ((b"connection", b"close"),))
             return
         seen = 0
@@ -125,7 +146,7 @@ class BodyLimit:
             if message["type"] == "http.request":
                 seen += len(message.get("body", b""))
                 if seen > limit:
-                    raise body_too_large(limit)  # FastAPI re-raises HTTPExceptions from body reading
+                    raise BodyTooLarge(limit)
             return message
 
         await self.app(scope, limited, send)

@@ -8,7 +8,8 @@ plan needs is kept in the reservation's ``meta`` (``hbm_bytes``), next to the pl
 scheduler attaches (``placement``) that lets any replica rebuild its state from the ledger alone.
 
 It also remembers which audit entries it caused itself, so a replica following the audit log can tell
-its own changes from other replicas' (``foreign``).
+its own changes from other replicas' (``foreign``). Each record goes once its entry has been read: the
+replica reads every entry of the log, by ``follow`` or by ``resync``, so the record stays small.
 """
 
 from __future__ import annotations
@@ -34,7 +35,7 @@ class GuardedLedger:
     # ------------------------------------------------------------------ own changes
 
     def foreign(self, entries: list[AuditEntry]) -> bool:
-        """Whether any of ``entries`` (read from the audit log) came from someone else."""
+        """Whether any of ``entries`` (read from the audit log) came from someone else; marks own ones seen."""
         other = False
         for entry in entries:
             key = (entry.action, entry.id)
@@ -45,10 +46,6 @@ class GuardedLedger:
             else:
                 other = True
         return other
-
-    def forget_own(self) -> None:
-        """Drop the record of own changes (after a full resync nothing older matters)."""
-        self._mine.clear()
 
     # ------------------------------------------------------------------ the Ledger interface
 

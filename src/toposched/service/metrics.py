@@ -27,7 +27,8 @@ from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metri
 from prometheus_client.registry import Collector
 
 from toposched.perf.step import COMPRESSION_RATIO
-from toposched.service.state import ServiceState, Stats
+from toposched.service.state import ServiceState
+from toposched.service.views import Stats
 from toposched.solver.request import Placement
 
 SIGNALS: tuple[tuple[str, str], ...] = (

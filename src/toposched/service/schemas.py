@@ -2,38 +2,36 @@
 
 from __future__ import annotations
 
-import json
-from typing import Any, Literal
+from typing import TYPE_CHECKING, Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
 from toposched.errors import UnknownNameError
-from toposched.names import ID_PATTERN, PlacementId
-from toposched.service.config import PolicyName
+from toposched.names import PlacementId
+from toposched.service.request import ServiceRequest
 from toposched.solver.request import PlacementRequest
 from toposched.workload.catalog import ENTRIES, catalog_entry
 
+if TYPE_CHECKING:
+    from toposched.sidecar.loop import Report
 
-class PlaceBody(PlacementRequest):
+
+class PlaceBody(ServiceRequest):
     """A placement request as the API takes it: the solver's fields plus how to wait, lease and decide.
 
     ``id`` is the idempotency key (generated when absent): the same id with the same body answers the
     existing placement; with another body, 409. ``model`` must be a catalog name (no file paths over HTTP).
     """
 
-    model_config = ConfigDict(allow_inf_nan=False, frozen=True, extra="forbid")
+    # (the OpenAPI spec shows the docstring.) What the replica decides on is the ``ServiceRequest`` part;
+    # ``wait_s`` is the HTTP layer's (``api._wait_in_queue``) and never part of the request's key.
 
-    id: str = Field(default="", pattern=r"^$|" + ID_PATTERN, description="idempotency key; empty: generated")
     model: str = Field(
         min_length=1,
         description="catalog model name (aliases such as Hugging Face ids are accepted too)",
         json_schema_extra={"enum": [e.name for e in ENTRIES]},
     )
-    output_len: int = Field(default=256, ge=1, le=10_000_000, description="typical output length, for predictions")
-    replicas: int = Field(default=1, ge=1, le=10_000, description="instances to place (all or none)")
-    ttl_s: float | None = Field(default=None, gt=0, le=30 * 24 * 3600, description="lease; renew before it ends")
     wait_s: float = Field(default=0.0, ge=0, le=3600, description="seconds to wait in the admission queue")
-    policy: PolicyName | None = Field(default=None, description="placement policy (default: the service's)")
 
     @field_validator("model")
     @classmethod
@@ -42,21 +40,6 @@ class PlaceBody(PlacementRequest):
             return catalog_entry(value).name
         except UnknownNameError as exc:  # its message lists the close names
             raise ValueError(exc.message) from None
-
-    def request(self, rid: str) -> PlacementRequest:
-        data = self.model_dump(exclude={"ttl_s", "wait_s", "policy"})
-        data["id"] = rid
-        return PlacementRequest.model_validate(data)
-
-    def key(self) -> str:
-        """Canonical JSON of what was asked (without the id and the wait): equal keys are one request.
-
-        ``allow_cross_domain`` is left out while false, so the keys of requests that do not ask for the
-        fallback are those booked before the field existed (and the admission queue's fallback retry,
-        which sets it on the solver's request only, keeps the key the client sent).
-        """
-        exclude = {"id", "wait_s"} | (set() if self.allow_cross_domain else {"allow_cross_domain"})
-        return json.dumps(self.model_dump(mode="json", exclude=exclude), sort_keys=True)
 
 
 class DefragBody(BaseModel):
@@ -167,6 +150,20 @@ class ReportBody(BaseModel):
     new_alerts: list[ReportAlert] = Field(default_factory=list, max_length=1000)
     active_alerts: list[ReportAlert] = Field(default_factory=list, max_length=1000)
     cpu_seconds: float = 0.0
+
+    def report(self) -> Report:
+        """The sidecar's own ``Report`` value, which the replica reacts to (``ServiceState.report``)."""
+        from toposched.sidecar.checks import Alert
+        from toposched.sidecar.loop import Report
+
+        return Report(
+            placement_id=self.placement,
+            node=self.node,
+            cycle=self.cycle,
+            new_alerts=tuple(Alert(**a.model_dump()) for a in self.new_alerts),
+            active_alerts=tuple(Alert(**a.model_dump()) for a in self.active_alerts),
+            cpu_seconds=self.cpu_seconds,
+        )
 
 
 # ---------------------------------------------------------------------------------------------- answers

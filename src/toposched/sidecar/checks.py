@@ -29,7 +29,14 @@ from toposched.ledger.reconcile import reconcile
 from toposched.solver.request import Placement
 from toposched.topology.domains import gpu_ref
 from toposched.topology.model import Cluster, LinkKind, nvlink_lane_gbps
-from toposched.topology.nvml import FEATURE_ENABLED, MAX_LINKS, NVLINK_DEVICE_TYPE_SWITCH, _bus, _Session, _text
+from toposched.topology.nvml import (
+    FEATURE_ENABLED,
+    MAX_LINKS,
+    NVLINK_DEVICE_TYPE_SWITCH,
+    NvmlSession,
+    nvml_bus_id,
+    nvml_text,
+)
 
 AlertKind = Literal["TOPOLOGY_DRIFT", "PCIE_BUDGET_WARNING", "HBM_DRIFT"]
 ALERT_KINDS: tuple[AlertKind, ...] = ("TOPOLOGY_DRIFT", "PCIE_BUDGET_WARNING", "HBM_DRIFT")
@@ -144,22 +151,22 @@ class TopologyResult:
     fabric: Mapping[int, str | None]
 
 
-def _fabric(s: _Session, handle: Any) -> str | None:
+def _fabric(s: NvmlSession, handle: Any) -> str | None:
     info = s.optional(s.lib.nvmlDeviceGetGpuFabricInfo, handle)
     if info is None or int(info.state) != 3:
         return None
-    return f"{_text(info.clusterUuid)}/{int(info.cliqueId)}"
+    return f"{nvml_text(info.clusterUuid)}/{int(info.cliqueId)}"
 
 
 def check_topology(
     lib: Any, exp: Expectations, *, fabric_baseline: Mapping[int, str | None] | None = None
 ) -> TopologyResult:
     """(a) NVLink lanes to each placement peer and the fabric clique, against the plan."""
-    s = _Session(lib)
+    s = NvmlSession(lib)
     count = s.call("device count", lib.nvmlDeviceGetCount)
     handles = [s.call("handle", lib.nvmlDeviceGetHandleByIndex, i, gpu=i) for i in range(count)]
     index_of_bus = {
-        _bus(s.call("PCI info", lib.nvmlDeviceGetPciInfo, h, gpu=i).busId): i for i, h in enumerate(handles)
+        nvml_bus_id(s.call("PCI info", lib.nvmlDeviceGetPciInfo, h, gpu=i).busId): i for i, h in enumerate(handles)
     }
     alerts: list[Alert] = []
     lanes_seen: dict[int, dict[str, int]] = {}
@@ -183,7 +190,7 @@ def check_topology(
                 switch += 1
                 continue
             remote = s.call("NVLink remote PCI info", lib.nvmlDeviceGetNvLinkRemotePciInfo, handle, link, gpu=g.index)
-            peer = index_of_bus.get(_bus(remote.busId))
+            peer = index_of_bus.get(nvml_bus_id(remote.busId))
             if peer is not None:
                 direct[peer] = direct.get(peer, 0) + 1
         lanes_seen[g.index] = {"switch": switch} if exp.nvswitch else {str(p): n for p, n in sorted(direct.items())}
@@ -233,7 +240,7 @@ class TrafficResult:
     samples: Mapping[int, NvlinkSample] = field(default_factory=dict)
 
 
-def _nvlink_sample(s: _Session, handle: Any) -> NvlinkSample | None:
+def _nvlink_sample(s: NvmlSession, handle: Any) -> NvlinkSample | None:
     links = []
     for link in range(MAX_LINKS):
         state = s.optional(s.lib.nvmlDeviceGetNvLinkState, handle, link)
@@ -262,7 +269,7 @@ def _nvlink_sample(s: _Session, handle: Any) -> NvlinkSample | None:
 
 def check_traffic(lib: Any, exp: Expectations, *, previous: Mapping[int, NvlinkSample] | None = None) -> TrafficResult:
     """(b) PCIe and NVLink throughput per GPU against its budget; warns at ``warn_fraction``."""
-    s = _Session(lib)
+    s = NvmlSession(lib)
     alerts: list[Alert] = []
     pcie: dict[int, float] = {}
     nvlink: dict[int, float | None] = {}
@@ -322,7 +329,7 @@ class HbmResult:
 
 def check_hbm(lib: Any, exp: Expectations) -> HbmResult:
     """(c) HBM in use per GPU against the ledger's reservation, within ``hbm_tolerance``."""
-    s = _Session(lib)
+    s = NvmlSession(lib)
     used: dict[int, int] = {}
     for g in exp.gpus:
         handle = s.call("handle", lib.nvmlDeviceGetHandleByIndex, g.index, gpu=g.index)

@@ -3,7 +3,7 @@
 ``react(report, scheduler, placement, request)`` is a pure decision over the scheduler's state: the
 GPUs named by active alerts are excluded, the request is searched again with the same policy for
 one replica on other free GPUs, and nothing is committed (no ledger booking, no index change once
-it returns). The service calls it for each ``POST /v1/reports`` (``service/state.py: report``, which
+it returns). The service calls it for each ``POST /v1/reports`` (``service/views.py: Reporting.report``, which
 also marks the instance degraded); ``toposched sidecar --react`` calls it in-process.
 """
 

@@ -12,7 +12,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
-from toposched.errors import InputError
+from toposched.errors import InputError, InvariantError
 from toposched.ledger.base import GIB
 from toposched.sim.deployment import Deployment, build_deployment
 from toposched.sim.engine import Simulation
@@ -90,7 +90,7 @@ def run_policy(
     progress: Callable[[Simulation], None] | None = None,
     jump: bool = True,
 ) -> PolicyResult:
-    """One policy over the scenario; raises AssertionError when conservation breaks.
+    """One policy over the scenario; raises ``InvariantError`` when conservation breaks.
 
     ``jump=False`` steps every instance one engine step per event (the macro-step check).
     """
@@ -105,7 +105,7 @@ def run_policy(
     wall, cpu = time.perf_counter() - start, time.process_time() - cpu
     problems = check_conservation(sim)
     if problems:
-        raise AssertionError(f"conservation broken in policy {policy}: {'; '.join(problems)}")
+        raise InvariantError(f"conservation broken in policy {policy}: {'; '.join(problems)}")
     metrics = compute(sim)
     metrics["wall_s"] = round(wall, 3)
     metrics["cpu_s"] = round(cpu, 3)

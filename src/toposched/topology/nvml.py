@@ -63,13 +63,16 @@ class NvmlProbe:
     warnings: tuple[str, ...] = ()
 
 
-def _text(value: Any) -> str:
+def nvml_text(value: Any) -> str:
+    """An NVML string as ``str``: pynvml returns ``bytes`` or ``str`` depending on its version."""
     return value.decode() if isinstance(value, bytes) else str(value)
 
 
-def _bus(value: Any) -> str:
-    """Normalise a PCI bus id to NVML's 8-digit-domain upper-case form."""
-    bus = _text(value).upper()
+def nvml_bus_id(value: Any) -> str:
+    """A PCI bus id in NVML's 8-digit-domain upper-case form (``00000000:18:00.0``), whatever the
+    pynvml version or the domain width, so ids from ``nvmlDeviceGetPciInfo`` and from a link's
+    remote end compare equal."""
+    bus = nvml_text(value).upper()
     if bus.count(":") == 1:
         bus = "00000000:" + bus
     domain, rest = bus.split(":", 1)
@@ -89,11 +92,19 @@ def _cpulist(masks: list[int], word_bits: int = 64) -> str:
     return ",".join(ranges)
 
 
-class _Session:
+class NvmlSession:
+    """NVML calls through ``lib`` (``pynvml`` or ``FakeNvml``) with errors translated in one place.
+
+    Used by discovery here and by the sidecar's live checks, so both report a missing driver and a
+    failed call the same way.
+    """
+
     def __init__(self, lib: Any) -> None:
         self.lib = lib
 
     def call(self, what: str, fn: Callable[..., T], *args: Any, gpu: int | None = None) -> T:
+        """``fn(*args)``; no driver -> ``NoDriverError``, any other failure -> ``DiscoveryError`` naming
+        ``what`` and the GPU."""
         try:
             return fn(*args)
         except Exception as exc:
@@ -107,6 +118,7 @@ class _Session:
             raise DiscoveryError(f"NVML {what}{where} failed: {exc}") from exc
 
     def optional(self, fn: Callable[..., T], *args: Any) -> T | None:
+        """``fn(*args)``, or None when this GPU or driver does not support the call."""
         try:
             return fn(*args)
         except Exception as exc:
@@ -117,7 +129,7 @@ class _Session:
 
 def probe_node(lib: Any, *, hostname: str | None = None) -> NvmlProbe:
     """Read this machine's GPUs and links through ``lib`` (``pynvml`` or a fake with its names)."""
-    s = _Session(lib)
+    s = NvmlSession(lib)
     s.call("init", lib.nvmlInit)
     try:
         name = hostname or socket.gethostname()
@@ -132,11 +144,11 @@ def probe_node(lib: Any, *, hostname: str | None = None) -> NvmlProbe:
         s.optional(lib.nvmlShutdown)
 
 
-def _probe(s: _Session, hostname: str) -> NvmlProbe:
+def _probe(s: NvmlSession, hostname: str) -> NvmlProbe:
     lib = s.lib
     count = s.call("device count", lib.nvmlDeviceGetCount)
     handles = [s.call("handle", lib.nvmlDeviceGetHandleByIndex, i, gpu=i) for i in range(count)]
-    buses = [_bus(s.call("PCI info", lib.nvmlDeviceGetPciInfo, h, gpu=i).busId) for i, h in enumerate(handles)]
+    buses = [nvml_bus_id(s.call("PCI info", lib.nvmlDeviceGetPciInfo, h, gpu=i).busId) for i, h in enumerate(handles)]
     index_of_bus = {bus: i for i, bus in enumerate(buses)}
     gpus: list[GPU] = []
     warnings: list[str] = []
@@ -146,13 +158,13 @@ def _probe(s: _Session, hostname: str) -> NvmlProbe:
     peers: dict[tuple[int, int], int] = {}
     switch_lanes: dict[int, int] = {}
     for i, h in enumerate(handles):
-        name = _text(s.call("name", lib.nvmlDeviceGetName, h, gpu=i))
+        name = nvml_text(s.call("name", lib.nvmlDeviceGetName, h, gpu=i))
         memory = s.call("memory info", lib.nvmlDeviceGetMemoryInfo, h, gpu=i)
         numa = s.optional(lib.nvmlDeviceGetNumaNodeId, h)
         masks = s.optional(lib.nvmlDeviceGetCpuAffinity, h, cpu_words)
         fabric = s.optional(lib.nvmlDeviceGetGpuFabricInfo, h)
         if fabric is not None and int(fabric.state) == 3 and int(fabric.cliqueId) != 0:
-            cliques.add(f"{_text(fabric.clusterUuid)}/{int(fabric.cliqueId)}")
+            cliques.add(f"{nvml_text(fabric.clusterUuid)}/{int(fabric.cliqueId)}")
         up = 0
         for link in range(MAX_LINKS):
             state = s.optional(lib.nvmlDeviceGetNvLinkState, h, link)
@@ -166,15 +178,15 @@ def _probe(s: _Session, hostname: str) -> NvmlProbe:
             if remote_type == NVLINK_DEVICE_TYPE_SWITCH:
                 switch_lanes[i] = switch_lanes.get(i, 0) + 1
                 continue
-            peer = index_of_bus.get(_bus(remote.busId))
+            peer = index_of_bus.get(nvml_bus_id(remote.busId))
             if peer is None:
-                warnings.append(f"GPU {i} NVLink {link} ends at {_bus(remote.busId)}, which is not a GPU here")
+                warnings.append(f"GPU {i} NVLink {link} ends at {nvml_bus_id(remote.busId)}, which is not a GPU here")
             elif peer != i:
                 peers[(i, peer)] = peers.get((i, peer), 0) + 1
         gpus.append(
             GPU(
                 index=i,
-                uuid=_text(s.call("UUID", lib.nvmlDeviceGetUUID, h, gpu=i)),
+                uuid=nvml_text(s.call("UUID", lib.nvmlDeviceGetUUID, h, gpu=i)),
                 pci_bus_id=buses[i],
                 model=name,
                 hbm_gib=round(int(memory.total) / 2**30, 2),

@@ -1,9 +1,18 @@
-"""Persistent DomainMap versions in the embedded SQLite state file.
+"""Where DomainMap versions are kept: one interface (``DomainMapStore``), two backends.
 
 Each ``save`` writes a new version (monotonic integer) with the time, the source it was probed
-from, the cluster snapshot and the DomainMap, in one transaction; older versions stay for audit.
-``latest`` reads the newest one. The file is opened in WAL mode so several processes on one host
-can read while one writes. Errors from sqlite are translated into ``StateError`` naming the file.
+from, the cluster snapshot and the DomainMap; older versions stay for audit. ``latest`` reads the
+newest one, ``latest_version`` only its number (cheap enough to poll), ``versions`` lists them all.
+
+Backends, chosen by the state URL (``--state``):
+
+* ``sqlite:PATH`` -- ``TopologyStore`` below, in the embedded state file next to the ledger, opened
+  through ``toposched.sqlite_file`` (WAL mode, so several processes on one host read while one
+  writes). One transaction per save.
+* ``etcd:URL`` -- ``ledger.etcd_topology.EtcdTopologyStore``, for scheduler replicas; it lives with
+  the etcd client and adds ``watch()``.
+
+Errors from either backend are ``StateError`` naming the file or endpoint.
 """
 
 from __future__ import annotations
@@ -14,9 +23,11 @@ from collections.abc import Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Protocol
 
 from pydantic import ValidationError
 
+from toposched import sqlite_file
 from toposched.errors import StateError
 from toposched.topology.domains import DomainMap, build_domain_map
 from toposched.topology.model import SCHEMA_VERSION, Cluster
@@ -36,6 +47,8 @@ CREATE TABLE IF NOT EXISTS domain_maps (
 
 @dataclass(frozen=True)
 class StoredTopology:
+    """One stored version: its number, when and from what it was saved, the cluster and its DomainMap."""
+
     version: int
     created_at: float
     source: SourceRef
@@ -46,6 +59,32 @@ class StoredTopology:
         return (time.time() if now is None else now) - self.created_at
 
 
+class DomainMapStore(Protocol):
+    """What the CLI and the service need of a DomainMap store; ``TopologyStore`` (SQLite) and
+    ``EtcdTopologyStore`` (etcd) implement it, and tests/ledger/test_domain_map_store.py runs the
+    same checks on both."""
+
+    def save(self, cluster: Cluster, source: SourceRef, *, now: float | None = None) -> StoredTopology:
+        """Store a new version (the newest + 1); returns it with its version number."""
+        ...
+
+    def latest(self) -> StoredTopology | None:
+        """The newest stored version, or None when nothing was stored yet."""
+        ...
+
+    def latest_version(self) -> int | None:
+        """The newest version number without reading the version itself, or None when empty."""
+        ...
+
+    def versions(self) -> list[tuple[int, float, str]]:
+        """(version, created_at, source) of every stored version, oldest first."""
+        ...
+
+    def close(self) -> None:
+        """Release connections (a no-op where every call opens its own)."""
+        ...
+
+
 class TopologyStore:
     """DomainMap versions in a SQLite file. The constructor does no I/O; each call opens the file."""
 
@@ -54,18 +93,21 @@ class TopologyStore:
 
     @contextmanager
     def _connect(self) -> Iterator[sqlite3.Connection]:
+        """One transaction on the file (the table is created on first use)."""
+        sqlite_file.prepare(self.path, what="state file")
         try:
-            self.path.parent.mkdir(parents=True, exist_ok=True)
-            conn = sqlite3.connect(self.path, timeout=10.0)
-        except (OSError, sqlite3.Error) as exc:
+            conn = sqlite_file.connect(self.path)
+        except sqlite3.Error as exc:
             raise StateError(f"cannot open the state file {self.path}: {exc}") from exc
         try:
-            conn.execute("PRAGMA journal_mode=WAL")
+            sqlite_file.use_wal(conn)
+            conn.execute("BEGIN")
             conn.execute(_SCHEMA)
             yield conn
-            conn.commit()
+            conn.execute("COMMIT")
         except sqlite3.DatabaseError as exc:
-            conn.rollback()
+            if conn.in_transaction:
+                conn.execute("ROLLBACK")
             raise StateError(
                 f"the state file {self.path} is not usable: {exc}",
                 fix="move it aside; `toposched topo refresh` writes a new one",
@@ -138,3 +180,6 @@ class TopologyStore:
         with self._connect() as conn:
             rows = conn.execute("SELECT version, created_at, source FROM domain_maps ORDER BY version").fetchall()
         return [(int(v), float(t), SourceRef.model_validate_json(s).describe()) for v, t, s in rows]
+
+    def close(self) -> None:
+        """Nothing to release: every call opens and closes its own connection."""
