@@ -71,7 +71,7 @@ def simulate(
         if json_out:
             print_json(result_json(sc, seed, results))
         else:
-            console.print(result_table(sc, results))
+            console.print(result_table(sc, results, console.width))
             console.print(f"latency = {LATENCY}")
         if out is not None:
             for path in write_report(out, sc, seed, results):

@@ -87,14 +87,27 @@ def _title(scenario: Scenario, results: dict[str, PolicyResult]) -> str:
     return f"{scenario.name}: {count:,} requests, {len(tenants)} tenant(s){slo}{churn} (latencies in ms)"
 
 
-def result_table(scenario: Scenario, results: dict[str, PolicyResult]) -> Table:
+WIDE_TABLE_CHARS = 10
+"""Characters a column of the one-row-per-policy table needs; narrower terminals get it transposed."""
+
+
+def result_table(scenario: Scenario, results: dict[str, PolicyResult], width: int = 200) -> Table:
+    """One row per policy when ``width`` (the terminal's) holds every column; else one row per
+    metric and one column per policy, so an 80-column terminal shows whole numbers, not ``1.0…``."""
     table = Table(title=_title(scenario, results))
-    table.add_column("policy")
     labels = dict(COLUMNS)
+    if (len(TABLE_COLUMNS) + 1) * WIDE_TABLE_CHARS <= width:
+        table.add_column("policy", no_wrap=True)
+        for key in TABLE_COLUMNS:
+            table.add_column(labels[key], justify="right", no_wrap=True)
+        for name, r in results.items():
+            table.add_row(name, *(_fmt(_cell(r.metrics, key)) for key in TABLE_COLUMNS))
+        return table
+    table.add_column("metric", no_wrap=True)
+    for name in results:
+        table.add_column(name, justify="right", no_wrap=True)
     for key in TABLE_COLUMNS:
-        table.add_column(labels[key], justify="right")
-    for name, r in results.items():
-        table.add_row(name, *(_fmt(_cell(r.metrics, key)) for key in TABLE_COLUMNS))
+        table.add_row(labels[key], *(_fmt(_cell(r.metrics, key)) for r in results.values()))
     return table
 
 

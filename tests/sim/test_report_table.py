@@ -1,0 +1,27 @@
+"""The terminal table: one row per policy when it fits, transposed on an 80-column terminal."""
+
+from __future__ import annotations
+
+from rich.console import Console
+
+from toposched.sim.report import TABLE_COLUMNS, result_table
+from toposched.sim.run import run_policy
+from toposched.sim.scenario import load_scenario
+
+
+def _render(width: int) -> str:
+    scenario = load_scenario("small").model_copy(update={"requests": 60})
+    results = {p: run_policy(scenario, p) for p in ("index-order", "random", "slo")}
+    console = Console(width=width, record=True, color_system=None)
+    console.print(result_table(scenario, results, width))
+    return console.export_text()
+
+
+def test_a_narrow_terminal_gets_whole_numbers_and_whole_names() -> None:
+    narrow = _render(80)
+    assert "…" not in narrow and all(len(line) <= 80 for line in narrow.splitlines())
+    assert "index-order" in narrow and "SLO met" in narrow
+    wide = _render(200)
+    header = next(line for line in wide.splitlines() if "policy" in line)
+    assert header.count("┃") == len(TABLE_COLUMNS) + 2  # one column per metric
+    assert "…" not in wide
