@@ -10,13 +10,14 @@ POST   /v1/topology/refresh         probe the topology source again (same GPUs o
 GET    /v1/queue                    the admission queue in service order (the head's defrag plan)
 POST   /v1/defrag                   plan the fewest moves that free room (dry run by default), or book them
 POST   /v1/defrag/finish            release a moved instance's old copy (its replacement is booked)
-GET    /v1/alerts                   the nine signals now and the thresholds they cross
+GET    /v1/alerts                   the nine signals now, the thresholds, those crossed and the GPUs they point at
 POST   /v1/reports                  a sidecar report: mark degraded, propose a re-placement
 """
 
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import functools
 import math
 import time
@@ -30,7 +31,7 @@ from prometheus_client import Histogram
 from toposched.names import ID_PATTERN
 from toposched.perf.profile import use_profile
 from toposched.service import defrag as service_defrag
-from toposched.service.metrics import breaches, signals
+from toposched.service.metrics import THRESHOLDS, breaches, signals
 from toposched.service.records import Decision, Instance
 from toposched.service.replica import P, R
 from toposched.service.schemas import (
@@ -53,10 +54,12 @@ from toposched.service.schemas import (
     TopologyOut,
 )
 from toposched.service.state import ServiceState
+from toposched.service.views import signal_gpus
 
 PlacementId = Annotated[str, Path(pattern=ID_PATTERN, description="placement (request) id")]
 Responses = dict[int | str, dict[str, Any]]
 
+THRESHOLDS_JSON = [dataclasses.asdict(t) for t in THRESHOLDS]  # the web page draws them on the sparklines
 DECISION_STATUS = {"placed": 201, "existing": 200, "conflict": 409, "no-capacity": 409, "rejected": 422}
 RETRY_AFTER = {"Retry-After": {"description": "seconds to wait before trying again", "schema": {"type": "integer"}}}
 ERRORS: Responses = {
@@ -270,11 +273,14 @@ def build_router(state: ServiceState, latency: Histogram) -> APIRouter:
     @router.get(
         "/alerts",
         responses=answers(*AUTH, ok=AlertsOut),
-        summary="The nine placement-health signals now and the alert thresholds they cross (no for: duration)",
+        summary="The nine placement-health signals now, the alert thresholds, those crossed (no for: duration) "
+        "and the GPUs each crossed one points at",
     )
     async def get_alerts() -> JSONResponse:
         stats = await on_worker(state, state.stats)
-        return JSONResponse({"signals": signals(stats), "firing": breaches(stats)})
+        gpus = signal_gpus(stats)
+        firing = [{**alert, "gpus": gpus[str(alert["signal"])]} for alert in breaches(stats)]
+        return JSONResponse({"signals": signals(stats), "firing": firing, "thresholds": THRESHOLDS_JSON})
 
     @router.post(
         "/reports",

@@ -254,11 +254,22 @@ class FiringOut(BaseModel):
     signal: str
     value: float
     summary: str
+    gpus: list[str] = Field(description="GPUs (node/index) the signal points at, for the web page to outline")
+
+
+class ThresholdOut(BaseModel):
+    alert: str
+    signal: str
+    op: Literal["<", ">"]
+    value: float
+    severity: Literal["P0", "P1", "P2"]
+    summary: str
 
 
 class AlertsOut(BaseModel):
     signals: dict[str, float | dict[str, float] | None] = Field(description="the nine signals; null: no source")
     firing: list[FiringOut]
+    thresholds: list[ThresholdOut] = Field(description="every alert rule (the same as deploy/prometheus's rules)")
 
 
 class TopologyOut(BaseModel):

@@ -2,17 +2,22 @@
 
 A sidecar report (``POST /v1/reports``, converted to the sidecar's ``Report`` value by the HTTP layer) marks
 the instance it names degraded and gets a re-placement proposal from ``sidecar.react`` (never committed).
+
+The web page reads two views: ``topology_view`` (per GPU: NVLink domain, NUMA node, PCIe switch, the
+placement holding it and its HBM split) and ``signal_gpus`` (per signal, the GPUs an alert on it points at).
 """
 
 from __future__ import annotations
 
 from collections import Counter
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
 from toposched.service.following import Following
 from toposched.service.request import ServiceRequest
 from toposched.solver.request import Placement
+from toposched.topology.domains import gpu_ref
+from toposched.topology.model import GPU
 
 if TYPE_CHECKING:
     from toposched.sidecar.loop import Report
@@ -38,6 +43,8 @@ class Stats:
     resyncs: int
     ledger_refusals: int
     sync_failures: int = 0
+    degraded_gpus: frozenset[str] = frozenset()
+    gpu_capacity_bytes: dict[str, int] = field(default_factory=dict)
 
 
 class Reporting(Following):
@@ -75,10 +82,14 @@ class Reporting(Following):
             return Stats(
                 placements=placements,
                 degraded=sum(1 for i in self.instances.values() if i.degraded),
+                degraded_gpus=frozenset(
+                    ref for i in self.instances.values() if i.degraded for ref in i.placement.gpu_refs
+                ),
                 budget_gbps=scheduler.budget_gbps,
                 cross_used_gbps=sum(scheduler.cross_used.values()),
                 hbm_planned_bytes=planned,
                 hbm_capacity_bytes=capacity,
+                gpu_capacity_bytes=dict(self.ledger.capacities),
                 queue_by_class=dict(by_class),
                 decisions=dict(self.counters.decisions),
                 placed_total=self.counters.placed_total,
@@ -92,31 +103,48 @@ class Reporting(Following):
             )
 
     def topology_view(self) -> dict[str, Any]:
-        """Nodes, NVLink domains and who holds each GPU (the web page's heat map)."""
+        """Nodes, NVLink domains, NUMA and PCIe-switch groups, who holds each GPU and its HBM (the web page).
+
+        A GPU's ``hbm`` is the ledger's capacity and, when a placement holds it, that placement's plan per
+        GPU: weights, KV cache and other (activations and workspace). The ledger books whole GPUs, so the
+        rest of a held GPU is headroom of its holder, not free for others.
+        """
         with self.lock:
             self.follow()
             scheduler, stored = self.scheduler, self.topology
             assert stored is not None
-            holder = {ref: p.id for p in scheduler.placements.values() for ref in p.gpu_refs}
+            holder = {ref: p for p in scheduler.placements.values() for ref in p.gpu_refs}
             free = scheduler.index.free
             dmap = scheduler.index.dmap
-            nodes = [
-                {
-                    "name": n.name,
-                    "rack": n.rack,
-                    "zone": n.zone,
-                    "gpus": [
-                        {
-                            "ref": f"{n.name}/{g.index}",
-                            "index": g.index,
-                            "model": g.model,
-                            "domain": dmap.gpu_domain.get(f"{n.name}/{g.index}"),
-                            "free": f"{n.name}/{g.index}" in free,
-                            "placement": holder.get(f"{n.name}/{g.index}"),
-                        }
-                        for g in n.gpus
-                    ],
+            capacities = self.ledger.capacities
+            numa = {ref: g.id for g in dmap.numa_groups for ref in g.gpus}
+            pcie = {ref: g.id for g in dmap.pcie_groups for ref in g.gpus}
+
+            def gpu(node: str, g: GPU) -> dict[str, Any]:
+                ref = gpu_ref(node, g.index)
+                held = holder.get(ref)
+                share = held.hbm_per_gpu if held is not None else None
+                return {
+                    "ref": ref,
+                    "index": g.index,
+                    "model": g.model,
+                    "domain": dmap.gpu_domain.get(ref),
+                    "numa": numa.get(ref),
+                    "pcie": pcie.get(ref),
+                    "health": g.health.value,
+                    "free": ref in free,
+                    "placement": held.id if held is not None else None,
+                    "request": held.request_id if held is not None else None,
+                    "hbm": {
+                        "capacity": capacities.get(ref, 0),
+                        "weights": share.weights if share else 0,
+                        "kv": share.kv if share else 0,
+                        "other": share.activations + share.workspace if share else 0,
+                    },
                 }
+
+            nodes = [
+                {"name": n.name, "rack": n.rack, "zone": n.zone, "gpus": [gpu(n.name, g) for g in n.gpus]}
                 for n in scheduler.cluster.nodes
             ]
             domains = [
@@ -139,3 +167,34 @@ class Reporting(Following):
                 "nodes": nodes,
                 "domains": domains,
             }
+
+
+def signal_gpus(stats: Stats) -> dict[str, list[str]]:
+    """Per signal, the GPUs of the placements that move it: where an alert on that signal sends an operator.
+
+    Affinity: placements with a TP group outside one NVLink domain; budget: placements sending cross-domain
+    traffic; compression: those that compress it; HBM: GPUs whose own plan fills more of them than the
+    cluster-wide ratio alerts on (the lowest HBM threshold); drift and migrations: instances a sidecar
+    reported. Signals without a source (overlap, P99 gap) point nowhere.
+    """
+    from toposched.service.metrics import THRESHOLDS, in_one_domain  # metrics imports this module
+
+    def refs(placements: list[Placement]) -> list[str]:
+        return sorted({ref for p in placements for ref in p.gpu_refs})
+
+    live = stats.placements
+    hbm_alert = min(t.value for t in THRESHOLDS if t.signal == "toposched_hbm_utilization_ratio")
+    capacity = stats.gpu_capacity_bytes
+    full = sorted(r for p in live for r in p.gpu_refs if p.hbm_per_gpu.total > hbm_alert * capacity.get(r, 0))
+    reported = sorted(stats.degraded_gpus)
+    return {
+        "toposched_nvlink_affinity_ratio": refs([p for p in live if not in_one_domain(p)]),
+        "toposched_cross_domain_traffic_budget_ratio": refs([p for p in live if p.cross_domain_gbps > 0]),
+        "toposched_hbm_utilization_ratio": full,
+        "toposched_placements_by_tp": [],
+        "toposched_sidecar_drift_ratio": reported,
+        "toposched_cross_domain_compression_ratio": refs([p for p in live if p.compression]),
+        "toposched_comm_overlap_ratio": [],
+        "toposched_migration_ratio": reported,
+        "toposched_cross_domain_p99_gap_seconds": [],
+    }
