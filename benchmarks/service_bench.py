@@ -25,9 +25,10 @@ the median of ``--repeat`` runs of ``--pairs`` pairs on the same server, after a
 cluster with no placement and with ``--live`` placements held. Each round: the replica makes one change of
 its own (a create + delete pair), the tick runs, then the ``follow()`` the next decision makes (its CPU,
 and the resyncs it triggered: 0 when it knows the entries are its own), then a tick with nothing changed
-(``tick ms CPU``: a full resync, the DomainMap version check, the queue), then one more ``resync()``
-(what a follow that mistakes own changes for another replica's adds). Medians of ``--ticks`` rounds, CPU
-time of this process (``time.process_time``).
+(``tick ms CPU``: following the audit log, the DomainMap version check, the queue; a full resync only when
+one is due, which the default ``resync_interval_s`` never makes it in a run this short), then one more
+``resync()`` (``resync ms``: what the safety net's full resync, or a change by another replica, costs).
+Medians of ``--ticks`` rounds, CPU time of this process (``time.process_time``).
 """
 
 from __future__ import annotations

@@ -279,6 +279,33 @@ def test_rows_are_checked_when_read_after_open(tmp_path: Path) -> None:
     ledger.close()
 
 
+def test_a_row_damaged_after_it_was_read_is_still_refused(tmp_path: Path) -> None:
+    """``reservations()`` reuses what it decoded only for a row stored exactly as read before: damage to
+    any value, or a checksum rewritten to match it, is caught; a changed row is decoded anew."""
+    path = tmp_path / "state.sqlite3"
+    ledger = SqliteLedger(path)
+    ledger.set_capacity({"n/0": 80 * GIB, "n/1": 80 * GIB})
+    assert ledger.reserve("a", {"n/0": GIB}, ttl_s=60, meta={"model": "m"}).ok
+    assert ledger.reserve("b", {"n/1": GIB}, meta={"model": "m"}).ok
+    first = {r.id: r for r in ledger.reservations()}
+    with sqlite3.connect(path) as db:
+        (meta,) = db.execute("SELECT meta_json FROM ledger_reservations WHERE id = 'a'").fetchone()
+    sql(path, "UPDATE ledger_reservations SET meta_json = '{\"model\": \"x\"}' WHERE id = 'a'")
+    with pytest.raises(StateError, match="row ledger_reservations id='a' fails its checksum"):
+        ledger.reservations()
+    sql(path, "UPDATE ledger_reservations SET meta_json = ? WHERE id = 'a'", (meta,))
+    sql(path, "UPDATE ledger_reservations SET checksum = checksum + 1 WHERE id = 'b'")
+    with pytest.raises(StateError, match="row ledger_reservations id='b' fails its checksum"):
+        ledger.reservations()
+    sql(path, "UPDATE ledger_reservations SET checksum = checksum - 1 WHERE id = 'b'")
+    renewed = ledger.renew("a", 120)
+    assert renewed is not None
+    again = {r.id: r for r in ledger.reservations()}
+    assert again["a"].expires_at == renewed.expires_at != first["a"].expires_at
+    assert again["b"] == first["b"]
+    ledger.close()
+
+
 def test_holds_that_disagree_with_their_reservation_are_refused(tmp_path: Path) -> None:
     path = tmp_path / "state.sqlite3"
     ledger = SqliteLedger(path)

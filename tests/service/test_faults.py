@@ -111,12 +111,13 @@ def open_state(
     url: str = "memory",
     *,
     ledger_clock: Callable[[], float] = time.time,
+    clock: Callable[[], float] = time.monotonic,
     **extra: object,
 ) -> ServiceState:
     """A replica whose ledger is ``ledger`` (the topology store still follows ``url``)."""
     monkeypatch.setattr(state_module, "open_ledger", lambda _url, clock: ledger)
     config = ServiceConfig.model_validate({"state": url, "source": HGX, "auth": False, **extra})
-    state = ServiceState(config, ledger_clock=ledger_clock)
+    state = ServiceState(config, clock=clock, ledger_clock=ledger_clock)
     state.open()
     return state
 
@@ -357,10 +358,13 @@ def test_a_sync_that_raises_anything_is_logged_once_counted_and_recovers(
 
 def test_tick_raises_a_state_error_for_any_failure(monkeypatch: pytest.MonkeyPatch) -> None:
     """``tick`` is what a loop that catches ``ToposchedError`` calls: a damaged row must not escape it."""
+    now = [0.0]
     ledger = FaultyLedger(MemoryLedger())
-    state = open_state(monkeypatch, ledger)
+    state = open_state(monkeypatch, ledger, clock=lambda: now[0])
     try:
         ledger.fail("reservations", ValueError("damaged row (test)"))
+        state.tick()  # nothing new in the audit log: the tick reads no reservation
+        now[0] += state.config.resync_interval_s  # the safety net's full resync reads them all
         with pytest.raises(StateError, match="ValueError: damaged row"):
             state.tick()
         ledger.heal()
@@ -399,10 +403,10 @@ def test_the_background_loop_survives_a_damaged_read_and_readyz_says_why(monkeyp
         async with running(create_app(one.config, one)) as client:
             assert await ready_code(client) == 200
             ledger.fail("reservations", KeyError("gpus"))
+            assert two.place(body("x", allowed_tp=[4])).status == "placed"  # "one" must read it to learn it
             await eventually(lambda: _is(ready_code(client), 503), "/readyz turns 503")
             detail = (await client.get("/readyz")).json()["detail"]
             assert "KeyError" in detail and "gpus" in detail
-            assert two.place(body("x", allowed_tp=[4])).status == "placed"  # missed while the reads fail
             first = await sync_failures(client)
             assert first >= 1
             await eventually(lambda: _at_least(sync_failures(client), first + 2), "the loop keeps trying")
@@ -419,8 +423,11 @@ def test_the_background_loop_survives_a_damaged_read_and_readyz_says_why(monkeyp
 
 
 def test_a_damaged_sqlite_row_fails_the_background_sync_until_it_is_repaired(tmp_path: Path) -> None:
+    """A row damaged in place leaves no audit entry: the safety net's full resync finds it."""
     path = tmp_path / "state.sqlite3"
-    config = ServiceConfig(state=f"sqlite:{path}", source=HGX, auth=False, follow_interval_s=0.02)
+    config = ServiceConfig(
+        state=f"sqlite:{path}", source=HGX, auth=False, follow_interval_s=0.02, resync_interval_s=0.05
+    )
     state = ServiceState(config)
     state.open()
 
@@ -444,6 +451,31 @@ def test_a_damaged_sqlite_row_fails_the_background_sync_until_it_is_repaired(tmp
             assert (await client.get("/v1/placements/a")).status_code == 200
 
     asyncio.run(scenario())
+
+
+def test_a_row_damaged_in_place_is_found_by_the_next_full_resync(tmp_path: Path) -> None:
+    """Damage leaves no audit entry, so a tick that only follows the log cannot see it; the full resync
+    every ``resync_interval_s`` does, and every sync after it resyncs in full until the row is repaired."""
+    path = tmp_path / "state.sqlite3"
+    now = [0.0]
+    config = ServiceConfig(state=f"sqlite:{path}", source=HGX, auth=False, resync_interval_s=10)
+    state = ServiceState(config, clock=lambda: now[0])
+    state.open()
+    try:
+        assert state.place(body("a", allowed_tp=[2])).status == "placed"
+        with sqlite3.connect(path) as db:
+            (meta,) = db.execute("SELECT meta_json FROM ledger_reservations WHERE id = 'a'").fetchone()
+            db.execute("UPDATE ledger_reservations SET meta_json = ? WHERE id = 'a'", (meta[:-7],))
+        now[0] += 9
+        assert state.sync()  # not seen yet: the documented delay
+        now[0] += 1
+        assert not state.sync() and state.last_error is not None and "checksum" in state.last_error
+        assert not state.sync()  # a failed sync resyncs in full again, however soon
+        with sqlite3.connect(path) as db:
+            db.execute("UPDATE ledger_reservations SET meta_json = ? WHERE id = 'a'", (meta,))
+        assert state.sync() and state.last_error is None
+    finally:
+        state.close()
 
 
 async def _is(value: Awaitable[int], expected: int) -> bool:

@@ -337,3 +337,48 @@ def test_the_service_profile_reaches_inline_calls_and_the_worker_thread() -> Non
         assert active_config("H100-SXM", "bf16").step_overhead_ms != 50.0  # nothing leaked to this thread
     finally:
         state.worker.shutdown()
+
+
+def test_the_tick_follows_the_log_and_reads_every_reservation_only_when_a_full_resync_is_due(
+    tmp_path: Path,
+) -> None:
+    """Issue 17: a tick with nothing changed reads only the audit log; another replica's change and an
+    expired lease still reach the next tick, and the safety net reads everything every resync_interval_s."""
+    url = f"sqlite:{tmp_path / 's.db'}"
+    now, ledger_now = [0.0], [1000.0]
+    config = ServiceConfig(state=url, source=HGX, auth=False, replica="one", resync_interval_s=30)
+    one = ServiceState(config, clock=lambda: now[0], ledger_clock=lambda: ledger_now[0])
+    one.open()
+    two = ServiceState(config.model_copy(update={"replica": "two"}), ledger_clock=lambda: ledger_now[0])
+    two.open()
+    reads: list[int] = []
+    real = one.ledger.reservations
+
+    def counting() -> list[Any]:
+        reads.append(1)
+        return real()
+
+    one.ledger.reservations = counting  # type: ignore[method-assign]
+    try:
+        assert one.place(body("own", ttl_s=60)).status == "placed"
+        for _ in range(3):
+            now[0] += 1
+            assert one.sync()
+        assert reads == []  # its own booking and nothing else: no full read
+        assert two.place(body("other", allowed_tp=[2])).status == "placed"
+        now[0] += 1
+        assert one.sync() and "other" in one.instances and len(one.scheduler.index.free) == 5
+        assert len(reads) == 1  # the foreign entry made it read once
+        ledger_now[0] += 61  # the lease of "own" runs out: reading the log logs its expiry
+        now[0] += 1
+        assert one.sync() and "own" not in one.instances and len(one.scheduler.index.free) == 6
+        assert len(reads) == 2
+        now[0] += 29
+        assert one.sync() and len(reads) == 2
+        now[0] += 1  # 30 s since the last full read: the safety net
+        assert one.sync() and len(reads) == 3
+        now[0] += 1
+        assert one.sync() and len(reads) == 3
+    finally:
+        one.close()
+        two.close()

@@ -64,7 +64,11 @@ class ServiceConfig(BaseModel):
     commit_retries: int = Field(default=8, ge=1, le=100)
     """How often a decision the ledger refused (another replica took a GPU) is resynced and retried."""
     follow_interval_s: float = Field(default=1.0, gt=0, le=60)
-    """Seconds between background checks for other replicas' changes and new DomainMap versions."""
+    """Seconds between background ticks: follow the audit log, check the DomainMap version, serve the queue."""
+    resync_interval_s: float = Field(default=60.0, gt=0, le=24 * 3600)
+    """Seconds between the background's full resyncs (every live reservation re-read and checked: the safety
+    net that finds a row damaged in place or a change missing from the audit log); the tick in between only
+    follows the log."""
     replica: str = Field(default="", max_length=128)
     """Name of this replica in ledger owners (empty: host and process id)."""
     defrag_max_moves: int = Field(default=4, ge=1, le=16)

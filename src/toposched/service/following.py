@@ -2,14 +2,20 @@
 
 The ledger is the arbiter between replicas: each booking takes whole GPUs (``GuardedLedger``), so when
 another replica already holds a GPU the ledger refuses, this replica resyncs its index and placements from
-the ledger and decides again. Replicas follow each other by reading the audit log before each decision
-(``follow``: entries they did not cause trigger a resync) and by a full resync every
-``follow_interval_s`` (the background sync); any replica can read, renew and release any placement because
-the ledger's reservation ``meta`` carries the whole placement record.
+the ledger and decides again. Replicas follow each other by reading the audit log (``follow``: entries they
+did not cause trigger a resync) before each decision and on every background tick (``follow_interval_s``);
+any replica can read, renew and release any placement because the ledger's reservation ``meta`` carries the
+whole placement record. Expired leases reach the log too: reading it logs the leases that ran out.
+
+Following costs only the new entries, so a tick with nothing changed does not grow with the cluster or the
+live placements. A full resync (every live reservation read and checked) runs instead when following cannot
+account for the state (``resync_due``): the last sync failed, a release of this replica waits to be retried,
+an incomplete request turns stale, or ``resync_interval_s`` passed since the last full read (the safety net
+for what the log does not show: a row damaged in place, a change missing from the log).
 
 A resync also releases incomplete requests nobody will finish (``_sweep``): those whose clean-up failed on
 this replica (``stranded``) and those whose bookings are all ``STALE_PARTIAL_S`` old (the replica that made
-them died before it could clean up).
+them died before it could clean up); it notes when the next one turns stale (``_stale_at``).
 """
 
 from __future__ import annotations
@@ -48,6 +54,15 @@ class Following(ReplicaCore):
             return True
         self._seq = max(self._seq, max(e.seq for e in entries))
         return False
+
+    def resync_due(self) -> bool:
+        """Whether the background tick must read every reservation (``resync``) rather than ``follow``."""
+        return bool(
+            self._failed_syncs  # a failed read (a damaged row) is read again until it works
+            or self.stranded  # releases to retry: the sweep does them
+            or self.clock() >= self._next_resync
+            or (self._stale_at is not None and self.ledger_clock() > self._stale_at)
+        )
 
     def resync(self) -> None:
         """Rebuild placements and the free index from the ledger's live reservations.
@@ -88,6 +103,7 @@ class Following(ReplicaCore):
         if entries:
             self._seq = max(self._seq, max(e.seq for e in entries))
         self.counters.resyncs += 1
+        self._next_resync = self.clock() + self.config.resync_interval_s
 
     def _sweep(self, live: dict[str, Reservation]) -> dict[str, Reservation]:
         """Release the bookings of incomplete requests that nobody will finish; returns what stays live.
@@ -96,9 +112,11 @@ class Following(ReplicaCore):
         replica's bookings of a request recorded in ``stranded`` (its release failed), and every booking
         of a request whose bookings are all older than ``STALE_PARTIAL_S``. A complete request is never
         touched, whatever its age or record. A release that fails leaves the request recorded and its
-        error in ``_sweep_error`` (the background sync reports it); reading the ledger goes on.
+        error in ``_sweep_error`` (the background sync reports it); reading the ledger goes on. Sets
+        ``_stale_at``: when the first incomplete request left alone turns stale (None when there is none).
         """
         self._sweep_error = None
+        self._stale_at = None
         left: dict[str, str] = {}
         requests: dict[tuple[str, str], list[Reservation]] = {}
         for r in live.values():
@@ -115,15 +133,18 @@ class Following(ReplicaCore):
             if not ids < expected:
                 continue
             recorded = self.stranded.get(rid) == key
+            newest = max(r.created_at for r in booked)
             if recorded:
                 doomed = [r for r in booked if r.meta.get("owner") == self.owner]
-            elif all(r.created_at < stale_before for r in booked):
+            elif newest < stale_before:
                 doomed = booked
                 log.warning(
                     "releasing request %s: only %d of its %d instances are booked, all over %.0f s ago (%s)",
                     rid, len(ids), len(expected), STALE_PARTIAL_S, ", ".join(sorted(ids)),
                 )  # fmt: skip
             else:
+                stale_at = newest + STALE_PARTIAL_S
+                self._stale_at = stale_at if self._stale_at is None else min(self._stale_at, stale_at)
                 continue
             try:
                 for r in doomed:

@@ -113,6 +113,10 @@ class ReplicaCore:
         self.source: SourceRef | None = config.source
         self._seq = 0
         """Position in the ledger's audit log up to which this replica's view is up to date."""
+        self._next_resync = 0.0
+        """``clock`` time of the background's next full resync (the safety net; ``Following.resync_due``)."""
+        self._stale_at: float | None = None
+        """Ledger time after which the oldest incomplete request the last full read found turns stale."""
         self.defrag_limiter = DefragLimiter(config.defrag_moves_per_window, config.defrag_window_s)
         self.head_plan: HeadPlan | None = None
         """The queue head's defragmentation plan, recomputed at most every ``defrag_plan_interval_s``."""

@@ -2,7 +2,9 @@
 
 It is assembled from one class per job (``replica.py`` lists them: following the ledger and the stored
 DomainMap, deciding, the admission queue, reports and views); this module adds opening and closing, and
-the background sync that ties the jobs together every ``follow_interval_s``.
+the background sync that ties the jobs together every ``follow_interval_s``. The sync follows the audit log
+(only new entries are read) and resyncs in full only when ``Following.resync_due`` says so, so its work
+does not grow with the cluster or the live placements when nothing changed.
 
 Failures. The background sync (``sync``) survives any exception: it logs it with its traceback once per
 distinct error, counts it, keeps the reason in ``last_error`` (what /readyz answers) and backs off
@@ -111,12 +113,19 @@ class ServiceState(Admission, Reporting):
     def sync(self) -> bool:
         """Background work: adopt other replicas' changes and new DomainMaps, then serve the queue.
 
+        Other replicas' changes and expired leases come from following the audit log; every reservation
+        is read only when a full resync is due (``resync_due``: after a failure, with releases to retry,
+        when an incomplete request turns stale, every ``resync_interval_s``).
+
         Never raises (``Exception``): a failure of any kind is counted, logged with its traceback once
         per distinct error, and kept in ``last_error`` until a sync works again. False when it failed.
         """
         try:
             with self.lock:
-                self.resync()
+                if self.resync_due():
+                    self.resync()
+                else:
+                    self.follow()
                 self.refresh_topology(probe=False)
                 self.queue.expire(self.clock(), self.config.max_wait_s + 1.0)
             self.drain()
