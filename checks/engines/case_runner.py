@@ -168,8 +168,11 @@ def run(
     command: tuple[str, ...],
     check: Callable[[list[str]], dict[str, Any]],
     cache_prefixes: tuple[str, ...],
+    others: dict[tuple[str, ...], Callable[[list[str]], dict[str, Any]]] | None = None,
 ) -> int:
-    """Run every case through ``check``; one result line each in ``results_path``."""
+    """Run every case through ``check`` (a case whose argv starts with a command of ``others``, through that
+    command's check); one result line each in ``results_path``."""
+    checks = {command: check, **(others or {})}
     with results_path.open("w", encoding="utf-8") as results:
         for case in cases:
             started = time.monotonic()
@@ -182,9 +185,10 @@ def run(
                 with case_env(case["env"], case["gpu"]), contextlib.redirect_stderr(stderr):
                     clear_caches(cache_prefixes)
                     argv = numactl_rest(case["argv"])
-                    if tuple(argv[: len(command)]) != command:
+                    words = next((c for c in checks if tuple(argv[: len(c)]) == c), None)
+                    if words is None:
                         raise ValueError(f"the command is {' '.join(argv[:3])!r}, not {' '.join(command)!r}")
-                    resolved = check(argv[len(command) :])
+                    resolved = checks[words](argv[len(words) :])
                     result["detail"] = resolved.pop("summary", "")
                     result["resolved"] = resolved
                     result["ok"] = True

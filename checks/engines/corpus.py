@@ -6,6 +6,9 @@ launches (``build_launches``), Ray drivers (``ray_document``), ``--format sh`` s
 (``write_scripts``) and Kubernetes objects (``render_objects``, ``render_roles``). A request that
 cannot be placed on a preset (405B on 8 V100s) is listed as skipped; the corpus as a whole must still
 cover every category in ``CATEGORIES``, or the check fails.
+
+A prefill/decode disaggregated ask (``Ask.pd``) is planned by ``solver/pd.py`` and launched with its
+``disaggregation``: SGLang's prefill and decode commands and the router's command (``pd`` category).
 """
 
 from __future__ import annotations
@@ -23,6 +26,7 @@ from toposched.binding.engines import Engine, NodeLaunch, build_launches
 from toposched.binding.plan_doc import PlanDoc, parse_plan, plan_json
 from toposched.binding.ray import ray_document
 from toposched.errors import ToposchedError
+from toposched.solver.pd import Disaggregation, KvStore, place_pd
 from toposched.solver.request import HbmShare, Placement, PlacementRequest, Rank, instance_ids
 from toposched.solver.scheduler import Scheduler
 from toposched.topology.model import Cluster, Fabric, Node
@@ -31,7 +35,7 @@ from toposched.workload.catalog import catalog_entry
 
 CATEGORIES = (
     "dense", "moe", "fp8", "pp", "ep", "eplb", "multi-node", "ray", "local-path", "nccl-ifname", "hand-written",
-    "shared-head",
+    "shared-head", "pd",
 )  # fmt: skip
 """What the corpus must hold at least one launched plan of (``too-long`` must not be launched)."""
 
@@ -66,6 +70,8 @@ class Ask:
     """Only these presets (None: every preset)."""
     fabric: dict[str, Any] | None = None
     """Fields to set on the cluster's fabric first."""
+    pd: dict[str, Any] | None = None
+    """``Disaggregation`` fields: a prefill/decode disaggregated plan of the request (None: a plain one)."""
 
 
 MULTI = ("cluster-32x-hgx-h100", "gb200-nvl72")
@@ -111,6 +117,22 @@ ASKS: tuple[Ask, ...] = (
     Ask(
         "8b-nccl-exact", ("dense", "nccl-ifname"), {"model": "llama-3.1-8b"}, ("hgx-h100",), {"socket_ifname": "=eth0"}
     ),
+    Ask(
+        "70b-pd",
+        ("dense", "pd"),
+        {"model": "llama-3.1-70b", "slo_ttft_ms": 600, "slo_tpot_ms": 40},
+        ("cluster-32x-hgx-h100",),
+        pd={"prefill": 2, "decode": 2, "kv_store": "mooncake"},
+    ),
+    # one machine without rack labels: the decode instances go on the prefill instance's node
+    Ask("8b-pd", ("dense", "pd"), {"model": "llama-3.1-8b"}, ("hgx-h100",), pd={"prefill": 1, "decode": 2}),
+    Ask(
+        "405b-fp8-pd",
+        ("dense", "fp8", "pd"),
+        {"model": "llama-3.1-405b", "weight_dtype": "fp8", "slo_tpot_ms": 60},
+        ("cluster-32x-hgx-h100",),
+        pd={"prefill": 1, "decode": 2, "same_rack_required": True},
+    ),
     # Longer than the model's 131072 positions: toposched must refuse it (plan or launch), not emit it.
     Ask("8b-context-200k", ("too-long",), {"model": "llama-3.1-8b", "max_model_len": 200_000}, ("hgx-h100",)),
 )
@@ -153,6 +175,8 @@ class EngineCase:
     node: str
     """Where the command runs."""
     node_rank: int = 0
+    ib_devices: str = ""
+    """The RDMA devices of ``node``, comma-separated: what ``/sys/class/infiniband`` lists there (PD commands)."""
 
     def key(self) -> str:
         """Cases with one key are one check: same command, same device count, same GPU."""
@@ -213,9 +237,21 @@ def _with_fabric(cluster: Cluster, fields: dict[str, Any] | None) -> Cluster:
     return cluster.model_copy(update={"fabric": fabric})
 
 
-def _round_trip(plan: Plan, placements: Any, unplaced: Any, request: PlacementRequest, cluster: Cluster) -> None:
+def _round_trip(
+    plan: Plan,
+    placements: Any,
+    unplaced: Any,
+    request: PlacementRequest,
+    cluster: Cluster,
+    disaggregation: Disaggregation | None = None,
+    stores: list[KvStore] | None = None,
+) -> None:
     """Write the plan as ``toposched plan --json`` does and read it back as ``--plan`` does."""
-    text = json.dumps(plan_json(placements, unplaced, request, cluster, policy="slo", source=f"preset {plan.preset}"))
+    document = plan_json(
+        placements, unplaced, request, cluster, policy="slo", source=f"preset {plan.preset}",
+        disaggregation=disaggregation, stores=stores or [],
+    )  # fmt: skip
+    text = json.dumps(document)
     try:
         plan.doc = parse_plan(json.loads(text), source=plan.name)
     except ToposchedError as exc:
@@ -259,15 +295,19 @@ def make_plans(root: Path) -> list[Plan]:
             cluster = _with_fabric(load_preset(preset), ask.fabric)
             try:
                 request = PlacementRequest(id=ask.label, **ask.request)
-                outcome = Scheduler(cluster).place(request)
+                if ask.pd is None:
+                    outcome, layout, stores = Scheduler(cluster).place(request), None, []
+                else:
+                    made = place_pd(Scheduler(cluster), request, Disaggregation(**ask.pd))
+                    outcome, layout, stores = made.outcome, made.layout, made.stores
             except (ToposchedError, ValueError) as exc:
                 plan.skipped = f"cannot plan: {exc}"
                 continue
-            if not outcome.placements:
+            if not outcome.placements or (ask.pd is not None and outcome.unplaced):
                 reasons = outcome.unplaced[0].reasons if outcome.unplaced else ()
                 plan.skipped = "not placed: " + (reasons[0] if reasons else "no reason given")
                 continue
-            _round_trip(plan, outcome.placements, outcome.unplaced, request, cluster)
+            _round_trip(plan, outcome.placements, outcome.unplaced, request, cluster, layout, stores)
         if all(p.doc is None for p in plans if p.preset == preset):
             plan = Plan(HAND_ASK.label, preset, HAND_ASK.tags)
             plans.append(plan)
@@ -291,7 +331,9 @@ def build(root: Path) -> Corpus:
         doc = plan.doc
         for engine in ("vllm", "sglang", "trtllm"):
             try:
-                launches = build_launches(doc.placements, doc.request, doc.cluster, engine)
+                launches = build_launches(
+                    doc.placements, doc.request, doc.cluster, engine, disaggregation=doc.disaggregation
+                )
             except ToposchedError as exc:
                 corpus.refusals.append((f"{plan.name}/{engine}", str(exc)))
                 continue
@@ -300,15 +342,11 @@ def build(root: Path) -> Corpus:
                 corpus.launches.append((case_id, launch))
                 if engine == "trtllm":  # no parser to run here (tests/binding/test_trtllm.py checks its options)
                     continue
+                node = _node(doc, launch.node)
+                ib = ",".join(n.device for n in node.nics if n.device) if launch.role else ""
                 corpus.engine_cases.append(
                     EngineCase(
-                        case_id,
-                        engine,
-                        launch.argv,
-                        launch.env,
-                        gpu_stub(_node(doc, launch.node)),
-                        launch.node,
-                        launch.node_rank,
+                        case_id, engine, launch.argv, launch.env, gpu_stub(node), launch.node, launch.node_rank, ib
                     )
                 )
         try:

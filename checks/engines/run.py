@@ -80,7 +80,7 @@ def case_json(case: EngineCase, case_id: str | None = None) -> dict[str, Any]:
     return {
         "id": case_id or case.id,
         "argv": case.argv,
-        "env": case.env,
+        "env": {**case.env, "TOPOSCHED_IB_DEVICES": case.ib_devices} if case.ib_devices else case.env,
         "gpu": case.gpu,
         "model": model,
         "model_config": str(config) if config else None,
@@ -127,7 +127,10 @@ def canaries(cases: list[EngineCase]) -> dict[str, list[tuple[str, dict[str, Any
                 },
             ),
         ]
-    sglang = next((c for c in cases if c.engine == "sglang" and "--nnodes" not in c.argv), None)
+    sglang = next(
+        (c for c in cases if c.engine == "sglang" and "sglang.launch_server" in c.argv and "--nnodes" not in c.argv),
+        None,
+    )
     if sglang is not None:
         ranks = _degree(sglang.argv, "--tp-size") * _degree(sglang.argv, "--pp-size")
         nodes = next(n for n in range(2, 64) if ranks % n)
@@ -153,6 +156,16 @@ def canaries(cases: list[EngineCase]) -> dict[str, list[tuple[str, dict[str, Any
                 {**case_json(sglang, "canary/sglang/nnodes"), "argv": [*sglang.argv, *dist]},
             ),
         ]
+    pd = next((c for c in cases if "--disaggregation-ib-device" in c.argv), None)
+    if pd is not None:
+        wrong = with_flag(pd.argv, "--disaggregation-ib-device", "mlx5_99")
+        out["sglang"].append(
+            ("an IB device the node does not have", {**case_json(pd, "canary/sglang/ib-device"), "argv": wrong})
+        )
+    router = next((c for c in cases if "sglang_router.launch_router" in c.argv), None)
+    if router is not None:
+        wrong = [*router.argv, "--prefill-url", "http://nowhere:1"]
+        out["sglang"].append(("an unknown router flag", {**case_json(router, "canary/sglang/router"), "argv": wrong}))
     return out
 
 
@@ -231,6 +244,8 @@ def _native_quantization(model: str | None) -> bool:
 
 def disagreements(case: EngineCase, doc: PlanDoc, resolved: dict[str, Any]) -> list[str]:
     """Where what the engine resolved differs from what the plan relies on (degrees, context, dtypes)."""
+    if "pd" in resolved:  # the router: every prefill (with its bootstrap port) and decode instance, PD mode
+        return _router_disagreements(doc, resolved)
     placement = next((p for p in doc.placements if p.id == case.id.rsplit("/", 2)[1]), None)
     if placement is None:
         return []
@@ -261,11 +276,34 @@ def disagreements(case: EngineCase, doc: PlanDoc, resolved: dict[str, Any]) -> l
         said.append(f"weights: the plan has FP8 weights, the engine would load them as {quant or 'unquantized 16-bit'}")
     if not doc.request.weight_dtype and quant and not native:
         said.append(f"weights: the plan has the checkpoint's 16-bit weights, the engine would quantize them ({quant})")
+    if case.engine == "sglang" and not ray:
+        differ("disaggregation mode", resolved.get("disaggregation_mode"), placement.role or "null")
+        nics = {nic for r, nic in zip(placement.ranks, placement.kv_nics, strict=False) if r.node == case.node}
+        differ("KV transfer devices", _ib_devices(resolved.get("ib_device")), nics)
     kv = str(resolved.get("kv_dtype") or "auto")
     if placement.kv_dtype == "auto" and kv != "auto":
         said.append(f"KV cache: the plan has the model's dtype, the engine would use {kv}")
     if placement.kv_dtype != "auto" and placement.kv_dtype not in kv:
         said.append(f"KV cache: the plan has {placement.kv_dtype}, the engine would use {kv}")
+    return said
+
+
+def _ib_devices(value: Any) -> set[str]:
+    """The devices of a resolved ``--disaggregation-ib-device`` (a comma list or a per-GPU JSON mapping)."""
+    if not value:
+        return set()
+    groups = json.loads(value).values() if str(value).startswith("{") else [value]
+    return {d for group in groups for d in str(group).split(",") if d}
+
+
+def _router_disagreements(doc: PlanDoc, resolved: dict[str, Any]) -> list[str]:
+    said = [] if resolved.get("pd") else ["the router would not run in prefill/decode mode"]
+    for role, key in (("prefill", "prefill"), ("decode", "decode")):
+        count = sum(1 for p in doc.placements if p.role == role)
+        if len(resolved.get(key, [])) != count:
+            said.append(f"the router has {len(resolved.get(key, []))} {role} server(s), the plan {count}")
+    if any(port is None for _, port in resolved.get("prefill", [])):
+        said.append("a prefill server without its bootstrap port")
     return said
 
 

@@ -204,3 +204,71 @@ def test_plan_json_is_the_schema_launch_reads(run_cli: RunCli) -> None:
     again = plan_json(parsed.placements, [], parsed.request, parsed.cluster, policy=doc["policy"], source=doc["source"])
     assert again == {**doc, "unplaced": []}
     assert set(doc["placements"][0]) - {"predicted"} == set(Placement.model_fields)
+
+
+# --- prefill/decode disaggregation ------------------------------------------------------------------
+
+PD = ("plan", "--model", "llama-3.1-70b", "--preset", "cluster-32x-hgx-h100", "--pd-prefill", "2", "--pd-decode", "3")
+
+
+def test_a_disaggregated_plan_keeps_every_hop_local_on_the_256_gpu_preset(run_cli: RunCli) -> None:
+    """Done means (issue 20): every decode instance in a rack holding one of its prefill instances and a
+    store; every placement's KV NICs the nearest NICs of its GPUs on their NUMA nodes."""
+    result = run_cli(*PD, "--kv-store", "mooncake", "--slo-ttft-ms", "600", "--slo-tpot-ms", "40", "--json")
+    assert result.exit_code == 0, result.stderr
+    doc = json.loads(result.stdout)
+    nodes = {n["name"]: n for n in doc["cluster"]["nodes"]}
+    placements = {p["id"]: p for p in doc["placements"]}
+    assert sorted(p["role"] for p in placements.values()) == ["decode"] * 3 + ["prefill"] * 2
+    store_racks = {s["rack"] for s in doc["stores"]}
+    for decode, prefill in doc["disaggregation"]["pairs"].items():
+        assert placements[decode]["role"] == "decode" and placements[prefill]["role"] == "prefill"
+        decode_racks = {nodes[r["node"]]["rack"] for r in placements[decode]["ranks"]}
+        assert decode_racks <= {nodes[r["node"]]["rack"] for r in placements[prefill]["ranks"]}
+        assert decode_racks <= store_racks
+    assert len(doc["disaggregation"]["pairs"]) == 3
+    for p in placements.values():
+        for r, device, numa in zip(p["ranks"], p["kv_nics"], p["host_numa"], strict=True):
+            node = nodes[r["node"]]
+            (gpu,) = [g for g in node["gpus"] if g["index"] == r["gpu"]]
+            (nic,) = [n["name"] for n in node["nics"] if n["device"] == device]
+            kinds = {nl["nic"]: nl["kind"] for nl in node["nic_links"] if nl["gpu"] == r["gpu"]}
+            best = min(kinds.values(), key=["NVLINK", "PIX", "PXB", "PHB", "NODE", "SYS"].index)
+            assert kinds[nic] == best != "SYS", (p["id"], r, device)  # nearest, and on the GPU's NUMA node
+            assert numa == gpu["numa_node"]
+
+
+def test_a_disaggregated_plan_in_human_form_names_roles_nics_pairs_and_stores(run_cli: RunCli) -> None:
+    result = run_cli(*PD, "--kv-store", "mooncake")
+    assert result.exit_code == 0, result.stderr
+    out = " ".join(result.stdout.split())
+    assert "plan-prefill-0 (prefill)" in out and "plan-decode-2 (decode)" in out
+    assert "KV transfer over mlx5_" in out and "pair: decode plan-decode-0 <- prefill plan-prefill-0" in out
+    assert "mooncake store on h100-" in out
+
+
+def test_bad_disaggregation_flags_are_one_line(run_cli: RunCli) -> None:
+    base = ("plan", "--preset", "hgx-h100", "--model", "llama-3.1-8b")
+    cases = [
+        ((*base, "--kv-store", "mooncake"), "--kv-store needs a disaggregated plan"),
+        ((*base, "--pd-same-rack-required"), "--pd-same-rack-required needs a disaggregated plan"),
+        ((*base, "--pd-prefill", "1"), "--pd-decode 0: a disaggregated plan has 1 to 1024 of each role"),
+        ((*base, "--pd-prefill", "1", "--pd-decode", "1", "--kv-store", "redis"), "--kv-store 'redis' is not known"),
+        ((*base, "--pd-prefill", "1", "--pd-decode", "1", "--replicas", "2"), "--replicas 2 with --pd-prefill"),
+    ]
+    for args, phrase in cases:
+        result = run_cli(*args)
+        assert result.exit_code == 2, (args, result.stderr)
+        assert phrase in result.stderr and len(result.stderr.splitlines()) <= 2, (args, result.stderr)
+        assert result.stdout == "" and "Traceback" not in result.stderr
+
+
+def test_an_unplaced_decode_exits_1_with_its_reasons(run_cli: RunCli) -> None:
+    """One node without racks: decode instances go on the prefill instance's node, until it is full."""
+    result = run_cli("plan", "--preset", "hgx-h100", "--model", "llama-3.1-70b", "--tp", "4", "--pd-prefill", "1",
+                     "--pd-decode", "2", "--pd-same-rack-required", "--json")  # fmt: skip
+    assert result.exit_code == 1
+    doc = json.loads(result.stdout)
+    assert [p["role"] for p in doc["placements"]] == ["prefill", "decode"]
+    (unplaced,) = doc["unplaced"]
+    assert unplaced["request_id"] == "plan-decode" and unplaced["replica"] == 1 and unplaced["reasons"]

@@ -113,6 +113,11 @@ FLAG_SOURCES: dict[Engine, dict[str, str]] = {
         "--chunked-prefill-size": "sglang/srt/arg_groups/fields/schedule.py: chunked_prefill_size",
         "--ep-num-redundant-experts": "sglang/srt/arg_groups/fields/exec_.py: ep_num_redundant_experts",
         "--enable-eplb": "sglang/srt/arg_groups/fields/exec_.py: enable_eplb",
+        "--disaggregation-mode": "sglang/srt/arg_groups/fields/disagg.py: disaggregation_mode (null|prefill|decode)",
+        "--disaggregation-transfer-backend": "sglang/srt/arg_groups/fields/disagg.py: disaggregation_transfer_backend",
+        "--disaggregation-bootstrap-port": "sglang/srt/arg_groups/fields/disagg.py: disaggregation_bootstrap_port",
+        "--disaggregation-ib-device": "sglang/srt/arg_groups/fields/disagg.py: disaggregation_ib_device (a device, "
+        "a comma list or a per-GPU JSON mapping; validation_hook.py validate_ib_devices)",
     },
     "trtllm": {
         flag: _TRTLLM
@@ -133,6 +138,12 @@ FLAG_SOURCES: dict[Engine, dict[str, str]] = {
         )
     },
 }
+ROUTER_FLAG_SOURCES: dict[str, str] = {
+    flag: "sglang-router 0.3.2 sglang_router/router_args.py: RouterArgs.add_cli_args"
+    for flag in ("--pd-disaggregation", "--prefill", "--decode", "--host", "--port")
+}
+"""Flags of ``python3 -m sglang_router.launch_router`` that toposched emits (the PD router)."""
+ROUTER_FLAGS = frozenset(ROUTER_FLAG_SOURCES)
 VLLM_FLAGS = frozenset(FLAG_SOURCES["vllm"])
 SGLANG_FLAGS = frozenset(FLAG_SOURCES["sglang"])
 TRTLLM_FLAGS = frozenset(FLAG_SOURCES["trtllm"])

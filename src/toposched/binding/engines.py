@@ -29,8 +29,16 @@ NCCL 2.30 are set (``ENV_VARS``, each in ../shared/reference/engines.md).
   are ``files`` of the launch, written next to its script and named in the argv by file name after
   ``--config`` / ``--hostfile`` (the script turns the name into a path beside itself).
 * **Ports**: every port an instance binds (the server's ``--port``, the rendezvous port of a
-  multi-node instance) is unique on each of its nodes across the whole plan (``PortBook``), so two
-  instances whose heads share a node, or pods on the host network, never collide.
+  multi-node instance, a prefill instance's bootstrap port) is unique on each of its nodes across the
+  whole plan (``PortBook``), so two instances whose heads share a node, or pods on the host network,
+  never collide.
+* **Prefill/decode disaggregation** (``solver/pd.py``, SGLang only): each instance runs with
+  ``--disaggregation-mode prefill|decode``, ``--disaggregation-transfer-backend mooncake`` and
+  ``--disaggregation-ib-device`` from its ranks' ``kv_nics`` (one device when the node's ranks share
+  it, else SGLang's per-GPU JSON mapping keyed by visible GPU index); prefill instances also get a
+  ``--disaggregation-bootstrap-port`` (from SGLang's 8998, unique per node). One more launch runs
+  ``sglang_router.launch_router --pd-disaggregation`` with every prefill URL and bootstrap port and
+  every decode URL (``sglang_router_argv``), on the head node of the first prefill instance.
 
 Scripts are safe to run whatever the plan said: ids and node names are checked by the rules of
 ``toposched.names`` (the plan reader and the topology model check them first; ``NodeLaunch`` checks
@@ -41,10 +49,11 @@ comment line carries only checked names and numbers, never a raw newline.
 from __future__ import annotations
 
 import hashlib
+import json
 import shlex
 from collections.abc import Container, Sequence
 from pathlib import Path
-from typing import Any
+from typing import Any, Literal
 
 import yaml
 from pydantic import BaseModel, ConfigDict, Field
@@ -67,13 +76,14 @@ from toposched.binding.engine_args import (
 from toposched.errors import InputError
 from toposched.names import NodeName, PlacementId, check_node_name, node_name_problem, placement_id_problem
 from toposched.solver.layout import layout_problem, node_blocks
+from toposched.solver.pd import Disaggregation
 from toposched.solver.request import Placement, PlacementRequest
 from toposched.topology.domains import DomainMap, build_domain_map, gpu_ref
 from toposched.topology.model import Cluster
 
 __all__ = [
     "ENV_VARS", "SGLANG_FLAGS", "TRTLLM_FLAGS", "VLLM_FLAGS", "Engine", "NodeLaunch", "build_launches",
-    "shell_script", "srun_script",
+    "sglang_ib_device", "sglang_router_argv", "shell_script", "srun_script",
 ]  # fmt: skip
 
 ENV_VARS = frozenset(
@@ -87,6 +97,10 @@ MAX_FILE_NAME = 255
 """Longest file name (bytes) most file systems take (NAME_MAX)."""
 VLLM_MASTER_PORT = 29501  # vLLM's --master-port default (engines.md 1.1): the first one tried
 SGLANG_DIST_PORT = 20000  # the port of the LWS SGLang example (engines.md section 2): the first one tried
+SGLANG_BOOTSTRAP_PORT = 8998  # SGLang 0.5.23 --disaggregation-bootstrap-port default (srt/arg_groups/fields/disagg.py)
+SGLANG_TRANSFER_BACKEND = "mooncake"  # SGLang's default KV transfer backend, and the one that takes IB devices
+ROUTER_PORT = 30000  # sglang-router 0.3.2 --port default (sglang_router/router_args.py)
+ROUTER_COMMAND = ("python3", "-m", "sglang_router.launch_router")
 MAX_PORT = 65535
 
 
@@ -98,6 +112,9 @@ class NodeLaunch(BaseModel):
     placement: PlacementId
     node: NodeName
     engine: Engine
+    role: Literal["prefill", "decode", "router"] | None = Field(
+        default=None, description="part of a prefill/decode disaggregated deployment (None: a plain instance)"
+    )
     node_rank: int
     nnodes: int
     env: dict[str, str]
@@ -118,6 +135,9 @@ class NodeLaunch(BaseModel):
     )
     srun_argv: list[str] | None = Field(
         default=None, description="the same ranks started by Slurm's srun (multi-node TensorRT-LLM on alike nodes)"
+    )
+    bootstrap_port: int | None = Field(
+        default=None, description="a prefill instance's KV bootstrap server port (SGLang disaggregation)"
     )
 
 
@@ -269,10 +289,16 @@ def build_launches(
     master_addr: str | None = None,
     base_port: int = 8000,
     use_uuids: bool | None = None,
+    disaggregation: Disaggregation | None = None,
 ) -> list[NodeLaunch]:
-    """One ``NodeLaunch`` per placement and node."""
+    """One ``NodeLaunch`` per placement and node (and the router of a disaggregated plan, last).
+
+    A plan whose placements have roles launches only with its ``disaggregation`` (the plan document's)
+    and with SGLang: without them each instance would start as a plain server that never hands its KV on.
+    """
     if not 1 <= base_port <= MAX_PORT:
         raise InputError(f"--port {base_port} is not a port (1 to {MAX_PORT})")
+    _check_disaggregated(doc_placements, engine, disaggregation)
     dmap = build_domain_map(cluster)
     model = check_model_arg(model_path, "--model-path") if model_path else served_model(request.model)
     checkpoint = checkpoint_of(request, model_path)
@@ -295,6 +321,7 @@ def build_launches(
         if len(groups) > 1:
             first = VLLM_MASTER_PORT if engine == "vllm" else SGLANG_DIST_PORT
             dist_port = ports.take(group_nodes, first, "rendezvous")
+        bootstrap = ports.take(group_nodes, SGLANG_BOOTSTRAP_PORT, "bootstrap") if p.role == "prefill" else None
         for node_rank, setup in enumerate(setups):
             argv = list(core)
             if engine == "vllm":
@@ -309,15 +336,85 @@ def build_launches(
             elif dist_port is not None:
                 argv += ["--nnodes", str(len(groups)), "--node-rank", str(node_rank)]
                 argv += ["--dist-init-addr", f"{head}:{dist_port}"]
+            if p.role is not None:
+                argv += _sglang_pd_args(p, setup, bootstrap)
             argv += ["--host", "0.0.0.0", "--port", str(port)]
             launches.append(
                 NodeLaunch(
-                    placement=p.id, node=setup.node, engine=engine, node_rank=node_rank, nnodes=len(groups),
-                    env=setup.env, argv=setup.prefix + argv, gpus=setup.gpus, gpu_ids=setup.ids,
-                    numa_nodes=setup.numa_nodes, port=port, dist_port=dist_port,
+                    placement=p.id, node=setup.node, engine=engine, role=p.role, node_rank=node_rank,
+                    nnodes=len(groups), env=setup.env, argv=setup.prefix + argv, gpus=setup.gpus, gpu_ids=setup.ids,
+                    numa_nodes=setup.numa_nodes, port=port, dist_port=dist_port, bootstrap_port=bootstrap,
                 )
             )  # fmt: skip
+    if disaggregation is not None:
+        launches.append(_router_launch(request.id, launches, ports))
     return launches
+
+
+def _check_disaggregated(placements: Sequence[Placement], engine: Engine, pd: Disaggregation | None) -> None:
+    """A disaggregated plan launches with SGLang and its ``disaggregation``; a plain one without."""
+    role = next((p for p in placements if p.role is not None), None)
+    if role is None:
+        if pd is not None:
+            raise InputError("a disaggregation was given for a plan whose placements have no prefill/decode roles")
+        return
+    if pd is None:
+        raise InputError(
+            f"placement {role.id} is a {role.role} instance of a prefill/decode disaggregated plan; this launcher "
+            "starts plain instances only",
+            fix="launch the plan with `toposched launch sglang --plan PLAN.json`",
+        )
+    if engine != "sglang":
+        raise InputError(
+            f"placement {role.id} is a {role.role} instance: toposched launches disaggregated plans with SGLang only "
+            f"so far, not {engine}",
+            fix="launch the plan with `toposched launch sglang`",
+        )
+
+
+def sglang_ib_device(p: Placement, node: str, gpus: Sequence[int]) -> str:
+    """``--disaggregation-ib-device`` for the ranks of ``p`` on ``node``: the one device they all use, or SGLang's
+    per-GPU JSON mapping (keys: the GPU's index among ``CUDA_VISIBLE_DEVICES``, which lists ``gpus``)."""
+    nic_of = {(r.node, r.gpu): nic for r, nic in zip(p.ranks, p.kv_nics, strict=True)}
+    nics = [nic_of[(node, g)] for g in gpus]
+    if len(set(nics)) == 1:
+        return nics[0]
+    return json.dumps({str(i): nic for i, nic in enumerate(nics)}, separators=(",", ":"))
+
+
+def _sglang_pd_args(p: Placement, setup: _NodeSetup, bootstrap: int | None) -> list[str]:
+    """SGLang's disaggregation flags of one node of a prefill or decode instance."""
+    if len(p.kv_nics) != len(p.ranks):
+        raise InputError(f"placement {p.id} is a {p.role} instance without a KV NIC for each rank")
+    argv = ["--disaggregation-mode", str(p.role), "--disaggregation-transfer-backend", SGLANG_TRANSFER_BACKEND]
+    argv += ["--disaggregation-ib-device", sglang_ib_device(p, setup.node, setup.gpus)]
+    if bootstrap is not None:
+        argv += ["--disaggregation-bootstrap-port", str(bootstrap)]
+    return argv
+
+
+def sglang_router_argv(launches: Sequence[NodeLaunch], port: int) -> list[str]:
+    """``sglang_router.launch_router --pd-disaggregation`` over the prefill (URL and bootstrap port) and decode
+    servers of ``launches`` (their head nodes' names as hosts)."""
+    argv = [*ROUTER_COMMAND, "--pd-disaggregation"]
+    heads = [launch for launch in launches if launch.node_rank == 0]
+    for launch in heads:
+        if launch.role == "prefill":
+            argv += ["--prefill", f"http://{launch.node}:{launch.port}", str(launch.bootstrap_port)]
+    for launch in heads:
+        if launch.role == "decode":
+            argv += ["--decode", f"http://{launch.node}:{launch.port}"]
+    return [*argv, "--host", "0.0.0.0", "--port", str(port)]
+
+
+def _router_launch(request_id: str, launches: Sequence[NodeLaunch], ports: PortBook) -> NodeLaunch:
+    """The router of a disaggregated plan, on the head node of its first prefill instance (no GPUs)."""
+    node = next(launch.node for launch in launches if launch.role == "prefill" and launch.node_rank == 0)
+    port = ports.take([node], ROUTER_PORT, "router")
+    return NodeLaunch(
+        placement=f"{request_id}-router", node=node, engine="sglang", role="router", node_rank=0, nnodes=1, env={},
+        argv=sglang_router_argv(launches, port), gpus=[], gpu_ids=[], numa_nodes=[], port=port,
+    )  # fmt: skip
 
 
 def vllm_ray_argv(

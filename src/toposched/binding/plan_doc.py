@@ -19,7 +19,11 @@ naming the file and the key path:
 * memory that cannot be: negative bytes, a ``total`` other than the sum of its parts, a per-GPU share
   over the GPU's memory (``hbm_gib``, or the GPU type's memory when the snapshot does not say);
 * dtypes and expert layouts the launchers do not know (``kv_dtype``, the request's ``weight_dtype``,
-  ``experts.ep`` other than ``ep``, redundant experts not spread evenly over the EP ranks).
+  ``experts.ep`` other than ``ep``, redundant experts not spread evenly over the EP ranks);
+* disaggregation (``solver/pd.py``) that does not add up: a role on a plain plan's placement or none on a
+  disaggregated one, ids that are not the role's instance ids (``ID-prefill-N``, ``ID-decode-N``),
+  ``kv_nics`` / ``host_numa`` not one per rank, KV NICs or store NICs that are not RDMA devices of
+  their node, a store on a node or rack not in the cluster, pairs naming placements not in the plan.
 """
 
 from __future__ import annotations
@@ -42,6 +46,7 @@ from toposched.errors import InputError
 from toposched.inputs import load_json, read_text
 from toposched.names import id_problem, node_name_problem, placement_id_problem
 from toposched.solver.options import gpu_type_for
+from toposched.solver.pd import Disaggregation, KvStore, role_ids, role_request_id
 from toposched.solver.request import HbmShare, Placement, PlacementRequest, Unplaced, instance_ids
 from toposched.topology.model import GPU, Cluster
 from toposched.workload.dtypes import KV_DTYPES, parse_kv_dtype, parse_weight_dtype
@@ -58,6 +63,10 @@ class PlanDoc:
     placements: tuple[Placement, ...]
     request: PlacementRequest
     cluster: Cluster
+    disaggregation: Disaggregation | None = None
+    """Prefill/decode disaggregation (None: a plain plan); placements then carry their ``role``."""
+    stores: tuple[KvStore, ...] = ()
+    """KV-cache stores of a disaggregated plan."""
 
 
 def plan_json(
@@ -68,9 +77,14 @@ def plan_json(
     *,
     policy: str,
     source: str,
+    disaggregation: Disaggregation | None = None,
+    stores: list[KvStore] | tuple[KvStore, ...] = (),
 ) -> dict[str, Any]:
     """The document ``toposched plan --json`` prints (``parse_plan`` reads it back)."""
-    document = PlanDocument.write(placements, unplaced, request, cluster, policy=policy, source=source)
+    document = PlanDocument.write(
+        placements, unplaced, request, cluster, policy=policy, source=source, disaggregation=disaggregation,
+        stores=stores,
+    )  # fmt: skip
     return document.model_dump(mode="json")
 
 
@@ -176,6 +190,11 @@ def _placement(data: Any, where: str, source: str) -> None:
             raise _bad(source, f"{where}.{key}", f"must list the {pp} pipeline stage(s), got {got}")
     if not all(isinstance(n, int) and not isinstance(n, bool) and n >= 1 for n in data["stage_layers"]):
         raise _bad(source, f"{where}.stage_layers", "every stage holds at least one layer")
+    for key in ("kv_nics", "host_numa"):
+        value = data.get(key, [])
+        if not isinstance(value, list) or len(value) not in (0, len(ranks)):
+            got = f"{len(value)} entries" if isinstance(value, list) else type(value).__name__
+            raise _bad(source, f"{where}.{key}", f"must list one entry per rank ({len(ranks)}), got {got}")
     if data.get("kv_dtype") not in KV_DTYPES:
         raise _bad(source, f"{where}.kv_dtype", f"{data.get('kv_dtype')!r:.30} is not one of {', '.join(KV_DTYPES)}")
     _hbm(data.get("hbm_per_gpu"), f"{where}.hbm_per_gpu", source)
@@ -192,25 +211,72 @@ def _capacity(gpu: GPU) -> int | None:
         return None
 
 
+def _expected_ids(p: Placement, where: str, doc: PlanDocument, source: str) -> tuple[str, list[str]]:
+    """The request id and instance ids ``p`` may carry: the plan request's, or its role's when disaggregated."""
+    request, pd = doc.request, doc.disaggregation
+    if pd is None:
+        if p.role is not None:
+            raise _bad(source, f"{where}.role", f"role {p.role} in a plan without disaggregation")
+        return request.id, instance_ids(request.id, request.replicas)
+    if p.role is None:
+        raise _bad(source, f"{where}.role", "a disaggregated plan's placements are prefill or decode")
+    if len(p.kv_nics) != len(p.ranks):
+        raise _bad(source, f"{where}.kv_nics", f"a {p.role} instance lists its KV NIC for each of its ranks")
+    count = pd.prefill if p.role == "prefill" else pd.decode
+    return role_request_id(request.id, p.role), role_ids(request.id, p.role, count)
+
+
+def _rdma_devices(cluster: Cluster) -> dict[str, set[str]]:
+    return {n.name: {nic.device for nic in n.nics if nic.device} for n in cluster.nodes}
+
+
+def _check_pd(doc: PlanDocument, source: str) -> None:
+    """Pairs between placements of the plan, KV NICs and stores on RDMA devices of their nodes."""
+    devices = _rdma_devices(doc.cluster)
+    for i, p in enumerate(doc.placements):
+        for k, (r, nic) in enumerate(zip(p.ranks, p.kv_nics, strict=False)):
+            if nic not in devices[r.node]:
+                raise _bad(source, f"placements.{i}.kv_nics.{k}", f"{nic} is not an RDMA device of node {r.node}")
+    nodes = {n.name: n for n in doc.cluster.nodes}
+    for i, store in enumerate(doc.stores):
+        node = nodes.get(store.node)
+        if node is None:
+            raise _bad(source, f"stores.{i}.node", f"node {store.node} is not in the plan's cluster")
+        if store.rack != node.rack:
+            raise _bad(source, f"stores.{i}.rack", f"node {store.node} is in rack {node.rack}, not {store.rack}")
+        stray = sorted(set(store.nics) - devices[store.node])
+        if stray:
+            raise _bad(source, f"stores.{i}.nics", f"{stray[0]} is not an RDMA device of node {store.node}")
+    pd = doc.disaggregation
+    if pd is None:
+        if doc.stores:
+            raise _bad(source, "stores", "KV-cache stores in a plan without disaggregation")
+        return
+    roles = {p.id: p.role for p in doc.placements}
+    for decode, prefill in pd.pairs.items():
+        if roles.get(decode) != "decode" or roles.get(prefill) != "prefill":
+            raise _bad(source, f"disaggregation.pairs.{decode}", f"{decode} -> {prefill} is not decode -> prefill")
+
+
 def _check_placement(
     p: Placement,
     where: str,
-    request: PlacementRequest,
-    cluster: Cluster,
+    doc: PlanDocument,
     taken: dict[tuple[str, int], str],
     source: str,
 ) -> None:
-    """Ids that are the request's instance ids, node names by the node rule, each rank on its own GPU
-    of the cluster (not one another placement holds), a memory share that fits that GPU."""
-    if p.request_id != request.id:
-        raise _bad(source, f"{where}.request_id", f"{p.request_id!r:.60} is not the plan's request id {request.id!r}")
-    expected = instance_ids(request.id, request.replicas)
+    """Ids that are the request's (or its role's) instance ids, node names by the node rule, each rank
+    on its own GPU of the cluster (not one another placement holds), a memory share that fits that GPU."""
+    request_id, expected = _expected_ids(p, where, doc, source)
+    if p.request_id != request_id:
+        raise _bad(source, f"{where}.request_id", f"{p.request_id!r:.60} is not the plan's request id {request_id!r}")
     if p.id not in expected:
         problem = placement_id_problem(p.id) or (
-            f"placement id {p.id!r} is not an instance of request {request.id!r} "
+            f"placement id {p.id!r} is not an instance of request {request_id!r} "
             f"({expected[0]}{'' if len(expected) == 1 else ' .. ' + expected[-1]})"
         )
         raise _bad(source, f"{where}.id", problem)
+    cluster = doc.cluster
     nodes = {n.name: n for n in cluster.nodes}
     share = p.hbm_per_gpu.total
     for k, r in enumerate(p.ranks):
@@ -295,9 +361,10 @@ def parse_plan(data: Any, source: str = "<plan>") -> PlanDoc:
     for i, p in enumerate(placements):
         if p.id in ids:
             raise _bad(source, f"placements.{i}.id", f"placement {p.id} appears twice")
-        _check_placement(p, f"placements.{i}", request, cluster, taken, source)
+        _check_placement(p, f"placements.{i}", document, taken, source)
         ids.add(p.id)
-    return PlanDoc(placements, request, cluster)
+    _check_pd(document, source)
+    return PlanDoc(placements, request, cluster, document.disaggregation, document.stores)
 
 
 def load_plan(path: str | Path) -> PlanDoc:

@@ -20,6 +20,12 @@ A placement is stored as ``solver.request.Placement`` with three differences, co
 And an expert report written before ``redundant_experts`` existed reads as if the copies were spread
 one slot at a time over the EP ranks.
 
+A disaggregated plan (``solver/pd.py``) adds, all optional so that every plan written before reads the
+same: per placement ``role`` (``prefill`` | ``decode``), ``kv_nics`` and ``host_numa`` (one per rank),
+and at the top ``disaggregation`` (the counts, the store kind and the decode -> prefill pairs) and
+``stores`` (``{node, rack, nics}`` per KV-cache store). A plain plan writes ``role: null``, empty lists
+and ``disaggregation: null``.
+
 Versions: 1 (current). A change that an older reader would misread takes a new version number.
 """
 
@@ -31,6 +37,7 @@ from typing import Annotated, Any, Final, Literal, TypeGuard
 
 from pydantic import BaseModel, BeforeValidator, ConfigDict, PlainSerializer
 
+from toposched.solver.pd import Disaggregation, KvStore
 from toposched.solver.request import ExpertReport, HbmShare, Placement, PlacementRequest, Unplaced
 from toposched.topology.model import Cluster
 
@@ -125,6 +132,10 @@ class PlanDocument(BaseModel):
     cluster: Cluster
     """The part of the cluster the placements use (``used_cluster``)."""
     cluster_summary: ClusterSummary | None = None
+    disaggregation: Disaggregation | None = None
+    """Prefill/decode disaggregation: the counts asked for and the pairs (None: a plain plan)."""
+    stores: tuple[KvStore, ...] = ()
+    """KV-cache store processes (host memory and RDMA NICs, no GPUs) beside the decode instances."""
 
     @classmethod
     def write(
@@ -136,6 +147,8 @@ class PlanDocument(BaseModel):
         *,
         policy: str,
         source: str,
+        disaggregation: Disaggregation | None = None,
+        stores: list[KvStore] | tuple[KvStore, ...] = (),
     ) -> PlanDocument:
         """The document for a plan made on ``cluster`` (the whole cluster: the document keeps the part used).
 
@@ -146,15 +159,20 @@ class PlanDocument(BaseModel):
             placements=tuple(placements),
             unplaced=tuple(unplaced),
             request=request,
-            cluster=used_cluster(cluster, placements),
+            cluster=used_cluster(cluster, placements, extra_nodes=[s.node for s in stores]),
             cluster_summary=ClusterSummary.of(cluster),
+            disaggregation=disaggregation,
+            stores=tuple(stores),
         )
 
 
-def used_cluster(cluster: Cluster, placements: list[Placement] | tuple[Placement, ...]) -> Cluster:
-    """The part of ``cluster`` the placements use: their nodes (in cluster order; the first node when
-    nothing was placed, so the snapshot stays a valid cluster), the fabric, the cliques among them."""
-    used = {r.node for p in placements for r in p.ranks}
+def used_cluster(
+    cluster: Cluster, placements: list[Placement] | tuple[Placement, ...], *, extra_nodes: list[str] | None = None
+) -> Cluster:
+    """The part of ``cluster`` the placements use: their nodes and ``extra_nodes`` (KV-cache stores' nodes;
+    in cluster order; the first node when nothing was placed, so the snapshot stays a valid cluster), the
+    fabric, the cliques among them."""
+    used = {r.node for p in placements for r in p.ranks} | set(extra_nodes or ())
     nodes = tuple(n for n in cluster.nodes if n.name in used) or cluster.nodes[:1]
     if len(nodes) == len(cluster.nodes):
         return cluster

@@ -11,6 +11,10 @@ json``: each script ends in ``exec``, so scripts printed one after the other wou
 ``launch trtllm`` always needs ``--out`` (or json): its script reads an options YAML beside it, and a
 multi-node instance's script on the head runs ``mpirun`` over a hostfile there (plus an ``.srun.sh``
 form for Slurm when its nodes are alike).
+
+A prefill/decode disaggregated plan (``plan --pd-prefill N --pd-decode M``) launches with ``launch
+sglang``: one script per instance and node with its disaggregation flags, and one for the router
+(``PLAN-router-NODE.sh``); the other launchers refuse it in one line.
 """
 
 from __future__ import annotations
@@ -138,7 +142,7 @@ def _engine_command(engine: Engine) -> None:
         doc = source.resolve()
         launches = build_launches(
             doc.placements, doc.request, doc.cluster, engine,
-            model_path=model_path, master_addr=master_addr, base_port=port,
+            model_path=model_path, master_addr=master_addr, base_port=port, disaggregation=doc.disaggregation,
         )  # fmt: skip
         _emit(launches, fmt, json_out, out)
 

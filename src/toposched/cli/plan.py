@@ -6,7 +6,7 @@ import typer
 from rich.table import Table
 
 from toposched.cli._common import console, print_json
-from toposched.cli.plan_source import PlanSource, plan_options
+from toposched.cli.plan_source import Placed, PlanSource, plan_options
 from toposched.solver.request import Placement, PlacementRequest, Unplaced
 
 
@@ -17,7 +17,8 @@ def register(app: typer.Typer) -> None:
 def _render(placements: list[Placement], unplaced: list[Unplaced], title: str, request: PlacementRequest) -> None:
     console.print(title, soft_wrap=True)
     for p in placements:
-        table = Table(title=f"{p.id}: {p.model} tp={p.tp} pp={p.pp}", title_justify="left")
+        role = f" ({p.role})" if p.role else ""
+        table = Table(title=f"{p.id}{role}: {p.model} tp={p.tp} pp={p.pp}", title_justify="left")
         for col in ("rank", "node", "GPU", "stage"):
             table.add_column(col)
         for r in p.ranks:
@@ -51,10 +52,28 @@ def _render(placements: list[Placement], unplaced: list[Unplaced], title: str, r
             )
         if p.compression or p.overlap:
             console.print(f"  degradations: compression {p.compression or 'none'}, overlap {p.overlap:.0%}")
+        if p.kv_nics:
+            numa = ",".join("?" if n is None else str(n) for n in p.host_numa)
+            console.print(f"  KV transfer over {','.join(p.kv_nics)} (per rank); host memory on NUMA {numa}")
     for u in unplaced:
         console.print(f"[red]not placed[/] {u.request_id} replica {u.replica} ({u.status}):", soft_wrap=True)
         for reason in u.reasons:
             console.print(f"  - {reason}", soft_wrap=True, markup=False)
+
+
+def _render_pd(placed: Placed) -> None:
+    """The pairs and stores of a disaggregated plan, after its placements."""
+    pd = placed.disaggregation
+    if pd is None:
+        return
+    for decode, prefill in pd.pairs.items():
+        console.print(f"pair: decode {decode} <- prefill {prefill}", soft_wrap=True, markup=False)
+    for store in placed.stores:
+        console.print(
+            f"{pd.kv_store} store on {store.node} (rack {store.rack}) over {','.join(store.nics)}",
+            soft_wrap=True,
+            markup=False,
+        )
 
 
 @plan_options(plan_file=False)
@@ -71,5 +90,6 @@ def plan(
     else:
         title = f"[bold]{source.model}[/] on {placed.ref.describe()} (policy {placed.policy})"
         _render(outcome.placements, outcome.unplaced, title, placed.request)
+        _render_pd(placed)
     if outcome.unplaced:
         raise typer.Exit(1)

@@ -8,6 +8,10 @@ now (:meth:`PlanSource.resolve`) through the same document and checks (``binding
 
 Bad values are refused before any topology is read, with the flag named: a ``--tp`` the model's
 heads cannot be split by, an unknown ``--policy``, a request field out of range.
+
+``--pd-prefill N --pd-decode M`` plans a prefill/decode disaggregated deployment instead of
+``--replicas`` instances (``solver/pd.py``): the same model, lengths and SLOs, the TTFT SLO sizing the
+prefill instances and the TPOT SLO the decode instances, with ``--kv-store`` stores beside them.
 """
 
 from __future__ import annotations
@@ -27,6 +31,7 @@ from toposched.cli._common import CLUSTER, LIVE, PRESET, SMI, err_console, sourc
 from toposched.cli.calibrate import PROFILE, profile_option
 from toposched.errors import InputError
 from toposched.perf.profile import Profile, use_profile
+from toposched.solver.pd import KV_STORES, Disaggregation, KvStore, place_pd
 from toposched.solver.request import PlacementRequest
 from toposched.solver.scheduler import POLICIES, Outcome, Scheduler
 from toposched.topology.model import Cluster
@@ -72,10 +77,42 @@ class PlanSource:
     budget_gbps: float = 256.0
     seed: int = 0
     profile: Path | None = None
+    pd_prefill: int = 0
+    pd_decode: int = 0
+    kv_store: str | None = None
+    pd_same_rack_required: bool = False
 
     def topology(self) -> SourceRef | None:
         """The one topology source the flags name (None when none is given)."""
         return source_ref(self.smi, self.preset, self.cluster, self.live)
+
+    def disaggregation(self) -> Disaggregation | None:
+        """The prefill/decode split the ``--pd-*`` flags ask for (None: a plain plan), checked flag by flag."""
+        pd = self.pd_prefill or self.pd_decode
+        if not pd:
+            if self.kv_store is not None or self.pd_same_rack_required:
+                flag = "--kv-store" if self.kv_store is not None else "--pd-same-rack-required"
+                raise InputError(f"{flag} needs a disaggregated plan", fix="add --pd-prefill N --pd-decode M")
+            return None
+        for flag, value in (("--pd-prefill", self.pd_prefill), ("--pd-decode", self.pd_decode)):
+            if not 1 <= value <= 1024:
+                raise InputError(
+                    f"{flag} {value}: a disaggregated plan has 1 to 1024 of each role", fix=f"pass {flag} N"
+                )
+        if self.replicas != 1:
+            raise InputError(
+                f"--replicas {self.replicas} with --pd-prefill/--pd-decode", fix="give the instances per role only"
+            )
+        if self.kv_store is not None and self.kv_store not in KV_STORES:
+            raise InputError(
+                f"--kv-store {self.kv_store!r:.40} is not known", fix=f"use one of: {', '.join(KV_STORES)}"
+            )
+        return Disaggregation(
+            prefill=self.pd_prefill,
+            decode=self.pd_decode,
+            kv_store="mooncake" if self.kv_store else None,
+            same_rack_required=self.pd_same_rack_required,
+        )
 
     def request(self) -> PlacementRequest:
         """The placement request, checked flag by flag (errors name the flag, exit 2)."""
@@ -123,6 +160,7 @@ class PlanSource:
                 "planning needs a topology", fix="pass --preset NAME, --smi FILE, --cluster FILE or --live"
             )
         request = self.request()
+        pd = self.disaggregation()
         chosen = profile_option(self.profile)  # a bad profile fails before the topology is read
         loaded = load_source(ref)
         for w in loaded.warnings:
@@ -130,8 +168,10 @@ class PlanSource:
         busy = parse_gpu_list(self.busy, loaded.cluster, "--busy")
         scheduler = Scheduler(loaded.cluster, gpu=self.gpu, busy=busy, budget_gbps=self.budget_gbps, seed=self.seed)
         with use_profile(chosen):
-            outcome = scheduler.place(request, policy=self.policy)
-        return Placed(request, ref, loaded, outcome, self.policy, chosen)
+            if pd is None:
+                return Placed(request, ref, loaded, scheduler.place(request, policy=self.policy), self.policy, chosen)
+            made = place_pd(scheduler, request, pd, policy=self.policy)
+        return Placed(request, ref, loaded, made.outcome, self.policy, chosen, made.layout, tuple(made.stores))
 
     def resolve(self) -> PlanDoc:
         """The plan to launch: read from ``--plan``, or made now from ``--model`` and a topology source."""
@@ -166,6 +206,10 @@ class Placed:
     policy: str
     profile: Profile | None
     """The cost-model profile the predictions used (``--profile``)."""
+    disaggregation: Disaggregation | None = None
+    """The prefill/decode split and pairs of a disaggregated plan (None: a plain plan)."""
+    stores: tuple[KvStore, ...] = ()
+    """The KV-cache stores of a disaggregated plan."""
 
     def document(self, *, with_unplaced: bool = True) -> dict[str, Any]:
         """The plan document (``plan --json``), under the profile the plan was made with."""
@@ -177,6 +221,8 @@ class Placed:
                 self.loaded.cluster,
                 policy=self.policy,
                 source=self.ref.describe(),
+                disaggregation=self.disaggregation,
+                stores=self.stores,
             )
 
 
@@ -260,6 +306,26 @@ _OPTIONS: dict[str, tuple[Any, Any]] = {
     "busy": (str | None, typer.Option(None, "--busy", help="GPUs already taken: 0,1,... or NODE/INDEX,...")),
     "budget_gbps": (float, typer.Option(256.0, "--budget-gbps", help="Cross-domain traffic budget (GB/s).")),
     "seed": (int, typer.Option(0, "--seed", help="Seed for the random policy.")),
+    "pd_prefill": (
+        int,
+        typer.Option(0, "--pd-prefill", help="Prefill instances of a prefill/decode disaggregated plan (TTFT SLO)."),
+    ),
+    "pd_decode": (
+        int,
+        typer.Option(
+            0, "--pd-decode", help="Decode instances of a disaggregated plan (TPOT SLO), near a prefill's rack."
+        ),
+    ),
+    "kv_store": (
+        str | None,
+        typer.Option(None, "--kv-store", help=f"KV-cache store beside the decode instances: {'|'.join(KV_STORES)}."),
+    ),
+    "pd_same_rack_required": (
+        bool,
+        typer.Option(
+            False, "--pd-same-rack-required", help="Place no decode instance outside the racks of the prefill ones."
+        ),
+    ),
 }
 _PLAN_FILE = (Path | None, typer.Option(None, "--plan", help="Output of `toposched plan --json`.", metavar="PLAN.json"))
 

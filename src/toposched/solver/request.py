@@ -12,10 +12,12 @@ from typing import Literal
 
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
-from toposched.names import NodeName, ObjectId, PlacementId
+from toposched.names import NodeName, ObjectId, PlacementId, Word
 
 Affinity = Literal["auto", "nvlink", "numa", "pcie-switch", "node", "none"]
 SloClass = Literal["realtime", "interactive", "standard", "batch"]
+Role = Literal["prefill", "decode"]
+"""The role of an instance in prefill/decode disaggregation (``solver/pd.py``)."""
 
 
 class SloClassConfig(BaseModel):
@@ -189,6 +191,14 @@ class Placement(BaseModel):
     constraints: tuple[ConstraintCheck, ...]
     fallbacks: tuple[str, ...] = ()
     experts: ExpertReport | None = None
+    role: Role | None = None
+    """Prefill or decode instance of a disaggregated deployment (``solver/pd.py``); None: serves both."""
+    kv_nics: tuple[Word, ...] = ()
+    """Per rank (rank order), the RDMA device that rank moves KV caches through: the nearest NIC of its GPU
+    on the GPU's NUMA node. Empty for an instance that is not disaggregated."""
+    host_numa: tuple[int | None, ...] = ()
+    """Per rank (rank order), the NUMA node the rank's host memory binds to (its GPU's; None: unknown).
+    Empty for an instance that is not disaggregated."""
 
     def check(self, name: str) -> ConstraintCheck:
         """The constraint check called ``name`` (``solver/constraints.py``); KeyError if it has none."""
