@@ -26,7 +26,6 @@ from prometheus_client import CollectorRegistry, Histogram
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
 from prometheus_client.registry import Collector
 
-from toposched.perf.step import COMPRESSION_RATIO
 from toposched.service.state import ServiceState
 from toposched.service.views import Stats
 from toposched.solver.request import Placement
@@ -54,7 +53,7 @@ def in_one_domain(p: Placement) -> bool:
 def signals(stats: Stats) -> dict[str, float | dict[str, float] | None]:
     """The nine signals from a snapshot; None where there is no source (or nothing to measure yet)."""
     live = stats.placements
-    raw = sum(p.cross_domain_gbps / (COMPRESSION_RATIO if p.compression else 1.0) for p in live)
+    raw = sum(p.cross_domain_gbps_uncompressed for p in live)
     sent = sum(p.cross_domain_gbps for p in live)
     by_tp: dict[str, float] = {}
     for p in live:

@@ -32,8 +32,6 @@ from collections import Counter
 from collections.abc import Sequence
 from typing import TYPE_CHECKING, Any
 
-from toposched.perf.step import COMPRESSION_RATIO
-
 if TYPE_CHECKING:
     from toposched.sim.engine import Simulation
     from toposched.sim.workload import SimRequest
@@ -104,7 +102,7 @@ def compute(sim: Simulation) -> dict[str, Any]:
     p99_in, p99_across = pct(inside, 0.99), pct(across, 0.99)
     spread = [p for p in sim.placed_history if p.cross_domain_gbps > 0]
     sent = sum(p.cross_domain_gbps for p in spread)
-    raw = sum(p.cross_domain_gbps / (COMPRESSION_RATIO if p.compression else 1.0) for p in spread)
+    raw = sum(p.cross_domain_gbps_uncompressed for p in spread)
     units = sim.units
     unit_states = Counter(u.state for u in units)
     placed_units = sum(1 for u in units if u.placed)

@@ -13,6 +13,7 @@ from typing import Literal
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
 from toposched.names import NodeName, ObjectId, PlacementId, Word
+from toposched.perf.step import COMPRESSION_RATIO
 
 Affinity = Literal["auto", "nvlink", "numa", "pcie-switch", "node", "none"]
 SloClass = Literal["realtime", "interactive", "standard", "batch"]
@@ -199,6 +200,12 @@ class Placement(BaseModel):
     host_numa: tuple[int | None, ...] = ()
     """Per rank (rank order), the NUMA node the rank's host memory binds to (its GPU's; None: unknown).
     Empty for an instance that is not disaggregated."""
+
+    @property
+    def cross_domain_gbps_uncompressed(self) -> float:
+        """Cross-domain GB/s before compression (``cross_domain_gbps`` is what goes on the wire), for
+        the compression-ratio signal; the placement knows its own compression, callers need not."""
+        return self.cross_domain_gbps / COMPRESSION_RATIO if self.compression == "fp8" else self.cross_domain_gbps
 
     def check(self, name: str) -> ConstraintCheck:
         """The constraint check called ``name`` (``solver/constraints.py``); KeyError if it has none."""
