@@ -1,6 +1,7 @@
 """The HTTP API over one replica's ``ServiceState`` (routes only; the app is built in ``app.py``).
 
-POST   /v1/placements               place a request (idempotent by ``id``); 201 placed, 200 already placed
+POST   /v1/placements               place a request (idempotent by ``id``); 201 placed, 200 already placed;
+                                    with ``pd``, every prefill and decode instance or none
 GET    /v1/placements               every live placement
 GET    /v1/placements/{id}          one placement (any replica's)
 DELETE /v1/placements/{id}          release every instance of it
@@ -55,6 +56,8 @@ from toposched.service.schemas import (
 )
 from toposched.service.state import ServiceState
 from toposched.service.views import signal_gpus
+from toposched.solver.pd import place_stores
+from toposched.topology.model import Cluster
 
 PlacementId = Annotated[str, Path(pattern=ID_PATTERN, description="placement (request) id")]
 Responses = dict[int | str, dict[str, Any]]
@@ -97,9 +100,22 @@ def instance_json(instance: Instance) -> dict[str, Any]:
     return data
 
 
-def group_json(group: list[Instance]) -> dict[str, Any]:
+def pd_json(group: list[Instance], cluster: Cluster) -> dict[str, Any]:
+    """A disaggregated request's ``pd`` (what was asked, and each decode instance's prefill instance) and
+    ``stores`` (``solver.pd.place_stores`` over its decode instances, as ``toposched plan`` reports them)."""
+    spec = group[0].body["pd"]
+    decodes = [i.placement for i in group if i.placement.role == "decode"]
+    nodes = {n.name: n for n in cluster.nodes}
+    stores = place_stores(decodes, nodes) if spec.get("kv_store") and decodes else []
+    pairs = {i.placement.id: i.pair for i in group if i.placement.role == "decode"}
+    return {"pd": {**spec, "pairs": pairs}, "stores": [s.model_dump(mode="json") for s in stores]}
+
+
+def group_json(group: list[Instance], cluster: Cluster) -> dict[str, Any]:
+    """One request's answer; a disaggregated one adds ``pd`` and ``stores`` (``pd_json``)."""
     first = group[0]
     expiries = [i.expires_at for i in group if i.expires_at is not None]
+    extra = pd_json(group, cluster) if first.body.get("pd") else {}
     return {
         "id": first.request_id,
         "model": first.placement.model,
@@ -114,6 +130,7 @@ def group_json(group: list[Instance]) -> dict[str, Any]:
         "expires_at": min(expiries) if expiries else None,
         "owner": first.owner,
         "request": first.body,
+        **extra,
     }
 
 
@@ -136,7 +153,7 @@ def build_router(state: ServiceState, latency: Histogram) -> APIRouter:
     def decision_response(decision: Decision) -> JSONResponse:
         code = DECISION_STATUS[decision.status]
         if decision.instances:
-            return JSONResponse(group_json(list(decision.instances)), status_code=code)
+            return JSONResponse(group_json(list(decision.instances), state.scheduler.cluster), status_code=code)
         headers = {"Retry-After": "1"} if decision.status == "no-capacity" else None
         body = {"id": decision.request_id, "status": decision.status, "reasons": list(decision.reasons)}
         return JSONResponse(body, status_code=code, headers=headers)
@@ -170,12 +187,14 @@ def build_router(state: ServiceState, latency: Histogram) -> APIRouter:
 
     @router.get("/placements", responses=answers(*AUTH, ok=PlacementListOut), summary="Every live placement")
     async def list_placements() -> JSONResponse:
-        return JSONResponse({"placements": [group_json(g) for g in await on_worker(state, state.all_groups)]})
+        return JSONResponse(
+            {"placements": [group_json(g, state.scheduler.cluster) for g in await on_worker(state, state.all_groups)]}
+        )
 
     @router.get("/placements/{pid}", responses=answers(*BY_ID, ok=PlacementOut), summary="One placement")
     async def get_placement(pid: PlacementId) -> JSONResponse:
         found = await on_worker(state, state.lookup, pid)
-        return JSONResponse(group_json(found)) if found else not_found(pid)
+        return JSONResponse(group_json(found, state.scheduler.cluster)) if found else not_found(pid)
 
     @router.delete(
         "/placements/{pid}",
@@ -191,7 +210,7 @@ def build_router(state: ServiceState, latency: Histogram) -> APIRouter:
     @router.post("/placements/{pid}/renew", responses=answers(*BY_ID, 413, ok=PlacementOut), summary="Extend the lease")
     async def renew_placement(pid: PlacementId, body: RenewBody) -> JSONResponse:
         renewed = await on_worker(state, state.renew, pid, body.ttl_s)
-        return JSONResponse(group_json(renewed)) if renewed else not_found(pid)
+        return JSONResponse(group_json(renewed, state.scheduler.cluster)) if renewed else not_found(pid)
 
     @router.get(
         "/topology",

@@ -5,7 +5,8 @@ the ledger refuses the booking, and the replica resyncs and decides again (``Ser
 times). A request is all or none whatever fails: when anything raises while it books (a store error, a bug,
 a damaged answer), what it booked is released before the error goes on; when that release fails too, the
 request is recorded in ``stranded`` and released by the next successful sync. A request whose instances
-are not all booked is never shown (``group``): GET answers 404 and the list leaves it out.
+are not all booked is never shown (``group``): GET answers 404 and the list leaves it out. A disaggregated
+request (``pd``) is one request of that kind: its prefill and decode instances are booked all or none.
 """
 
 from __future__ import annotations
@@ -16,10 +17,12 @@ from typing import Literal
 
 from toposched.errors import InputError, LedgerConflict
 from toposched.service.following import Following
-from toposched.service.records import Decision, Instance, complete, serving
+from toposched.service.records import PD_PAIR, Decision, Instance, PdBooking, complete, serving
 from toposched.service.replica import log
 from toposched.service.request import ServiceRequest
-from toposched.solver.request import instance_ids
+from toposched.solver.pd import place_pd
+from toposched.solver.request import PlacementRequest
+from toposched.solver.scheduler import Outcome
 from toposched.topology.model import Cluster
 
 
@@ -40,6 +43,9 @@ class Deciding(Following):
     def place(self, body: ServiceRequest) -> Decision:
         """Place every replica of ``body`` now, all or none; never waits."""
         rid = body.id or self.new_id()
+        if body.pd is not None and body.pd.prefill + body.pd.decode > self.config.max_replicas:
+            count = body.pd.prefill + body.pd.decode
+            raise InputError(f"pd: at most {self.config.max_replicas} instances per request (got {count})")
         if body.replicas > self.config.max_replicas:
             raise InputError(f"replicas: at most {self.config.max_replicas} per request (got {body.replicas})")
         with self.lock:
@@ -67,15 +73,15 @@ class Deciding(Following):
                 self.resync()  # another replica holds a GPU we chose (or the same id): learn it, decide again
             self._release_partial(rid, key)
         except BaseException as exc:
-            if not isinstance(exc, InputError) or self._holds(rid, body.replicas):
+            if not isinstance(exc, InputError) or self._holds(body.slot_ids(rid)):
                 self._abandon(rid, key)  # (a bad request books nothing: no ledger read for it)
             raise
         return Decision("no-capacity", rid, (), ("other replicas kept taking the chosen GPUs; retry",))
 
-    def _holds(self, rid: str, replicas: int) -> bool:
-        """Whether this replica knows of a booking of request ``rid`` (placed, adopted or half-done)."""
+    def _holds(self, pids: list[str]) -> bool:
+        """Whether this replica knows of a booking of instances ``pids`` (placed, adopted or half-done)."""
         placements = self.scheduler.placements
-        return any(pid in placements or pid in self.instances for pid in instance_ids(rid, replicas))
+        return any(pid in placements or pid in self.instances for pid in pids)
 
     def _abandon(self, rid: str, key: str) -> None:
         """Release what request ``rid`` booked after a failure; when that fails too, leave it to the next sync."""
@@ -116,7 +122,7 @@ class Deciding(Following):
             return Decision("existing", rid, tuple(serving(existing)))
         if any(i.key != key for i in existing):
             return Decision("conflict", rid, (), (f"id {rid} is already used by another request",))
-        pids = instance_ids(rid, body.replicas)
+        pids = body.slot_ids(rid)
         clash = [p for p in pids if p in self.instances and self.instances[p].request_id != rid]
         if clash:
             return Decision("conflict", rid, (), (f"instance id {clash[0]} belongs to another request",))
@@ -124,8 +130,12 @@ class Deciding(Following):
         request = body.request(rid)
         if cross_domain:
             request = request.model_copy(update={"allow_cross_domain": True})
+        policy = body.policy or self.config.policy
         try:
-            outcome = scheduler.place(request, body.policy or self.config.policy, ttl_s=body.ttl_s, meta=meta)
+            if body.pd is None:
+                outcome = scheduler.place(request, policy, ttl_s=body.ttl_s, meta=meta)
+            else:
+                outcome = self._place_pd(body, request, rid, meta, policy)
         except LedgerConflict:
             return None
         if outcome.unplaced:
@@ -139,10 +149,33 @@ class Deciding(Following):
         for p in outcome.placements:
             booked = guard.booked.pop(p.id, None)
             instance = Instance(p, rid, key, body_json, self.owner, booked.expires_at if booked else None)
+            known = self.instances.get(p.id)  # booked by an earlier attempt, reused
+            instance.pair = booked.meta.get(PD_PAIR) if booked else known.pair if known else None
             self.instances[p.id] = instance
             instances.append(instance)
         self.counters.placed_total += len(instances)
         return Decision("placed", rid, tuple(instances))
+
+    def _place_pd(
+        self, body: ServiceRequest, request: PlacementRequest, rid: str, meta: dict[str, str], policy: str
+    ) -> Outcome:
+        """Book a disaggregated request's prefill and decode instances (``solver.pd.place_pd``), as booked.
+
+        The outcome's placements are those the scheduler booked (role, KV NICs and host NUMA nodes in
+        their ledger records: ``ServiceScheduler.booking_pd``), so this answer and any replica's rebuilt
+        one are the same. ``place_pd`` leaves booked what it placed when a later role finds no room (its
+        ``unplaced``); the caller releases it, as for plain requests.
+        """
+        assert body.pd is not None
+        scheduler = self.scheduler
+        with scheduler.booking_pd(PdBooking(rid, body.pd, meta, body.ttl_s)):
+            planned = place_pd(scheduler, request, body.pd.layout(), policy)
+        placed = [scheduler.placements.get(p.id, p) for p in planned.outcome.placements]
+        kept = {p.id for p in placed}
+        for pid in body.slot_ids(rid):  # booked for a rack that did not hold its group, and released there
+            if pid not in kept:
+                self.ledger.booked.pop(pid, None)
+        return Outcome(placements=placed, unplaced=planned.outcome.unplaced)
 
     def _release_all(self, pids: Iterable[str]) -> None:
         for pid in pids:

@@ -24,10 +24,9 @@ import time
 
 from toposched.errors import InputError
 from toposched.ledger.base import AuditEntry, Reservation
-from toposched.service.records import instance_of, replicas_in
+from toposched.service.records import expected_slots, instance_of
 from toposched.service.replica import ReplicaCore, log
 from toposched.solver.defrag import INSTANCE
-from toposched.solver.request import instance_ids
 from toposched.topology.model import Cluster
 from toposched.topology.sources import SourceRef, load_source
 from toposched.topology.store import StoredTopology
@@ -125,11 +124,11 @@ class Following(ReplicaCore):
                 requests.setdefault((rid, key), []).append(r)
         stale_before = self.ledger_clock() - STALE_PARTIAL_S
         for (rid, key), booked in requests.items():
-            replicas = replicas_in(key)
+            slots = expected_slots(rid, key)  # replicas, or a disaggregated request's prefill and decode ids
             ids = {r.meta.get(INSTANCE, r.id) for r in booked}  # a moved instance's copy serves its slot
-            if replicas is None or len(ids) >= replicas:
+            if slots is None or len(ids) >= len(slots):
                 continue  # complete (or not a request of ours to judge)
-            expected = set(instance_ids(rid, replicas))
+            expected = set(slots)
             if not ids < expected:
                 continue
             recorded = self.stranded.get(rid) == key

@@ -7,24 +7,94 @@ and any tool can build a scheduler holding what a service's state holds (``sched
 
 from __future__ import annotations
 
+import dataclasses
 import functools
 import json
+from collections.abc import Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass
 from typing import Any, Literal
 
 from toposched.errors import InputError
 from toposched.ledger.base import Ledger, Reservation
 from toposched.service.ledger_guard import GuardedLedger
+from toposched.service.request import PdSpec, slot_ids
 from toposched.solver.defrag import INSTANCE, MOVED_FROM
-from toposched.solver.request import Placement, instance_ids
-from toposched.solver.scheduler import DEFAULT_BUDGET_GBPS, Scheduler
+from toposched.solver.pd import role_ids, role_request_id, with_role
+from toposched.solver.place import Assessment
+from toposched.solver.request import Placement, PlacementRequest, Role
+from toposched.solver.scheduler import DEFAULT_BUDGET_GBPS, Outcome, Scheduler
 from toposched.topology.model import Cluster, Health
+
+PD_PAIR = "pd_pair"
+"""Reservation meta of a decode instance: the prefill instance it pairs with."""
+
+
+@dataclass(frozen=True)
+class PdBooking:
+    """The disaggregated request being booked (``ServiceScheduler.booking_pd``): its record and its roles."""
+
+    request_id: str
+    spec: PdSpec
+    meta: dict[str, str]
+    ttl_s: float | None
+
+    def role_of(self, pid: str) -> Role | None:
+        """The role of instance ``pid`` of this request (None: not one of its instances)."""
+        roles: tuple[tuple[Role, int], ...] = (("prefill", self.spec.prefill), ("decode", self.spec.decode))
+        for role, count in roles:
+            if pid in role_ids(self.request_id, role, count):
+                return role
+        return None
 
 
 class ServiceScheduler(Scheduler):
     """The solver's scheduler plus what a replica needs: placement records on bookings, adopt/forget."""
 
     guard: GuardedLedger
+    pd_booking: PdBooking | None = None
+
+    @contextmanager
+    def booking_pd(self, booking: PdBooking) -> Iterator[None]:
+        """While ``solver.pd.place_pd`` books a disaggregated request here, each instance's ledger record is
+        the service's (request key, id, owner, lease, the pair) and its placement carries its role, KV NICs
+        and host NUMA nodes *as booked*, so a replica rebuilding from the ledger shows what was answered."""
+        self.pd_booking = booking
+        try:
+            yield
+        finally:
+            self.pd_booking = None
+
+    def place(
+        self,
+        request: PlacementRequest,
+        policy: str = "slo",
+        *,
+        ttl_s: float | None = None,
+        meta: dict[str, str] | None = None,
+    ) -> Outcome:
+        """``Scheduler.place``; an instance of the request in ``pd_booking`` gets its record and lease."""
+        booking = self.pd_booking
+        role = booking.role_of(request.id) if booking is not None else None
+        if booking is None or role is None:
+            return super().place(request, policy, ttl_s=ttl_s, meta=meta)
+        record = {**booking.meta, **(meta or {}), "role": role}
+        if role == "decode" and request.near:
+            record[PD_PAIR] = request.near
+        # the placement is booked under its role's request id: its SLO class is looked up there (commit)
+        self._class_of[role_request_id(booking.request_id, role)] = request.slo_class
+        return super().place(request, policy, ttl_s=booking.ttl_s if ttl_s is None else ttl_s, meta=record)
+
+    def commit(self, chosen: Assessment, *, ttl_s: float | None = None, meta: dict[str, str] | None = None) -> None:
+        """``Scheduler.commit``; an instance of the request in ``pd_booking`` is booked with its role."""
+        booking = self.pd_booking
+        role = booking.role_of(chosen.placement.id) if booking is not None else None
+        if booking is not None and role is not None:
+            nodes = {n.name: n for n in self.cluster.nodes}
+            rid = role_request_id(booking.request_id, role)
+            placed = with_role(chosen.placement, role, rid, nodes, self.index.dmap)
+            chosen = dataclasses.replace(chosen, placement=placed)
+        super().commit(chosen, ttl_s=ttl_s, meta=meta)
 
     def sync_index(self, held: set[str]) -> None:
         """Make the index's free set: every healthy GPU that no booking holds and that has not failed."""
@@ -54,6 +124,8 @@ class Instance:
     degraded: bool = False
     slot: str = ""
     moved_from: str | None = None
+    pair: str | None = None
+    """A decode instance of a disaggregated request: the prefill instance it pairs with."""
 
     def __post_init__(self) -> None:
         if not self.slot:
@@ -125,13 +197,36 @@ def replicas_in(key: str) -> int | None:
     return replicas if isinstance(replicas, int) and 1 <= replicas <= 10_000 else None
 
 
+@functools.lru_cache(maxsize=4096)
+def pd_in(key: str) -> PdSpec | None:
+    """The disaggregation of a request body key (None: a plain request, or a damaged key)."""
+    try:
+        data = json.loads(key).get("pd")
+        return None if data is None else PdSpec.model_validate(data)
+    except (ValueError, AttributeError):
+        return None
+
+
+def expected_slots(rid: str, key: str) -> list[str] | None:
+    """The instance ids request ``rid`` with body ``key`` books (None: the key is damaged)."""
+    replicas = replicas_in(key)
+    return None if replicas is None else slot_ids(rid, replicas, pd_in(key))
+
+
 def serving(members: list[Instance]) -> list[Instance]:
-    """One copy per instance slot, in slot order: the old copy while a move is in flight, else the only one."""
+    """One copy per instance slot, in slot order: the old copy while a move is in flight, else the only one.
+
+    A disaggregated request's slots go in its booking order (prefill, then decode: ``slot_ids``), as
+    the answer to its POST lists them; a plain request's by id.
+    """
     by_slot: dict[str, list[Instance]] = {}
     for instance in members:
         by_slot.setdefault(instance.slot, []).append(instance)
+    first = members[0] if members else None
+    pd = pd_in(first.key) if first is not None else None
+    order = {} if first is None or pd is None else {s: n for n, s in enumerate(slot_ids(first.request_id, 1, pd))}
     out = []
-    for _slot, copies in sorted(by_slot.items()):
+    for _slot, copies in sorted(by_slot.items(), key=lambda item: (order.get(item[0], len(order)), item[0])):
         ids = {c.placement.id for c in copies}
         serving = [c for c in copies if c.moved_from not in ids] or copies
         out.append(min(serving, key=lambda c: c.placement.id))
@@ -143,10 +238,10 @@ def complete(members: list[Instance]) -> bool:
     if not members:
         return False
     first = members[0]
-    replicas = replicas_in(first.key)
-    if replicas is None or any(i.key != first.key for i in members):
+    expected = expected_slots(first.request_id, first.key)
+    if expected is None or any(i.key != first.key for i in members):
         return False
-    return sorted({i.slot for i in members}) == sorted(instance_ids(first.request_id, replicas))
+    return sorted({i.slot for i in members}) == sorted(expected)
 
 
 def instance_of(reservation: Reservation) -> Instance | None:
@@ -170,6 +265,7 @@ def instance_of(reservation: Reservation) -> Instance | None:
         expires_at=reservation.expires_at,
         slot=meta.get(INSTANCE, placement.id),
         moved_from=meta.get(MOVED_FROM),
+        pair=meta.get(PD_PAIR),
     )
 
 

@@ -9,13 +9,43 @@ from __future__ import annotations
 
 import json
 
-from pydantic import ConfigDict, Field
+from pydantic import BaseModel, ConfigDict, Field, model_validator
 
 from toposched.names import ID_PATTERN
 from toposched.service.config import PolicyName
-from toposched.solver.request import PlacementRequest
+from toposched.solver.pd import Disaggregation, KvStoreKind, role_ids
+from toposched.solver.request import PlacementRequest, instance_ids
 
 SOLVER_FIELDS = frozenset(PlacementRequest.model_fields)
+
+
+class PdSpec(BaseModel):
+    """A disaggregated request's roles: how many prefill and decode instances, and the KV-cache store.
+
+    The same choices as ``toposched plan --pd-prefill N --pd-decode M [--kv-store K] [--pd-same-rack-required]``
+    (``solver/pd.py`` places them; the request's model, lengths and SLOs apply to both roles).
+    """
+
+    model_config = ConfigDict(frozen=True, extra="forbid")
+
+    prefill: int = Field(ge=1, le=1024, description="prefill instances (sized by the TTFT SLO)")
+    decode: int = Field(ge=1, le=1024, description="decode instances (sized by the TPOT SLO and KV capacity)")
+    kv_store: KvStoreKind | None = Field(default=None, description="a KV-cache store in each rack decode uses")
+    same_rack_required: bool = Field(
+        default=False, description="refuse the request when a decode instance cannot share a prefill rack"
+    )
+
+    def layout(self) -> Disaggregation:
+        """The solver's value for these choices (its ``pairs`` are filled by ``place_pd``)."""
+        return Disaggregation.model_validate(self.model_dump())
+
+
+def slot_ids(rid: str, replicas: int, pd: PdSpec | None) -> list[str]:
+    """The instance ids request ``rid`` books: ``instance_ids`` of its replicas, or, disaggregated, its
+    prefill then its decode instances (``ID-prefill``/``ID-prefill-N``, ``ID-decode``/``ID-decode-N``)."""
+    if pd is None:
+        return instance_ids(rid, replicas)
+    return [*role_ids(rid, "prefill", pd.prefill), *role_ids(rid, "decode", pd.decode)]
 
 
 class ServiceRequest(PlacementRequest):
@@ -32,6 +62,22 @@ class ServiceRequest(PlacementRequest):
     replicas: int = Field(default=1, ge=1, le=10_000, description="instances to place (all or none)")
     ttl_s: float | None = Field(default=None, gt=0, le=30 * 24 * 3600, description="lease; renew before it ends")
     policy: PolicyName | None = Field(default=None, description="placement policy (default: the service's)")
+    pd: PdSpec | None = Field(
+        default=None, description="prefill/decode disaggregation: book every prefill and decode instance, or none"
+    )
+
+    @model_validator(mode="after")
+    def _pd_alone(self) -> ServiceRequest:
+        """A disaggregated request counts its instances in ``pd`` and pairs decode near prefill itself."""
+        if self.pd is not None and self.replicas != 1:
+            raise ValueError(f"replicas goes without pd (got {self.replicas}): give pd.prefill and pd.decode")
+        if self.pd is not None and self.near is not None:
+            raise ValueError("near goes without pd: decode instances are placed near their prefill instances")
+        return self
+
+    def slot_ids(self, rid: str) -> list[str]:
+        """The instance ids this request books under id ``rid`` (all or none)."""
+        return slot_ids(rid, self.replicas, self.pd)
 
     def request(self, rid: str) -> PlacementRequest:
         """The solver's request under id ``rid`` (the lease and the policy are the replica's business)."""
@@ -45,9 +91,12 @@ class ServiceRequest(PlacementRequest):
         Only this class's fields count, so what a subclass adds (the API's ``wait_s``) never changes a key.
         ``allow_cross_domain`` is left out while false, so the keys of requests that do not ask for the
         fallback are those booked before the field existed (and the admission queue's fallback retry,
-        which sets it on the solver's request only, keeps the key the client sent).
+        which sets it on the solver's request only, keeps the key the client sent); ``pd`` is left out
+        while absent, for the same reason.
         """
         fields = set(ServiceRequest.model_fields) - {"id"}
         if not self.allow_cross_domain:
             fields.discard("allow_cross_domain")
+        if self.pd is None:
+            fields.discard("pd")
         return json.dumps(self.model_dump(mode="json", include=fields), sort_keys=True)

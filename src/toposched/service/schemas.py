@@ -41,6 +41,16 @@ class PlaceBody(ServiceRequest):
         except UnknownNameError as exc:  # its message lists the close names
             raise ValueError(exc.message) from None
 
+    @model_validator(mode="after")
+    def _pd_not_queued(self) -> PlaceBody:
+        """The admission queue sizes and retries plain requests only; a disaggregated one is decided now."""
+        if self.pd is not None and self.wait_s > 0:
+            raise ValueError(
+                f"wait_s: a disaggregated request (pd) is not queued (got wait_s {self.wait_s:g}); "
+                "send wait_s 0 and retry on 409"
+            )
+        return self
+
 
 class DefragBody(BaseModel):
     """What to make room for: ``need_gpus`` free GPUs in one group, or the TP group of ``model`` (at ``tp``)."""
@@ -108,8 +118,30 @@ class RankOut(BaseModel):
     stage: int
 
 
+class PdOut(BaseModel):
+    """A disaggregated request's roles as asked, and which prefill instance each decode instance pairs with."""
+
+    prefill: int
+    decode: int
+    kv_store: Literal["mooncake"] | None
+    same_rack_required: bool
+    pairs: dict[str, str | None] = Field(description="decode instance id -> its prefill instance id")
+
+
+class StoreOut(BaseModel):
+    """One KV-cache store: a node's host memory and RDMA NICs (no GPUs)."""
+
+    node: str
+    rack: str | None
+    nics: list[str]
+
+
 class PlacementOut(BaseModel):
-    """One placement request's result: every instance, and all their ranks."""
+    """One placement request's result: every instance, and all their ranks.
+
+    A disaggregated request's instances carry ``role``, ``kv_nics`` and ``host_numa`` (one per rank);
+    the answer adds ``pd`` and ``stores``.
+    """
 
     id: str
     model: str
@@ -120,6 +152,8 @@ class PlacementOut(BaseModel):
     expires_at: float | None = None
     owner: str = ""
     request: dict[str, Any]
+    pd: PdOut | None = Field(default=None, description="disaggregated requests only")
+    stores: list[StoreOut] | None = Field(default=None, description="disaggregated requests only (empty: no store)")
 
 
 class NotPlacedOut(BaseModel):
