@@ -16,7 +16,10 @@ and start worker processes:
    every config (model config from the model's ``config.json``, ``--max-model-len`` against the
    model's context, quantization against the GPU's compute capability, dtype support, parallel
    config against the device count and ``--nnodes``, executor backend, cache dtype...);
-   for a headless worker, ``run_headless``'s own checks on the result.
+   for a headless worker, ``run_headless``'s own checks on the result. A prefill/decode instance's
+   ``--kv-transfer-config`` JSON is parsed and validated there as ``KVTransferConfig`` (connector,
+   ``kv_role``); what it resolved (connector, role, ``device_name``) is returned for ``run.py`` to
+   compare with the plan.
 
 Stubbed (each needs a GPU): vLLM's compiled CUDA extensions and the capability queries they answer,
 and the device queries of the CUDA platform (``toposched_gpu_stub``, installed in the engines venv and
@@ -28,6 +31,7 @@ case's GPU and ``CUDA_VISIBLE_DEVICES``.
 from __future__ import annotations
 
 import argparse
+import importlib
 import os
 import sys
 from typing import Any
@@ -56,6 +60,16 @@ if type(current_platform).__name__ != "StubCudaPlatform":
     sys.exit(
         f"vLLM chose the platform {type(current_platform).__name__}, not the GPU stub: is toposched-gpu-stub installed?"
     )
+
+# The MooncakeConnector's module (which vLLM imports to validate a --kv-transfer-config) imports vLLM's
+# Mamba kernels, which filter their Triton autotune configs at import time when the GPU is sm90. Here
+# Triton is vLLM's placeholder (no GPU, CPU torch), whose configs have no fields, so that import fails
+# under an H100 stub though it works wherever Triton is installed. Import it once under another
+# capability; the module is then cached and nothing in it depends on the case's GPU.
+with case_runner.case_env({}, "stub;8.0;0;1"):
+    case_runner.clear_caches(("vllm",))
+    importlib.import_module("vllm.distributed.kv_transfer.kv_connector.v1.mooncake.mooncake_connector")
+case_runner.clear_caches(("vllm",))
 
 _modes: list[str] = []
 
@@ -97,6 +111,7 @@ def check(argv: list[str]) -> dict[str, Any]:
         validate_api_server_args(args)
     config = engine_args.create_engine_config(usage_context=UsageContext.OPENAI_API_SERVER, headless=mode == "headless")
     parallel, model, cache = config.parallel_config, config.model_config, config.cache_config
+    kv = config.kv_transfer_config  # None, or the validated KVTransferConfig of a prefill/decode instance
     if mode == "headless" and parallel.data_parallel_size_local <= 0:
         raise ValueError("data_parallel_size_local must be > 0 in headless mode")
     resolved = {
@@ -108,11 +123,15 @@ def check(argv: list[str]) -> dict[str, Any]:
         "max_len": model.max_model_len,
         "quantization": model.quantization,
         "kv_dtype": cache.cache_dtype,
+        "kv_connector": kv.kv_connector if kv is not None else None,
+        "kv_role": kv.kv_role if kv is not None else None,
+        "kv_devices": kv.get_from_extra_config("device_name", "") if kv is not None else "",
     }
     summary = (
         f"{mode}: tp {resolved['tp']} x pp {resolved['pp']} ({parallel.distributed_executor_backend},"
         f" {parallel.nnodes} node(s)), {model.dtype}, quant {model.quantization or 'none'},"
         f" kv {cache.cache_dtype}, max len {model.max_model_len}"
+        + (f", {kv.kv_connector} {kv.kv_role}" if kv is not None and kv.kv_connector else "")
     )
     return {"summary": summary, **resolved}
 

@@ -8,7 +8,8 @@ cannot be placed on a preset (405B on 8 V100s) is listed as skipped; the corpus 
 cover every category in ``CATEGORIES``, or the check fails.
 
 A prefill/decode disaggregated ask (``Ask.pd``) is planned by ``solver/pd.py`` and launched with its
-``disaggregation``: SGLang's prefill and decode commands and the router's command (``pd`` category).
+``disaggregation``: SGLang's prefill and decode commands and the router's command, and vLLM's prefill
+and decode commands with their ``--kv-transfer-config`` (vLLM 0.33.0 has no router) (``pd`` category).
 """
 
 from __future__ import annotations

@@ -8,7 +8,8 @@
 3. Runs every distinct vLLM argv through vLLM's ``serve`` parser and config validation
    (``check_vllm.py``) and every SGLang argv through ``prepare_server_args`` and SGLang's checks
    (``check_sglang.py``), both in the engines venv, in parallel; what the engine resolved must agree
-   with the plan (degrees, nodes, experts, context, dtypes). Canaries, wrong variants of corpus
+   with the plan (degrees, nodes, experts, context, dtypes; for a prefill/decode instance its role and
+   KV devices, SGLang's disaggregation flags or vLLM's ``--kv-transfer-config``). Canaries, wrong variants of corpus
    commands that the engines must refuse, show the checks can fail.
 4. Meanwhile (``static_checks.py``): no two commands of a plan on one port of one node; shellcheck
    on every ``--format sh`` script and on the pods' entrypoint scripts; the Deployments,
@@ -39,6 +40,7 @@ from checks.engines import corpus as corpus_mod
 from checks.engines.case_runner import numactl_rest
 from checks.engines.corpus import Corpus, EngineCase
 from checks.engines.static_checks import Finding, check_k8s, check_scripts, port_findings
+from toposched.binding.engines import VLLM_KV_CONNECTOR, VLLM_KV_ROLES
 from toposched.binding.plan_doc import PlanDoc
 from toposched.errors import ToposchedError
 
@@ -156,6 +158,11 @@ def canaries(cases: list[EngineCase]) -> dict[str, list[tuple[str, dict[str, Any
                 {**case_json(sglang, "canary/sglang/nnodes"), "argv": [*sglang.argv, *dist]},
             ),
         ]
+    kv = next((c for c in cases if "--kv-transfer-config" in c.argv), None)
+    if kv is not None:
+        config = json.loads(kv.argv[kv.argv.index("--kv-transfer-config") + 1])
+        wrong = with_flag(kv.argv, "--kv-transfer-config", json.dumps({**config, "kv_role": "kv_sender"}))
+        out["vllm"].append(("an unknown kv_role", {**case_json(kv, "canary/vllm/kv-role"), "argv": wrong}))
     pd = next((c for c in cases if "--disaggregation-ib-device" in c.argv), None)
     if pd is not None:
         wrong = with_flag(pd.argv, "--disaggregation-ib-device", "mlx5_99")
@@ -276,10 +283,15 @@ def disagreements(case: EngineCase, doc: PlanDoc, resolved: dict[str, Any]) -> l
         said.append(f"weights: the plan has FP8 weights, the engine would load them as {quant or 'unquantized 16-bit'}")
     if not doc.request.weight_dtype and quant and not native:
         said.append(f"weights: the plan has the checkpoint's 16-bit weights, the engine would quantize them ({quant})")
+    nics = {nic for r, nic in zip(placement.ranks, placement.kv_nics, strict=False) if r.node == case.node}
     if case.engine == "sglang" and not ray:
         differ("disaggregation mode", resolved.get("disaggregation_mode"), placement.role or "null")
-        nics = {nic for r, nic in zip(placement.ranks, placement.kv_nics, strict=False) if r.node == case.node}
         differ("KV transfer devices", _ib_devices(resolved.get("ib_device")), nics)
+    if case.engine == "vllm" and not ray:
+        differ("KV transfer role", resolved.get("kv_role"), VLLM_KV_ROLES.get(placement.role or ""))
+        differ("KV connector", resolved.get("kv_connector"), VLLM_KV_CONNECTOR if placement.role else None)
+        devices = {d for d in str(resolved.get("kv_devices") or "").split(",") if d}
+        differ("KV transfer devices", devices, nics)
     kv = str(resolved.get("kv_dtype") or "auto")
     if placement.kv_dtype == "auto" and kv != "auto":
         said.append(f"KV cache: the plan has the model's dtype, the engine would use {kv}")

@@ -6,6 +6,7 @@ Each returns ``Finding`` values (``run.py`` prints them): ``ok`` true, false (a 
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import re
 import subprocess
@@ -23,6 +24,7 @@ from checks.engines import corpus as corpus_mod
 from checks.engines.corpus import IMAGES, Corpus, EngineCase, Plan
 from checks.engines.crd_schemas import SCHEMAS, pod_templates
 from toposched.binding.k8s import K8sOptions, render_objects, render_roles
+from toposched.binding.k8s_pd import render_pd
 from toposched.binding.plan_doc import PlanDoc
 from toposched.cli.launch import write_scripts
 from toposched.errors import ToposchedError
@@ -195,12 +197,22 @@ def k8s_renders(plans: list[Plan]) -> Iterable[tuple[str, str, Callable[[], Any]
     for plan in plans:
         for case, doc, engine in corpus_mod.k8s_variants(plan):
             opts = K8sOptions(engine=engine, image=IMAGES.get(engine))
+            if plan.doc is not None and plan.doc.disaggregation is not None:
+                # One RoleBasedGroup for the whole disaggregated deployment (SGLang only); the variant keeps its roles.
+                if engine == "sglang":
+                    pd_doc = dataclasses.replace(doc, disaggregation=plan.doc.disaggregation, stores=plan.doc.stores)
+                    yield plan.name, f"{case}/pd-role-based-group", partial(render_pd, pd_doc, plan.label, opts)
+                continue
             yield plan.name, f"{case}/objects", partial(render_objects, doc, opts)
             if all(len({r.node for r in p.ranks}) == 1 for p in doc.placements):
                 yield plan.name, f"{case}/role-based-group", partial(render_roles, {"serve": doc}, plan.label, opts)
     by_preset: dict[str, list[tuple[str, PlanDoc]]] = defaultdict(list)
     for plan in plans:
-        if plan.doc is not None and all(len({r.node for r in p.ranks}) == 1 for p in plan.doc.placements):
+        if (
+            plan.doc is not None
+            and plan.doc.disaggregation is None
+            and all(len({r.node for r in p.ranks}) == 1 for p in plan.doc.placements)
+        ):
             by_preset[plan.preset].append((plan.name, plan.doc))
     for preset, single in by_preset.items():
         if len(single) >= 2:

@@ -98,9 +98,8 @@ def test_a_disaggregated_plan_is_refused_where_it_would_start_as_plain_servers()
     doc = _pd_doc(prefill=1, decode=1)
     with pytest.raises(InputError, match=r"plan-prefill is a prefill instance .* starts plain instances only"):
         build_launches(doc.placements, doc.request, doc.cluster, "sglang")
-    for engine in ("vllm", "trtllm"):
-        with pytest.raises(InputError, match=f"disaggregated plans with SGLang only so far, not {engine}"):
-            build_launches(doc.placements, doc.request, doc.cluster, engine, disaggregation=doc.disaggregation)
+    with pytest.raises(InputError, match="disaggregated plans with SGLang or vLLM only so far, not trtllm"):
+        build_launches(doc.placements, doc.request, doc.cluster, "trtllm", disaggregation=doc.disaggregation)
 
 
 def test_one_device_for_ranks_that_share_a_nic() -> None:
@@ -123,8 +122,8 @@ def test_launch_sglang_writes_a_script_per_instance_and_the_routers(run_cli: Run
     assert result.exit_code == 0, result.stderr
     names = sorted(p.name for p in out.iterdir())
     assert len(names) == 4 and sum(n.startswith("plan-router-") for n in names) == 1
-    refused = run_cli("launch", "vllm", "--plan", str(plan))
-    assert refused.exit_code == 2 and "SGLang only" in refused.stderr and "Traceback" not in refused.stderr
+    refused = run_cli("launch", "trtllm", "--plan", str(plan), "--out", str(tmp_path / "trt"))
+    assert refused.exit_code == 2 and "SGLang or vLLM only" in refused.stderr and "Traceback" not in refused.stderr
 
 
 def _flags(argv: list[str]) -> set[str]:

@@ -93,6 +93,8 @@ FLAG_SOURCES: dict[Engine, dict[str, str]] = {
         "--max-num-batched-tokens": "vllm/engine/arg_utils.py: --max-num-batched-tokens (SchedulerConfig)",
         "--enable-eplb": "vllm/engine/arg_utils.py: parallel_group --enable-eplb (ParallelConfig.enable_eplb)",
         "--eplb-config": "vllm/engine/arg_utils.py: --eplb-config, JSON of vllm/config/parallel.py EPLBConfig",
+        "--kv-transfer-config": "vllm/engine/arg_utils.py: --kv-transfer-config, JSON of vllm/config/kv_transfer.py "
+        "KVTransferConfig (prefill/decode disaggregation)",
     },
     "sglang": {
         "--model-path": "engines.md 2 (LWS example)",

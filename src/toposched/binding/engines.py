@@ -32,13 +32,21 @@ NCCL 2.30 are set (``ENV_VARS``, each in ../shared/reference/engines.md).
   multi-node instance, a prefill instance's bootstrap port) is unique on each of its nodes across the
   whole plan (``PortBook``), so two instances whose heads share a node, or pods on the host network,
   never collide.
-* **Prefill/decode disaggregation** (``solver/pd.py``, SGLang only): each instance runs with
+* **Prefill/decode disaggregation** (``solver/pd.py``), SGLang: each instance runs with
   ``--disaggregation-mode prefill|decode``, ``--disaggregation-transfer-backend mooncake`` and
   ``--disaggregation-ib-device`` from its ranks' ``kv_nics`` (one device when the node's ranks share
   it, else SGLang's per-GPU JSON mapping keyed by visible GPU index); prefill instances also get a
   ``--disaggregation-bootstrap-port`` (from SGLang's 8998, unique per node). One more launch runs
   ``sglang_router.launch_router --pd-disaggregation`` with every prefill URL and bootstrap port and
   every decode URL (``sglang_router_argv``), on the head node of the first prefill instance.
+  vLLM: each instance gets ``--kv-transfer-config`` (``vllm_kv_transfer_config``): vLLM 0.33.0's
+  ``MooncakeConnector`` (``kv_connector/v1/mooncake/mooncake_connector.py``), ``kv_producer`` or
+  ``kv_consumer``, and in ``kv_connector_extra_config`` the RDMA protocol and ``device_name``, the node's
+  ranks' ``kv_nics`` as a comma list: one vLLM process takes one config for all its workers, so a NIC per
+  rank cannot be named; Mooncake's transfer engine picks among the listed devices per GPU. A prefill
+  instance's bootstrap server port is ``VLLM_MOONCAKE_BOOTSTRAP_PORT`` (from vLLM's 8998, unique per
+  node). vLLM 0.33.0 ships no PD proxy, so no router is emitted: the proxy that hands the decode
+  instances each prefill's ``remote_bootstrap_addr`` is the deployer's (the ports are in the launches).
 
 Scripts are safe to run whatever the plan said: ids and node names are checked by the rules of
 ``toposched.names`` (the plan reader and the topology model check them first; ``NodeLaunch`` checks
@@ -82,8 +90,9 @@ from toposched.topology.domains import DomainMap, build_domain_map, gpu_ref
 from toposched.topology.model import Cluster
 
 __all__ = [
-    "ENV_VARS", "SGLANG_FLAGS", "TRTLLM_FLAGS", "VLLM_FLAGS", "Engine", "NodeLaunch", "build_launches",
-    "sglang_ib_device", "sglang_router_argv", "shell_script", "srun_script",
+    "ENV_VARS", "KV_ENV_SOURCES", "SGLANG_FLAGS", "TRTLLM_FLAGS", "VLLM_FLAGS", "Engine", "NodeLaunch",
+    "build_launches", "sglang_ib_device", "sglang_router_argv", "shell_script", "srun_script",
+    "vllm_kv_transfer_config",
 ]  # fmt: skip
 
 ENV_VARS = frozenset(
@@ -92,6 +101,12 @@ ENV_VARS = frozenset(
         "VLLM_HOST_IP", "VLLM_RAY_BUNDLE_INDICES",
     }
 )  # fmt: skip
+KV_ENV_SOURCES: dict[str, str] = {
+    "VLLM_MOONCAKE_BOOTSTRAP_PORT": "vllm 0.33.0 vllm/envs.py (default 8998), read by "
+    "kv_connector/v1/mooncake/mooncake_connector.py get_mooncake_bootstrap_addr",
+}
+"""Variables of the disaggregated launches that ../shared/reference/engines.md does not list, and the file
+of the engine's wheel that reads each (as ``FLAG_SOURCES`` for flags)."""
 
 MAX_FILE_NAME = 255
 """Longest file name (bytes) most file systems take (NAME_MAX)."""
@@ -99,6 +114,8 @@ VLLM_MASTER_PORT = 29501  # vLLM's --master-port default (engines.md 1.1): the f
 SGLANG_DIST_PORT = 20000  # the port of the LWS SGLang example (engines.md section 2): the first one tried
 SGLANG_BOOTSTRAP_PORT = 8998  # SGLang 0.5.23 --disaggregation-bootstrap-port default (srt/arg_groups/fields/disagg.py)
 SGLANG_TRANSFER_BACKEND = "mooncake"  # SGLang's default KV transfer backend, and the one that takes IB devices
+VLLM_KV_CONNECTOR = "MooncakeConnector"  # vLLM 0.33.0 kv_connector/factory.py: Mooncake's RDMA transfer engine
+VLLM_KV_ROLES = {"prefill": "kv_producer", "decode": "kv_consumer"}  # vllm/config/kv_transfer.py KVRole
 ROUTER_PORT = 30000  # sglang-router 0.3.2 --port default (sglang_router/router_args.py)
 ROUTER_COMMAND = ("python3", "-m", "sglang_router.launch_router")
 MAX_PORT = 65535
@@ -137,7 +154,7 @@ class NodeLaunch(BaseModel):
         default=None, description="the same ranks started by Slurm's srun (multi-node TensorRT-LLM on alike nodes)"
     )
     bootstrap_port: int | None = Field(
-        default=None, description="a prefill instance's KV bootstrap server port (SGLang disaggregation)"
+        default=None, description="a prefill instance's KV bootstrap server port (SGLang, vLLM's Mooncake)"
     )
 
 
@@ -294,7 +311,7 @@ def build_launches(
     """One ``NodeLaunch`` per placement and node (and the router of a disaggregated plan, last).
 
     A plan whose placements have roles launches only with its ``disaggregation`` (the plan document's)
-    and with SGLang: without them each instance would start as a plain server that never hands its KV on.
+    and with SGLang or vLLM: otherwise each instance would start as a plain server that never hands its KV on.
     """
     if not 1 <= base_port <= MAX_PORT:
         raise InputError(f"--port {base_port} is not a port (1 to {MAX_PORT})")
@@ -321,6 +338,7 @@ def build_launches(
         if len(groups) > 1:
             first = VLLM_MASTER_PORT if engine == "vllm" else SGLANG_DIST_PORT
             dist_port = ports.take(group_nodes, first, "rendezvous")
+        # SGLang's and vLLM's Mooncake bootstrap servers both default to 8998
         bootstrap = ports.take(group_nodes, SGLANG_BOOTSTRAP_PORT, "bootstrap") if p.role == "prefill" else None
         for node_rank, setup in enumerate(setups):
             argv = list(core)
@@ -336,23 +354,28 @@ def build_launches(
             elif dist_port is not None:
                 argv += ["--nnodes", str(len(groups)), "--node-rank", str(node_rank)]
                 argv += ["--dist-init-addr", f"{head}:{dist_port}"]
-            if p.role is not None:
+            env = setup.env
+            if p.role is not None and engine == "sglang":
                 argv += _sglang_pd_args(p, setup, bootstrap)
+            elif p.role is not None:
+                argv += ["--kv-transfer-config", vllm_kv_transfer_config(p, setup.node, setup.gpus)]
+                if bootstrap is not None:
+                    env = {**env, "VLLM_MOONCAKE_BOOTSTRAP_PORT": str(bootstrap)}
             argv += ["--host", "0.0.0.0", "--port", str(port)]
             launches.append(
                 NodeLaunch(
                     placement=p.id, node=setup.node, engine=engine, role=p.role, node_rank=node_rank,
-                    nnodes=len(groups), env=setup.env, argv=setup.prefix + argv, gpus=setup.gpus, gpu_ids=setup.ids,
+                    nnodes=len(groups), env=env, argv=setup.prefix + argv, gpus=setup.gpus, gpu_ids=setup.ids,
                     numa_nodes=setup.numa_nodes, port=port, dist_port=dist_port, bootstrap_port=bootstrap,
                 )
             )  # fmt: skip
-    if disaggregation is not None:
+    if disaggregation is not None and engine == "sglang":  # vLLM 0.33.0 ships no PD proxy (module docstring)
         launches.append(_router_launch(request.id, launches, ports))
     return launches
 
 
 def _check_disaggregated(placements: Sequence[Placement], engine: Engine, pd: Disaggregation | None) -> None:
-    """A disaggregated plan launches with SGLang and its ``disaggregation``; a plain one without."""
+    """A disaggregated plan launches with SGLang or vLLM and its ``disaggregation``; a plain one without."""
     role = next((p for p in placements if p.role is not None), None)
     if role is None:
         if pd is not None:
@@ -362,21 +385,28 @@ def _check_disaggregated(placements: Sequence[Placement], engine: Engine, pd: Di
         raise InputError(
             f"placement {role.id} is a {role.role} instance of a prefill/decode disaggregated plan; this launcher "
             "starts plain instances only",
-            fix="launch the plan with `toposched launch sglang --plan PLAN.json`",
+            fix="launch the plan with `toposched launch sglang --plan PLAN.json` (or `launch vllm`)",
         )
-    if engine != "sglang":
+    if engine == "trtllm":
         raise InputError(
-            f"placement {role.id} is a {role.role} instance: toposched launches disaggregated plans with SGLang only "
-            f"so far, not {engine}",
-            fix="launch the plan with `toposched launch sglang`",
+            f"placement {role.id} is a {role.role} instance: toposched launches disaggregated plans with SGLang or "
+            f"vLLM only so far, not {engine}",
+            fix="launch the plan with `toposched launch sglang` or `toposched launch vllm`",
         )
+
+
+def _node_kv_nics(p: Placement, node: str, gpus: Sequence[int]) -> list[str]:
+    """The KV NICs of the ranks of ``p`` on ``node``, in the order of ``gpus``."""
+    if len(p.kv_nics) != len(p.ranks):
+        raise InputError(f"placement {p.id} is a {p.role} instance without a KV NIC for each rank")
+    nic_of = {(r.node, r.gpu): nic for r, nic in zip(p.ranks, p.kv_nics, strict=True)}
+    return [nic_of[(node, g)] for g in gpus]
 
 
 def sglang_ib_device(p: Placement, node: str, gpus: Sequence[int]) -> str:
     """``--disaggregation-ib-device`` for the ranks of ``p`` on ``node``: the one device they all use, or SGLang's
     per-GPU JSON mapping (keys: the GPU's index among ``CUDA_VISIBLE_DEVICES``, which lists ``gpus``)."""
-    nic_of = {(r.node, r.gpu): nic for r, nic in zip(p.ranks, p.kv_nics, strict=True)}
-    nics = [nic_of[(node, g)] for g in gpus]
+    nics = _node_kv_nics(p, node, gpus)
     if len(set(nics)) == 1:
         return nics[0]
     return json.dumps({str(i): nic for i, nic in enumerate(nics)}, separators=(",", ":"))
@@ -384,13 +414,29 @@ def sglang_ib_device(p: Placement, node: str, gpus: Sequence[int]) -> str:
 
 def _sglang_pd_args(p: Placement, setup: _NodeSetup, bootstrap: int | None) -> list[str]:
     """SGLang's disaggregation flags of one node of a prefill or decode instance."""
-    if len(p.kv_nics) != len(p.ranks):
-        raise InputError(f"placement {p.id} is a {p.role} instance without a KV NIC for each rank")
     argv = ["--disaggregation-mode", str(p.role), "--disaggregation-transfer-backend", SGLANG_TRANSFER_BACKEND]
     argv += ["--disaggregation-ib-device", sglang_ib_device(p, setup.node, setup.gpus)]
     if bootstrap is not None:
         argv += ["--disaggregation-bootstrap-port", str(bootstrap)]
     return argv
+
+
+def vllm_kv_transfer_config(p: Placement, node: str, gpus: Sequence[int]) -> str:
+    """``--kv-transfer-config`` (vllm/config/kv_transfer.py ``KVTransferConfig``) for the ranks of ``p`` on ``node``.
+
+    vLLM's MooncakeConnector reads ``mooncake_protocol`` and ``device_name`` from ``kv_connector_extra_config``
+    and hands them to Mooncake's ``TransferEngine.initialize``. One vLLM process takes one config for all its
+    workers, so the node's ranks' distinct KV NICs are listed (rank order) rather than one per rank.
+    """
+    if p.role not in VLLM_KV_ROLES:
+        raise InputError(f"placement {p.id} has role {p.role!r}, not prefill or decode")
+    devices = ",".join(dict.fromkeys(_node_kv_nics(p, node, gpus)))
+    config = {
+        "kv_connector": VLLM_KV_CONNECTOR,
+        "kv_role": VLLM_KV_ROLES[p.role],
+        "kv_connector_extra_config": {"mooncake_protocol": "rdma", "device_name": devices},
+    }
+    return json.dumps(config, separators=(",", ":"))
 
 
 def sglang_router_argv(launches: Sequence[NodeLaunch], port: int) -> list[str]:
@@ -471,7 +517,7 @@ def shell_script(launch: NodeLaunch, argv: Sequence[str] | None = None) -> str:
     problem = placement_id_problem(launch.placement) or node_name_problem(launch.node)
     if problem:
         raise InputError(f"launch script: {problem}")
-    bad = sorted(k for k in launch.env if k not in ENV_VARS)
+    bad = sorted(k for k in launch.env if k not in ENV_VARS and k not in KV_ENV_SOURCES)
     if bad:
         raise InputError(f"launch script: environment variable {bad[0]!r} is not one toposched writes")
     for name in launch.files:

@@ -26,6 +26,8 @@ reference/engines.md sections 3-5.
   order with ``CUDA_DEVICE_ORDER=PCI_BUS_ID``, then execs the plan's command (with ``numactl`` when the
   plan binds NUMA). Every value is shell-quoted and every ``$`` doubled for the kubelet's ``$(VAR)``
   expansion, so a model path cannot run anything.
+* A prefill/decode disaggregated plan is one RoleBasedGroup with its router and stores (``k8s_pd.py``);
+  ``render_objects`` and ``render_roles`` refuse it.
 * TensorRT-LLM (single-node placements only): the entrypoint first writes the launch's options YAML
   under ``FILES_DIR`` with a quoted here-document, and ``--config`` names it there. A multi-node
   TensorRT-LLM placement is refused: its leader would have to start ranks in the worker pods with
@@ -39,6 +41,8 @@ import shlex
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any, Literal
+
+from pydantic import TypeAdapter, ValidationError
 
 from toposched.binding.engines import Engine, NodeLaunch, build_launches, is_file_arg
 from toposched.binding.k8s_dra import (
@@ -58,7 +62,7 @@ from toposched.binding.k8s_dra import normalise_bus_id as normalise_bus_id  # re
 from toposched.binding.plan_doc import PlanDoc
 from toposched.errors import InputError
 from toposched.solver.request import Placement
-from toposched.topology.model import Cluster
+from toposched.topology.model import Cluster, ResourceName
 
 Obj = dict[str, Any]
 
@@ -104,10 +108,17 @@ class K8sOptions:
     """Memory request = limit."""
     gpu_request: GpuRequest = "auto"
     """How pods get their GPUs: DRA claims, ``nvidia.com/gpu`` from the device plugin, or auto (DRA when pinnable)."""
+    rdma_resource: str | None = None
+    """RDMA resource of a disaggregated plan's pods (None: the fabric's, else ``rdma/hca_shared_devices_a``)."""
 
     def __post_init__(self) -> None:
         if self.gpu_request not in GPU_REQUESTS:
             raise InputError(f"--gpu-request {self.gpu_request!r} is not one of {', '.join(GPU_REQUESTS)}")
+        if self.rdma_resource is not None:
+            try:
+                TypeAdapter(ResourceName).validate_python(self.rdma_resource)
+            except ValidationError as exc:
+                raise InputError(f"--rdma-resource: {exc.errors()[0]['msg']}") from None
 
     def resolved_image(self) -> str:
         image = self.image or DEFAULT_IMAGES[self.engine]
@@ -197,7 +208,7 @@ def _sh(value: str) -> str:
     return shlex.quote(value)
 
 
-def _command(argv: Sequence[str], leader_flag: str | None, files: Mapping[str, str] | None = None) -> str:
+def exec_line(argv: Sequence[str], leader_flag: str | None, files: Mapping[str, str] | None = None) -> str:
     """The exec line; the value after ``leader_flag`` becomes the LWS leader address, and a file of the
     launch its path under ``FILES_DIR``."""
     out: list[str] = []
@@ -274,7 +285,7 @@ def entrypoint(doc: PlanDoc, launches: Sequence[NodeLaunch], *, lws: bool, ids: 
             f"  {_sh(launch.node)})",
             f"    {_select_line(pod_ids)}",
             *_file_lines(launch.files),
-            f"    {_command(launch.argv, leader_flag, launch.files)}",
+            f"    {exec_line(launch.argv, leader_flag, launch.files)}",
             "    ;;",
         ]
     planned = _sh(" ".join(launch.node for launch in launches))
@@ -309,11 +320,14 @@ def pod_template(
     lws: bool,
     claim: str | None = None,
     ids: Sequence[GpuIds] | None = None,
+    rdma: str | None = None,
 ) -> Obj:
     """A PodTemplateSpec that runs ``launches`` (all with the same GPU count) on their nodes.
 
     With ``claim`` (the name of a ``ResourceClaimTemplate``) the pod gets its GPUs through DRA,
-    else it asks the device plugin for ``nvidia.com/gpu``.
+    else it asks the device plugin for ``nvidia.com/gpu``. ``rdma`` names the RDMA resource a
+    single-node pod needs too (KV transfer of a disaggregated plan); multi-node pods take the fabric's.
+    Pods that use RDMA get ``IPC_LOCK`` and, with ``fabric.host_network``, the host network.
     """
     nodes = [launch.node for launch in launches]
     gpus = len(launches[0].gpus)
@@ -323,8 +337,10 @@ def pod_template(
     resources: dict[str, str] = {} if claim else {GPU_RESOURCE: str(gpus)}
     fabric = doc.cluster.fabric
     multi = _multi_node(placement)
-    if multi and fabric is not None and fabric.rdma_resource:
-        resources[fabric.rdma_resource] = str(fabric.rdma_per_pod)
+    uses_rdma = multi or rdma is not None
+    rdma = rdma or (fabric.rdma_resource if multi and fabric is not None else None)
+    if rdma:
+        resources[rdma] = str(fabric.rdma_per_pod if fabric is not None else 1)
     if opts.cpu:
         resources["cpu"] = opts.cpu
     if opts.memory:
@@ -338,7 +354,7 @@ def pod_template(
         "resources": {"limits": dict(resources), "requests": dict(resources)} if resources else {},
         "volumeMounts": [{"name": "dshm", "mountPath": "/dev/shm"}],
     }
-    if multi:  # RDMA registers (pins) memory: NCCL over InfiniBand/RoCE needs CAP_IPC_LOCK
+    if uses_rdma:  # RDMA registers (pins) memory: NCCL or a KV transfer over InfiniBand/RoCE needs CAP_IPC_LOCK
         container["securityContext"] = {"capabilities": {"add": ["IPC_LOCK"]}}
     empty_dir: Obj = {"medium": "Memory"}
     if opts.shm_size:
@@ -356,7 +372,7 @@ def pod_template(
     spec: Obj = {"affinity": affinity, "containers": [container], "volumes": [{"name": "dshm", "emptyDir": empty_dir}]}
     if claim:
         pod_claim(spec, container, claim)
-    if multi and fabric is not None and fabric.host_network:
+    if uses_rdma and fabric is not None and fabric.host_network:
         spec["hostNetwork"] = True
         spec["dnsPolicy"] = "ClusterFirstWithHostNet"  # keep cluster DNS: the leader is found by name
     # Pods of one group (LWS) or replicas the request wants spread never share a node.
@@ -379,7 +395,7 @@ def pod_template(
     return {"metadata": {"labels": labels, "annotations": annotations}, "spec": spec}
 
 
-def _metadata(name: str, opts: K8sOptions, doc: PlanDoc) -> Obj:
+def object_metadata(name: str, opts: K8sOptions, doc: PlanDoc) -> Obj:
     return {
         "name": name,
         "namespace": opts.namespace,
@@ -388,7 +404,11 @@ def _metadata(name: str, opts: K8sOptions, doc: PlanDoc) -> Obj:
 
 
 def _launches(doc: PlanDoc, opts: K8sOptions) -> dict[str, list[NodeLaunch]]:
-    launches = build_launches(doc.placements, doc.request, doc.cluster, opts.engine, model_path=opts.model_path)
+    """The plan's launches by placement id (a disaggregated plan's router under its own id)."""
+    launches = build_launches(
+        doc.placements, doc.request, doc.cluster, opts.engine, model_path=opts.model_path,
+        disaggregation=doc.disaggregation,
+    )  # fmt: skip
     by_placement: dict[str, list[NodeLaunch]] = {}
     for launch in launches:
         if launch.hosts:
@@ -418,7 +438,7 @@ def deployment(
     return {
         "apiVersion": "apps/v1",
         "kind": "Deployment",
-        "metadata": _metadata(name, opts, doc),
+        "metadata": object_metadata(name, opts, doc),
         "spec": {
             "replicas": 1,
             "strategy": {"type": "Recreate"},
@@ -448,7 +468,7 @@ def leader_worker_set(
     return {
         "apiVersion": "leaderworkerset.x-k8s.io/v1",
         "kind": "LeaderWorkerSet",
-        "metadata": _metadata(name, opts, doc),
+        "metadata": object_metadata(name, opts, doc),
         "spec": {
             "replicas": 1,
             "leaderWorkerTemplate": {
@@ -477,7 +497,7 @@ def _ids(doc: PlanDoc, launches: Sequence[NodeLaunch], repeated: frozenset[str] 
     return [gpu_ids(doc.cluster.node(launch.node), launch.gpus, seen) for launch in launches]
 
 
-def _ordered(doc: PlanDoc, opts: K8sOptions) -> dict[str, tuple[list[NodeLaunch], list[GpuIds]]]:
+def ordered_launches(doc: PlanDoc, opts: K8sOptions) -> dict[str, tuple[list[NodeLaunch], list[GpuIds]]]:
     """Per placement: its launches in node-rank order and their GPU ids."""
     repeated = repeated_uuids(doc.cluster)
     out: dict[str, tuple[list[NodeLaunch], list[GpuIds]]] = {}
@@ -487,13 +507,13 @@ def _ordered(doc: PlanDoc, opts: K8sOptions) -> dict[str, tuple[list[NodeLaunch]
     return out
 
 
-def _claim(doc: PlanDoc, opts: K8sOptions, name: str, pods: Sequence[GpuIds]) -> Obj:
+def claim_for(doc: PlanDoc, opts: K8sOptions, name: str, pods: Sequence[GpuIds]) -> Obj:
     """The ResourceClaimTemplate ``name`` for pods with these GPUs (one pod per node)."""
     root = all(under_one_pcie_root(doc.cluster.node(x.node), x.gpus) for x in pods)
-    return claim_template(name, _metadata(name, opts, doc), pods, pcie_root=root)
+    return claim_template(name, object_metadata(name, opts, doc), pods, pcie_root=root)
 
 
-def _placement_warnings(doc: PlanDoc, placement: Placement, pods: Sequence[GpuIds], mode: str) -> list[str]:
+def placement_warnings(doc: PlanDoc, placement: Placement, pods: Sequence[GpuIds], mode: str) -> list[str]:
     """Device-plugin pods that do not take a whole node; multi-node pods without RDMA."""
     warnings: list[str] = []
     partial = [x for x in pods if x.pinned and len(x.gpus) < len(doc.cluster.node(x.node).gpus)]
@@ -522,7 +542,8 @@ def render_objects(doc: PlanDoc, opts: K8sOptions | None = None) -> K8sOutput:
     """Claim templates (DRA), then one Deployment per single-node placement and one LeaderWorkerSet per
     multi-node placement; with the warnings to print."""
     opts = opts or K8sOptions()
-    ordered = _ordered(doc, opts)
+    _check_plain(doc)
+    ordered = ordered_launches(doc, opts)
     mode, warnings = choose_gpu_request(opts.gpu_request, [i for _, ids in ordered.values() for i in ids])
     claims: list[Obj] = []
     objects: list[Obj] = []
@@ -532,18 +553,28 @@ def render_objects(doc: PlanDoc, opts: K8sOptions | None = None) -> K8sOutput:
         if len(launches) == 1:
             claim = f"{name}-gpus" if mode == "dra" else None
             if claim:
-                claims.append(_claim(doc, opts, claim, ids))
+                claims.append(claim_for(doc, opts, claim, ids))
             objects.append(deployment(doc, p, launches[0], opts, claim=claim, ids=ids[0]))
         else:
             pair: tuple[str | None, str | None] = (None, None)
             if mode == "dra":
                 pair = (f"{name}-leader-gpus", f"{name}-worker-gpus")
-                claims += [_claim(doc, opts, pair[0], ids[:1]), _claim(doc, opts, pair[1], ids[1:])]
+                claims += [claim_for(doc, opts, pair[0], ids[:1]), claim_for(doc, opts, pair[1], ids[1:])]
                 warning = claim_warning(p.id, ids[1:])
                 warnings += [warning] if warning else []
             objects.append(leader_worker_set(doc, p, launches, opts, claims=pair, ids=ids))
-        warnings += _placement_warnings(doc, p, ids, mode)
+        warnings += placement_warnings(doc, p, ids, mode)
     return K8sOutput(claims + objects, warnings, mode)
+
+
+def _check_plain(doc: PlanDoc) -> None:
+    """Deployments, LWS and ``--roles`` groups run plain instances; a disaggregated plan has its own group."""
+    if doc.disaggregation is not None:
+        raise InputError(
+            "this is a prefill/decode disaggregated plan: its instances, router and stores go into one "
+            "RoleBasedGroup (binding/k8s_pd.py render_pd)",
+            fix="run `toposched launch k8s --plan PD.json --engine sglang` without --roles",
+        )
 
 
 def k8s_objects(doc: PlanDoc, opts: K8sOptions | None = None) -> list[Obj]:
@@ -569,7 +600,9 @@ def render_roles(roles: Mapping[str, PlanDoc], name: str, opts: K8sOptions | Non
     """
     opts = opts or K8sOptions()
     group = dns_name(opts.name_prefix, name)
-    launched = {role: _ordered(doc, opts) for role, doc in roles.items()}
+    for doc in roles.values():
+        _check_plain(doc)
+    launched = {role: ordered_launches(doc, opts) for role, doc in roles.items()}
     everyone = [i for ordered in launched.values() for _, ids in ordered.values() for i in ids]
     mode, warnings = choose_gpu_request(opts.gpu_request, everyone)
     role_specs: list[Obj] = []
@@ -587,44 +620,64 @@ def render_roles(roles: Mapping[str, PlanDoc], name: str, opts: K8sOptions | Non
             pod_name = dns_name(group, role_name, limit=63)
             claim = f"{pod_name}-gpus" if mode == "dra" else None
             if claim:
-                claims.append(_claim(doc, opts, claim, ids))
+                claims.append(claim_for(doc, opts, claim, ids))
             template = pod_template(doc, p, launches, pod_name, opts, lws=False, claim=claim, ids=ids)
-            warnings += _placement_warnings(doc, p, ids, mode)
-            template["metadata"]["labels"]["role"] = role_name
-            role_specs.append(
-                {
-                    "name": role_name,
-                    "replicas": 1,
-                    "rolloutStrategy": {"type": "RollingUpdate", "rollingUpdate": {"maxSurge": 0, "maxUnavailable": 1}},
-                    "standalonePattern": {"template": template},
-                }
-            )
+            warnings += placement_warnings(doc, p, ids, mode)
+            role_specs.append(standalone_role(role_name, template))
+    first = next(iter(roles.values()))
     names = [r["name"] for r in role_specs]
+    rbg = role_based_group_object(group, role_specs, opts, first)
+    return K8sOutput([*claims, rbg, coordinated_policy(group, names, opts, first)], warnings, mode)
+
+
+RBG_API = "workloads.x-k8s.io/v1alpha2"
+
+
+def standalone_role(name: str, template: Obj, dependencies: Sequence[str] = ()) -> Obj:
+    """One RBG role of one pinned pod: it rolls with ``maxSurge: 0`` (a surge pod would wait for the same
+    GPUs forever); ``dependencies`` are roles RBG creates it after."""
+    template["metadata"]["labels"]["role"] = name
+    role: Obj = {
+        "name": name,
+        "replicas": 1,
+        "rolloutStrategy": {"type": "RollingUpdate", "rollingUpdate": {"maxSurge": 0, "maxUnavailable": 1}},
+    }
+    if dependencies:
+        role["dependencies"] = list(dependencies)
+    role["standalonePattern"] = {"template": template}
+    return role
+
+
+def role_based_group_object(group: str, roles: Sequence[Obj], opts: K8sOptions, doc: PlanDoc) -> Obj:
+    """The ``RoleBasedGroup`` of these role specs (their names must differ)."""
+    names = [r["name"] for r in roles]
     if len(set(names)) != len(names):
         raise InputError(f"role names repeat: {', '.join(names)}")
-    first = next(iter(roles.values()))
-    rbg = {
-        "apiVersion": "workloads.x-k8s.io/v1alpha2",
+    return {
+        "apiVersion": RBG_API,
         "kind": "RoleBasedGroup",
-        "metadata": _metadata(group, opts, first),
-        "spec": {"roles": role_specs},
+        "metadata": object_metadata(group, opts, doc),
+        "spec": {"roles": list(roles)},
     }
-    policy = {
-        "apiVersion": "workloads.x-k8s.io/v1alpha2",
+
+
+def coordinated_policy(group: str, roles: Sequence[str], opts: K8sOptions, doc: PlanDoc) -> Obj:
+    """A ``CoordinatedPolicy`` that rolls ``roles`` of the group together."""
+    return {
+        "apiVersion": RBG_API,
         "kind": "CoordinatedPolicy",
-        "metadata": _metadata(group, opts, first),
+        "metadata": object_metadata(group, opts, doc),
         "spec": {
             "policies": [
                 {
                     "name": dns_name(group, "rollout", limit=63),
-                    "roles": names,
+                    "roles": list(roles),
                     # maxSkew 0%: the roles' updated fractions never drift apart (seed 003 section 1.4).
                     "strategy": {"rollingUpdate": {"maxSkew": "0%", "maxUnavailable": 1}},
                 }
             ]
         },
     }
-    return K8sOutput([*claims, rbg, policy], warnings, mode)
 
 
 # --- Checking real nodes against the affinity (seed 003 section 3.1) -----------------------------

@@ -14,7 +14,9 @@ form for Slurm when its nodes are alike).
 
 A prefill/decode disaggregated plan (``plan --pd-prefill N --pd-decode M``) launches with ``launch
 sglang``: one script per instance and node with its disaggregation flags, and one for the router
-(``PLAN-router-NODE.sh``); the other launchers refuse it in one line.
+(``PLAN-router-NODE.sh``); or with ``launch vllm``: one script per instance and node with its
+``--kv-transfer-config`` (MooncakeConnector) and no router, since vLLM 0.33.0 ships no PD proxy.
+``launch trtllm`` refuses it in one line.
 """
 
 from __future__ import annotations
@@ -27,10 +29,17 @@ import typer
 
 from toposched.binding.engines import Engine, NodeLaunch, build_launches, plain_file_name, shell_script, srun_script
 from toposched.cli import launch_k8s
-from toposched.cli._common import console, print_json
+from toposched.cli._common import console, err_console, print_json
 from toposched.cli.plan_source import PlanSource, plan_options
 from toposched.errors import InputError
 from toposched.names import node_name_problem, placement_id_problem
+
+VLLM_NO_ROUTER = (
+    "note: no router was written: vLLM 0.33.0 ships no prefill/decode proxy; put one in front that sends each "
+    "request to a prefill instance, then to a decode instance with kv_transfer_params naming the prefill's "
+    "remote_bootstrap_addr (http://NODE:PORT, PORT its VLLM_MOONCAKE_BOOTSTRAP_PORT)"
+)
+"""Said on stderr after a vLLM launch of a disaggregated plan."""
 
 launch_app = typer.Typer(help="Launch plans for vLLM, SGLang, TensorRT-LLM, Kubernetes and Ray.", no_args_is_help=True)
 
@@ -145,6 +154,8 @@ def _engine_command(engine: Engine) -> None:
             model_path=model_path, master_addr=master_addr, base_port=port, disaggregation=doc.disaggregation,
         )  # fmt: skip
         _emit(launches, fmt, json_out, out)
+        if engine == "vllm" and doc.disaggregation is not None:
+            err_console.print(VLLM_NO_ROUTER, markup=False, soft_wrap=True)
 
     command.__doc__ = (
         f"Commands and environment to run each placement with {engine}, one per node."

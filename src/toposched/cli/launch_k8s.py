@@ -18,6 +18,7 @@ from toposched.binding.k8s import (
     render_roles,
 )
 from toposched.binding.k8s_dra import GPU_REQUESTS, GpuRequest
+from toposched.binding.k8s_pd import render_pd
 from toposched.binding.kubelet import kubelet_configs
 from toposched.binding.plan_doc import PlanDoc, load_plan
 from toposched.binding.ray import check_ray_engine, ray_document
@@ -97,7 +98,15 @@ def register_launch(launch_app: typer.Typer) -> None:
         roles: str | None = typer.Option(
             None, "--roles", help="ROLE=PLAN.json,... : a RoleBasedGroup and CoordinatedPolicy instead."
         ),
-        group: str = typer.Option("pd", "--group", help="Name of the RoleBasedGroup (with --roles)."),
+        group: str = typer.Option(
+            "pd", "--group", help="Name of the RoleBasedGroup (with --roles, or a disaggregated plan)."
+        ),
+        rdma_resource: str | None = typer.Option(
+            None,
+            "--rdma-resource",
+            help="RDMA resource of a disaggregated plan's pods (default: the cluster fabric's, else "
+            "rdma/hca_shared_devices_a).",
+        ),
         kubelet: bool = typer.Option(False, "--kubelet", help="Print KubeletConfiguration snippets instead."),
         topology_policy: str = typer.Option(
             "auto",
@@ -108,12 +117,14 @@ def register_launch(launch_app: typer.Typer) -> None:
         *,
         source: PlanSource,
     ) -> None:
-        """Kubernetes objects: a Deployment per single-node placement, a LeaderWorkerSet per multi-node one."""
+        """Kubernetes objects: a Deployment per single-node placement, a LeaderWorkerSet per multi-node one;
+        for a prefill/decode disaggregated plan, one RoleBasedGroup with its Services."""
         if fmt not in ("yaml", "json"):
             raise InputError(f"--format {fmt!r} is not one of yaml, json for Kubernetes objects")
         opts = K8sOptions(
             engine=_engine(engine), image=image, namespace=namespace, name_prefix=name_prefix, model_path=model_path,
             rack_label=rack_label, shm_size=shm_size, cpu=cpu, memory=memory, gpu_request=_gpu_request(gpu_request),
+            rdma_resource=rdma_resource,
         )  # fmt: skip
         if roles is not None:
             if source.plan is not None or source.model is not None:
@@ -129,7 +140,8 @@ def register_launch(launch_app: typer.Typer) -> None:
                 else:
                     print(_dump_yaml(configs), end="")
                 return
-            output = render_objects(doc, opts)
+            # A disaggregated plan is one RoleBasedGroup (prefill, decode, router, stores); a plain one is not.
+            output = render_pd(doc, group, opts) if doc.disaggregation is not None else render_objects(doc, opts)
         _warn(output.warnings)
         if fmt == "json":
             print_json({"apiVersion": "v1", "kind": "List", "items": output.objects})

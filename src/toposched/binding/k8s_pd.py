@@ -1,0 +1,310 @@
+"""Kubernetes objects for a prefill/decode disaggregated plan: one RoleBasedGroup (seed 003).
+
+A disaggregated plan (``solver/pd.py``) becomes, in apply order:
+
+* the DRA ``ResourceClaimTemplate`` of every prefill and decode pod (when the plan has real GPU ids);
+* one ``Service`` per prefill and decode instance (its HTTP port, and a prefill instance's bootstrap
+  port) and one for the router: the router's ``--prefill``/``--decode`` URLs name these Services
+  instead of node names, which pods on the pod network cannot reach at the servers' ports;
+* one ``RoleBasedGroup`` (``workloads.x-k8s.io/v1alpha2``) with a role per prefill instance
+  (``prefill``, or ``prefill-0`` ...), per decode instance, per store (``store``, or ``store-0`` ...)
+  and the ``router``. Each instance is its own role because its pod is pinned to its planned node
+  and GPUs exactly as a plain plan's Deployment is (``k8s.pod_template``: node affinity on
+  ``kubernetes.io/hostname``, DRA claims or ``nvidia.com/gpu``, the GPU-selecting entrypoint that
+  runs the SGLang command ``build_launches`` made for it);
+* a ``CoordinatedPolicy`` that rolls the prefill and store roles together (seed 003 section 1.4: their
+  transfer engines must run the same version), when the plan has stores.
+
+Every prefill, decode and store pod asks for one RDMA device (``K8sOptions.rdma_resource``, else the
+fabric's ``rdma_resource``, else ``rdma/hca_shared_devices_a``, the shared-HCA device plugin's
+example name) and gets ``IPC_LOCK``. Each decode pod has a required pod affinity to its rack's store
+on the rack label (``--rack-label``; ``kubernetes.io/hostname`` for a node without a rack, which is
+its own rack) and depends on that store role, so RBG creates it after the store.
+
+Host memory: the plan binds each rank's host memory to its GPU's NUMA node (``host_numa``); the
+command does it with ``numactl`` where the launch has it, and the pod carries the NUMA nodes and KV
+NICs as annotations. Kubernetes itself can only align a Guaranteed pod's CPUs and memory with the
+devices it allocates (Topology Manager ``single-numa-node`` with the Memory Manager's ``Static``
+policy); it cannot be told which NUMA node, and GPUs claimed through DRA give it no NUMA hint. A
+warning says so when ``--cpu``/``--memory`` are not given (the pods are then not Guaranteed).
+
+Only single-node instances are supported: a multi-node one would need RBG's ``leaderWorkerPattern``
+with the rendezvous address rewritten to the leader, which is not written yet.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+from toposched.binding.engines import NodeLaunch
+from toposched.binding.k8s import (
+    CONTAINER,
+    HOSTNAME,
+    LABEL_PLACEMENT,
+    LABEL_REQUEST,
+    MANAGED_BY,
+    K8sOptions,
+    K8sOutput,
+    Obj,
+    Requirement,
+    claim_for,
+    coordinated_policy,
+    dns_name,
+    exec_line,
+    kubelet_escape,
+    label_value,
+    object_metadata,
+    ordered_launches,
+    placement_warnings,
+    pod_template,
+    role_based_group_object,
+    standalone_role,
+)
+from toposched.binding.k8s_dra import GpuIds, choose_gpu_request
+from toposched.binding.plan_doc import PlanDoc
+from toposched.errors import InputError
+from toposched.solver.pd import KvStore
+from toposched.solver.request import Placement
+
+DEFAULT_RDMA_RESOURCE = "rdma/hca_shared_devices_a"
+"""The resource name of the k8s-rdma-shared-dev-plugin's example config; ``--rdma-resource`` overrides it."""
+STORE_COMMAND = ("mooncake_master",)
+"""The store's process, with Mooncake's own defaults: its settings are not emitted yet (docs/pd.md)."""
+LABEL_ROLE = "toposched.io/role"
+ANNOTATION_KV_NICS = "toposched.io/kv-nics"
+ANNOTATION_HOST_NUMA = "toposched.io/host-numa"
+
+
+def rdma_resource(doc: PlanDoc, opts: K8sOptions) -> str:
+    """The RDMA resource every KV-moving pod asks for: the option's, the fabric's, or the shared-HCA default."""
+    fabric = doc.cluster.fabric
+    return opts.rdma_resource or (fabric.rdma_resource if fabric is not None else None) or DEFAULT_RDMA_RESOURCE
+
+
+def _rack_key(doc: PlanDoc, node: str, opts: K8sOptions) -> tuple[str, str]:
+    """(topology key, value) of the node's rack: a node without a rack label is its own rack."""
+    rack = doc.cluster.node(node).rack
+    return (opts.rack_label, rack) if rack is not None else (HOSTNAME, node)
+
+
+def _store_of(doc: PlanDoc, node: str, opts: K8sOptions) -> int:
+    """The index of the store in the rack of ``node`` (the planner puts one in every rack decode uses)."""
+    want = _rack_key(doc, node, opts)
+    for i, store in enumerate(doc.stores):
+        if _rack_key(doc, store.node, opts) == want:
+            return i
+    raise InputError(f"no KV-cache store in the rack of decode node {node}; the plan's stores do not match its decode")
+
+
+def _role_names(prefix: str, count: int) -> list[str]:
+    """``prefill`` for one instance, ``prefill-0`` ... for several (as ``render_roles`` names them)."""
+    return [prefix] if count == 1 else [f"{prefix}-{i}" for i in range(count)]
+
+
+def _service(name: str, ports: Sequence[tuple[str, int]], opts: K8sOptions, doc: PlanDoc) -> Obj:
+    """A ClusterIP Service named as the pod it selects (by its ``toposched.io/placement`` label)."""
+    if not name[0].isalpha():  # a Service name is a DNS-1035 label
+        raise InputError(f"Service name {name!r} must start with a letter", fix="use a --name-prefix that does")
+    return {
+        "apiVersion": "v1",
+        "kind": "Service",
+        "metadata": object_metadata(name, opts, doc),
+        "spec": {
+            "selector": {LABEL_PLACEMENT: name},
+            "ports": [{"name": n, "port": p, "targetPort": p, "protocol": "TCP"} for n, p in ports],
+        },
+    }
+
+
+def _annotate_kv(template: Obj, p: Placement) -> None:
+    """The plan's KV NICs and host NUMA nodes, rank order, for the sidecar and for people reading the pod."""
+    notes = template["metadata"]["annotations"]
+    notes[ANNOTATION_KV_NICS] = ",".join(p.kv_nics)
+    notes[ANNOTATION_HOST_NUMA] = ",".join("" if n is None else str(n) for n in p.host_numa)
+
+
+def _require(template: Obj, key: str, value: str) -> None:
+    """Add ``key In (value)`` to the template's required node affinity (a missing label then says why)."""
+    terms = template["spec"]["affinity"]["nodeAffinity"]["requiredDuringSchedulingIgnoredDuringExecution"]
+    expressions = terms["nodeSelectorTerms"][0]["matchExpressions"]
+    if not any(e["key"] == key for e in expressions):
+        expressions.append(Requirement(key, "In", (value,)).expression())
+
+
+def _plain_template(
+    doc: PlanDoc,
+    name: str,
+    role: str,
+    node: str,
+    argv: Sequence[str],
+    opts: K8sOptions,
+    *,
+    rdma: str | None,
+    port: int | None = None,
+) -> Obj:
+    """A pod template without GPUs (router, store) pinned to its planned node."""
+    resources: dict[str, str] = {rdma: "1"} if rdma else {}
+    if opts.cpu:
+        resources["cpu"] = opts.cpu
+    if opts.memory:
+        resources["memory"] = opts.memory
+    container: Obj = {
+        "name": CONTAINER,
+        "image": opts.resolved_image(),
+        "command": ["/bin/sh", "-c", kubelet_escape(exec_line(argv, None) + "\n")],
+        "resources": {"limits": dict(resources), "requests": dict(resources)} if resources else {},
+    }
+    if port is not None:
+        container["ports"] = [{"name": "http", "containerPort": port, "protocol": "TCP"}]
+    if rdma:
+        container["securityContext"] = {"capabilities": {"add": ["IPC_LOCK"]}}
+    requirement = Requirement(HOSTNAME, "In", (node,)).expression()
+    spec: Obj = {
+        "affinity": {
+            "nodeAffinity": {
+                "requiredDuringSchedulingIgnoredDuringExecution": {
+                    "nodeSelectorTerms": [{"matchExpressions": [requirement]}]
+                }
+            }
+        },
+        "containers": [container],
+    }
+    fabric = doc.cluster.fabric
+    if rdma and fabric is not None and fabric.host_network:  # as the GPU pods (k8s.pod_template)
+        spec["hostNetwork"] = True
+        spec["dnsPolicy"] = "ClusterFirstWithHostNet"
+    return {
+        "metadata": {
+            "labels": {
+                **MANAGED_BY,
+                LABEL_REQUEST: label_value(doc.request.id),
+                LABEL_PLACEMENT: name,
+                LABEL_ROLE: role,
+            },
+            "annotations": {},  # not a placement: no ``toposched.io/placement`` for the extender or sidecar
+        },
+        "spec": spec,
+    }
+
+
+def _router(launched: dict[str, tuple[list[NodeLaunch], list[GpuIds]]], doc: PlanDoc) -> NodeLaunch:
+    """The one launch that belongs to no placement: the router ``build_launches`` adds to a disaggregated plan."""
+    extra = [launches for key, (launches, _) in launched.items() if key not in {p.id for p in doc.placements}]
+    if len(extra) != 1 or len(extra[0]) != 1 or extra[0][0].role != "router":
+        raise InputError("the disaggregated plan's launches have no single router")
+    return extra[0][0]
+
+
+def _router_argv(router: NodeLaunch, services: dict[str, str]) -> list[str]:
+    """The router's argv with every server URL (``http://NODE:PORT``) replaced by its Service's."""
+    argv = [services.get(arg, arg) for arg in router.argv]
+    left = [a for a in argv if a.startswith("http://") and a not in services.values()]
+    if left:
+        raise InputError(f"the router URL {left[0]} is not one of the plan's prefill or decode instances")
+    return argv
+
+
+def render_pd(doc: PlanDoc, group_name: str = "pd", opts: K8sOptions | None = None) -> K8sOutput:
+    """Claim templates, Services, the RoleBasedGroup and the CoordinatedPolicy of a disaggregated plan."""
+    opts = opts or K8sOptions(engine="sglang")
+    if doc.disaggregation is None:
+        raise InputError(
+            "not a prefill/decode disaggregated plan", fix="make one with `toposched plan --pd-prefill N --pd-decode M`"
+        )
+    if opts.engine != "sglang":
+        raise InputError(f"disaggregated plans run with SGLang only, not {opts.engine}", fix="pass --engine sglang")
+    group = dns_name(opts.name_prefix, group_name)
+    rdma = rdma_resource(doc, opts)
+    launched = ordered_launches(doc, opts)
+    router = _router(launched, doc)
+    mode, warnings = choose_gpu_request(opts.gpu_request, [i for p in doc.placements for i in launched[p.id][1]])
+    names: dict[str, str] = {}
+    for kind in ("prefill", "decode"):
+        ids_of = [p.id for p in doc.placements if p.role == kind]
+        names.update(zip(ids_of, _role_names(kind, len(ids_of)), strict=True))
+    stores = _role_names("store", len(doc.stores))
+    claims: list[Obj] = []
+    services: list[Obj] = []
+    roles: list[Obj] = []
+    urls: dict[str, str] = {}
+    for p in doc.placements:
+        launches, ids = launched[p.id]
+        if len(launches) > 1:
+            raise InputError(
+                f"placement {p.id} spans {len(launches)} nodes; the RoleBasedGroup of a disaggregated plan covers "
+                "single-node instances only",
+                fix="plan a model whose instances fit one node, or launch it with `toposched launch sglang`",
+            )
+        role = names[p.id]
+        pod = dns_name(group, role, limit=63)
+        roles.append(_gpu_role(doc, p, launches, ids, group, role, opts, mode, rdma, claims, stores))
+        warnings += placement_warnings(doc, p, ids, mode)
+        (head,) = launches
+        ports = [("http", head.port)] + ([("bootstrap", head.bootstrap_port)] if head.bootstrap_port else [])
+        services.append(_service(pod, ports, opts, doc))
+        urls[f"http://{head.node}:{head.port}"] = f"http://{pod}.{opts.namespace}.svc:{head.port}"
+    for i, store in enumerate(doc.stores):
+        roles.append(_store_role(doc, store, stores[i], group, opts, rdma))
+    router_pod = dns_name(group, "router", limit=63)
+    template = _plain_template(
+        doc, router_pod, "router", router.node, _router_argv(router, urls), opts, rdma=None, port=router.port
+    )
+    roles.append(standalone_role("router", template))
+    services.append(_service(router_pod, [("http", router.port)], opts, doc))
+    objects = [*claims, *services, role_based_group_object(group, roles, opts, doc)]
+    if stores:
+        together = [names[p.id] for p in doc.placements if p.role == "prefill"]
+        objects.append(coordinated_policy(group, [*together, *stores], opts, doc))
+    if not (opts.cpu and opts.memory):
+        warnings.append(
+            "the pods have no --cpu and --memory (requests = limits), so they are not Guaranteed QoS: the kubelet's "
+            "Topology Manager and Memory Manager align CPUs and memory with a NUMA node only for Guaranteed pods"
+        )
+    return K8sOutput(objects, warnings, mode)
+
+
+def _gpu_role(
+    doc: PlanDoc,
+    p: Placement,
+    launches: list[NodeLaunch],
+    ids: list[GpuIds],
+    group: str,
+    role: str,
+    opts: K8sOptions,
+    mode: str,
+    rdma: str,
+    claims: list[Obj],
+    stores: list[str],
+) -> Obj:
+    """The role of one prefill or decode instance; a decode pod needs its rack's store (pod affinity)."""
+    pod = dns_name(group, role, limit=63)
+    claim = f"{pod}-gpus" if mode == "dra" else None
+    if claim:
+        claims.append(claim_for(doc, opts, claim, ids))
+    template = pod_template(doc, p, launches, pod, opts, lws=False, claim=claim, ids=ids, rdma=rdma)
+    template["metadata"]["labels"][LABEL_ROLE] = str(p.role)
+    _annotate_kv(template, p)
+    node = launches[0].node
+    key, value = _rack_key(doc, node, opts)
+    _require(template, key, value)
+    if p.role != "decode" or not doc.stores:
+        return standalone_role(role, template)
+    store = stores[_store_of(doc, node, opts)]
+    template["spec"]["affinity"]["podAffinity"] = {
+        "requiredDuringSchedulingIgnoredDuringExecution": [
+            {
+                "labelSelector": {"matchLabels": {LABEL_PLACEMENT: dns_name(group, store, limit=63)}},
+                "topologyKey": key,
+            }
+        ]
+    }
+    return standalone_role(role, template, dependencies=[store])
+
+
+def _store_role(doc: PlanDoc, store: KvStore, role: str, group: str, opts: K8sOptions, rdma: str) -> Obj:
+    """The role of one KV-cache store: host memory and RDMA NICs of its planned node, no GPUs."""
+    pod = dns_name(group, role, limit=63)
+    template = _plain_template(doc, pod, "store", store.node, STORE_COMMAND, opts, rdma=rdma)
+    _require(template, *_rack_key(doc, store.node, opts))
+    template["metadata"]["annotations"][ANNOTATION_KV_NICS] = ",".join(store.nics)
+    return standalone_role(role, template)

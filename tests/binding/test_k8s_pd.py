@@ -1,0 +1,301 @@
+"""The RoleBasedGroup of a prefill/decode disaggregated plan: schemas, pinning, rack affinity, router, quoting."""
+
+from __future__ import annotations
+
+import contextlib
+import copy
+import dataclasses
+import io
+import json
+import shlex
+from pathlib import Path
+from typing import Any
+
+import pytest
+import yaml
+from checks.engines.static_checks import object_problems
+
+from tests.binding.test_k8s import expressions, run_entrypoint, script_of
+from tests.binding.test_k8s_dra import captured, with_fabric
+from tests.conftest import RunCli
+from toposched.binding.engines import NodeLaunch, build_launches
+from toposched.binding.k8s import HOSTNAME, K8sOptions, render_objects, render_roles
+from toposched.binding.k8s_pd import DEFAULT_RDMA_RESOURCE, render_pd
+from toposched.binding.plan_doc import PlanDoc, load_plan
+from toposched.errors import InputError
+
+IMAGE = "lmsysorg/sglang:v0.5.23"
+SGLANG = K8sOptions(engine="sglang", image=IMAGE)
+RACK = "toposched.io/rack"
+PD_ARGS = {
+    # 4 prefill + 8 decode TP=4 instances of a 70B model fill two racks of the 256-GPU preset: two stores.
+    "two-racks": ["--pd-prefill", "4", "--pd-decode", "8", "--kv-store", "mooncake"],
+    "no-store": ["--pd-prefill", "1", "--pd-decode", "2"],
+}
+
+
+@pytest.fixture(scope="module")
+def pd_files(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
+    from toposched.cli.main import main
+
+    out = tmp_path_factory.mktemp("pd")
+    files = {}
+    for name, args in PD_ARGS.items():
+        buf = io.StringIO()
+        with contextlib.redirect_stdout(buf), contextlib.suppress(SystemExit):
+            main(["plan", "-m", "llama-3.1-70b", "--preset", "cluster-32x-hgx-h100", *args, "--json"])
+        files[name] = out / f"{name}.json"
+        files[name].write_text(buf.getvalue())
+    return files
+
+
+@pytest.fixture(scope="module")
+def pd(pd_files: dict[str, Path]) -> dict[str, PlanDoc]:
+    return {name: load_plan(path) for name, path in pd_files.items()}
+
+
+def probed(doc: PlanDoc) -> PlanDoc:
+    """The disaggregated plan as if its nodes had been probed live (real UUIDs: DRA claims)."""
+    return dataclasses.replace(captured(doc), disaggregation=doc.disaggregation, stores=doc.stores)
+
+
+def of_kind(objects: list[dict[str, Any]], kind: str) -> list[dict[str, Any]]:
+    return [o for o in objects if o["kind"] == kind]
+
+
+def roles_of(objects: list[dict[str, Any]]) -> dict[str, dict[str, Any]]:
+    (rbg,) = of_kind(objects, "RoleBasedGroup")
+    return {r["name"]: r for r in rbg["spec"]["roles"]}
+
+
+def template(role: dict[str, Any]) -> dict[str, Any]:
+    return role["standalonePattern"]["template"]  # type: ignore[no-any-return]
+
+
+def exec_argv(role: dict[str, Any]) -> list[str]:
+    """The command the pod execs, as the shell splits it (the kubelet's ``$$`` undone)."""
+    (line,) = [x.strip() for x in script_of(template(role)).splitlines() if x.strip().startswith("exec ")]
+    return shlex.split(line)[1:]
+
+
+def launches(doc: PlanDoc, model_path: str | None = None) -> list[NodeLaunch]:
+    return build_launches(
+        doc.placements, doc.request, doc.cluster, "sglang", model_path=model_path, disaggregation=doc.disaggregation
+    )
+
+
+@pytest.mark.parametrize("pinned", [False, True], ids=["device-plugin", "dra"])
+@pytest.mark.parametrize("name", list(PD_ARGS))
+def test_every_object_validates(pd: dict[str, PlanDoc], name: str, pinned: bool) -> None:
+    doc = probed(pd[name]) if pinned else pd[name]
+    out = render_pd(doc, "pd", SGLANG)
+    assert out.gpu_request == ("dra" if pinned else "device-plugin")
+    kinds = [o["kind"] for o in out.objects]
+    assert kinds.count("RoleBasedGroup") == 1
+    assert kinds.count("ResourceClaimTemplate") == (len(doc.placements) if pinned else 0)
+    assert kinds.count("Service") == len(doc.placements) + 1  # one per instance and the router's
+    assert kinds.count("CoordinatedPolicy") == (1 if doc.stores else 0)
+    for obj in out.objects:
+        assert object_problems(obj) == [], obj["kind"]
+
+
+def test_the_crd_schema_refuses_what_rbg_does_not_have(pd: dict[str, PlanDoc]) -> None:
+    objects = render_pd(pd["two-racks"], "pd", SGLANG).objects
+    (rbg,) = copy.deepcopy(of_kind(objects, "RoleBasedGroup"))
+    rbg["spec"]["roles"][0]["topologyAwarePlacement"] = True  # engines.md section 10: not a real field
+    assert object_problems(rbg)
+    (policy,) = copy.deepcopy(of_kind(objects, "CoordinatedPolicy"))
+    policy["spec"]["policies"][0]["strategy"]["rollingUpdate"]["maxSurge"] = 1
+    assert object_problems(policy)
+
+
+def test_each_instance_runs_its_planned_command_on_its_planned_node(pd: dict[str, PlanDoc]) -> None:
+    doc = pd["two-racks"]
+    roles = roles_of(render_pd(doc, "pd", SGLANG).objects)
+    by_placement = {x.placement: x for x in launches(doc)}
+    assert sorted(roles) == sorted(
+        [*(f"prefill-{i}" for i in range(4)), *(f"decode-{i}" for i in range(8)), "store-0", "store-1", "router"]
+    )
+    for p in doc.placements:
+        role = roles[f"{p.role}-{p.id.rsplit('-', 1)[1]}"]
+        launch = by_placement[p.id]
+        pod = template(role)
+        assert pod["metadata"]["annotations"]["toposched.io/placement"] == p.id
+        assert expressions(pod)[HOSTNAME]["values"] == [p.ranks[0].node]
+        assert exec_argv(role) == launch.argv  # build_launches' SGLang command, unchanged
+        assert pod["metadata"]["annotations"]["toposched.io/kv-nics"] == ",".join(p.kv_nics)
+        limits = pod["spec"]["containers"][0]["resources"]["limits"]
+        assert limits["nvidia.com/gpu"] == str(len(p.ranks)) and limits[DEFAULT_RDMA_RESOURCE] == "1"
+        assert pod["spec"]["containers"][0]["securityContext"]["capabilities"]["add"] == ["IPC_LOCK"]
+    for i, store in enumerate(doc.stores):
+        pod = template(roles[f"store-{i}"])
+        assert expressions(pod)[HOSTNAME]["values"] == [store.node]
+        assert expressions(pod)[RACK]["values"] == [store.rack]
+        assert "nvidia.com/gpu" not in pod["spec"]["containers"][0]["resources"]["limits"]
+
+
+def test_decode_shares_a_rack_with_its_store(pd: dict[str, PlanDoc]) -> None:
+    doc = pd["two-racks"]
+    roles = roles_of(render_pd(doc, "pd", SGLANG).objects)
+    store_labels = {name: template(r)["metadata"]["labels"] for name, r in roles.items() if name.startswith("store")}
+    rack_of = {n.name: n.rack for n in doc.cluster.nodes}
+    racks_used = set()
+    for p in doc.placements:
+        if p.role != "decode":
+            continue
+        role = roles[f"decode-{p.id.rsplit('-', 1)[1]}"]
+        (term,) = template(role)["spec"]["affinity"]["podAffinity"]["requiredDuringSchedulingIgnoredDuringExecution"]
+        assert term["topologyKey"] == RACK
+        (store,) = [
+            n for n, labels in store_labels.items() if term["labelSelector"]["matchLabels"].items() <= labels.items()
+        ]
+        assert role["dependencies"] == [store]  # RBG creates the decode pod after its store
+        store_node = expressions(template(roles[store]))[HOSTNAME]["values"][0]
+        assert rack_of[store_node] == rack_of[p.ranks[0].node]
+        racks_used.add(rack_of[store_node])
+    assert len(racks_used) == 2  # the case covers two racks, each with its own store
+
+
+def test_a_node_without_a_rack_is_its_own_rack(pd: dict[str, PlanDoc]) -> None:
+    doc = pd["two-racks"]
+    nodes = tuple(n.model_copy(update={"rack": None}) for n in doc.cluster.nodes)
+    stores = tuple(s.model_copy(update={"rack": None}) for s in doc.stores)
+    flat = dataclasses.replace(doc, cluster=doc.cluster.model_copy(update={"nodes": nodes}), stores=stores)
+    # with no racks every decode needs a store on its own node; this plan's stores are on two nodes only
+    with pytest.raises(InputError, match="no KV-cache store in the rack of decode node"):
+        render_pd(flat, "pd", SGLANG)
+    decode_nodes = {p.ranks[0].node for p in doc.placements if p.role == "decode"}
+    own = tuple(stores[0].model_copy(update={"node": n}) for n in sorted(decode_nodes))
+    roles = roles_of(render_pd(dataclasses.replace(flat, stores=own), "pd", SGLANG).objects)
+    for name, role in roles.items():
+        if name.startswith("decode"):
+            (term,) = template(role)["spec"]["affinity"]["podAffinity"][
+                "requiredDuringSchedulingIgnoredDuringExecution"
+            ]
+            assert term["topologyKey"] == HOSTNAME
+
+
+def test_the_router_reaches_every_instance_through_its_service(pd: dict[str, PlanDoc]) -> None:
+    doc = pd["two-racks"]
+    objects = render_pd(doc, "pd", dataclasses.replace(SGLANG, namespace="llm")).objects
+    services = {s["metadata"]["name"]: s for s in of_kind(objects, "Service")}
+    roles = roles_of(objects)
+    argv = exec_argv(roles["router"])
+    planned = launches(doc)[-1].argv
+    assert len(argv) == len(planned)
+    for got, want in zip(argv, planned, strict=True):
+        if not want.startswith("http://"):
+            assert got == want
+            continue
+        host, port = got.removeprefix("http://").rsplit(":", 1)
+        name, namespace, svc = host.split(".")
+        assert (namespace, svc) == ("llm", "svc")
+        ports = {p["name"]: p["port"] for p in services[name]["spec"]["ports"]}
+        assert ports["http"] == int(port) == int(want.rsplit(":", 1)[1])
+        # the Service selects exactly the pod of the instance the plan's URL names
+        selected = [
+            r
+            for r in roles.values()
+            if services[name]["spec"]["selector"].items() <= template(r)["metadata"]["labels"].items()
+        ]
+        (role,) = selected
+        assert expressions(template(role))[HOSTNAME]["values"] == [want.removeprefix("http://").rsplit(":", 1)[0]]
+        if "bootstrap" in ports:  # a prefill URL is followed by its bootstrap port
+            assert str(ports["bootstrap"]) == argv[argv.index(got) + 1]
+
+
+def test_prefill_and_store_roll_out_together(pd: dict[str, PlanDoc]) -> None:
+    objects = render_pd(pd["two-racks"], "pd", SGLANG).objects
+    (policy,) = of_kind(objects, "CoordinatedPolicy")
+    (rule,) = policy["spec"]["policies"]
+    assert rule["roles"] == ["prefill-0", "prefill-1", "prefill-2", "prefill-3", "store-0", "store-1"]
+    assert rule["strategy"]["rollingUpdate"]["maxSkew"] == "0%"
+    assert not of_kind(render_pd(pd["no-store"], "pd", SGLANG).objects, "CoordinatedPolicy")
+
+
+def test_rdma_resource_from_the_option_else_the_fabric(pd: dict[str, PlanDoc]) -> None:
+    doc = with_fabric(pd["no-store"], rdma_resource="rdma/ib")
+    doc = dataclasses.replace(doc, disaggregation=pd["no-store"].disaggregation)
+    for opts, want in (
+        (SGLANG, "rdma/ib"),
+        (dataclasses.replace(SGLANG, rdma_resource="nvidia.com/hostdev"), "nvidia.com/hostdev"),
+    ):
+        roles = roles_of(render_pd(doc, "pd", opts).objects)
+        limits = template(roles["decode-0"])["spec"]["containers"][0]["resources"]["limits"]
+        assert limits[want] == "1" and DEFAULT_RDMA_RESOURCE not in limits
+    with pytest.raises(InputError, match="not a Kubernetes extended resource name"):
+        K8sOptions(rdma_resource="rdma ib")
+
+
+def test_host_network_from_the_fabric_for_every_pod_that_moves_kv(pd: dict[str, PlanDoc]) -> None:
+    plan = pd["two-racks"]
+    doc = dataclasses.replace(
+        with_fabric(plan, host_network=True), disaggregation=plan.disaggregation, stores=plan.stores
+    )
+    for name, role in roles_of(render_pd(doc, "pd", SGLANG).objects).items():
+        spec = template(role)["spec"]
+        assert spec.get("hostNetwork", False) == (name != "router"), name
+    assert not any(
+        "hostNetwork" in template(r)["spec"] for r in roles_of(render_pd(plan, "pd", SGLANG).objects).values()
+    )
+
+
+def test_guaranteed_qos_only_with_cpu_and_memory(pd: dict[str, PlanDoc]) -> None:
+    assert any("not Guaranteed QoS" in w for w in render_pd(pd["no-store"], "pd", SGLANG).warnings)
+    out = render_pd(pd["no-store"], "pd", dataclasses.replace(SGLANG, cpu="16", memory="200Gi"))
+    assert not any("Guaranteed" in w for w in out.warnings)
+    for role in roles_of(out.objects).values():
+        resources = template(role)["spec"]["containers"][0]["resources"]
+        assert resources["limits"] == resources["requests"] and resources["limits"]["memory"] == "200Gi"
+
+
+def test_refusals(pd: dict[str, PlanDoc]) -> None:
+    with pytest.raises(InputError, match="SGLang only"):
+        render_pd(pd["no-store"], "pd", K8sOptions(engine="vllm"))
+    with pytest.raises(InputError, match="one RoleBasedGroup"):
+        render_objects(pd["no-store"], SGLANG)
+    with pytest.raises(InputError, match="one RoleBasedGroup"):
+        render_roles({"prefill": pd["no-store"]}, "pd", SGLANG)
+    plain = dataclasses.replace(pd["no-store"], disaggregation=None, stores=())
+    with pytest.raises(InputError, match="not a prefill/decode disaggregated plan"):
+        render_pd(plain, "pd", SGLANG)
+
+
+FAKE_PYTHON = """#!/bin/sh
+printf '%s\\n' "$@" > "$REC/python3"
+"""
+
+
+def test_a_hostile_model_path_stays_one_quoted_argument(pd: dict[str, PlanDoc], tmp_path: Path) -> None:
+    evil = "/models/my model $(touch PWNED1) `touch PWNED2` $(HOME) $HOME; touch PWNED3 'q\""
+    doc = pd["no-store"]
+    opts = dataclasses.replace(SGLANG, model_path=evil)
+    objects = render_pd(doc, "pd", opts).objects
+    text = yaml.dump_all(objects, Dumper=yaml.SafeDumper, sort_keys=False)
+    assert list(yaml.safe_load_all(text)) == objects  # the serialiser round-trips it
+    role = roles_of(objects)["prefill"]
+    assert exec_argv(role) == next(x for x in launches(doc, evil) if x.role == "prefill").argv
+    (tmp_path / "bin").mkdir()
+    (tmp_path / "bin/python3").write_text(FAKE_PYTHON)
+    (tmp_path / "bin/python3").chmod(0o755)
+    result = run_entrypoint(tmp_path, template(role), doc.placements[0].ranks[0].node, ["00000000:AF:00.0, GPU-x"] * 4)
+    assert result.returncode == 0, result.stderr
+    assert not list(tmp_path.glob("PWNED*"))
+    recorded = (tmp_path / "rec/python3").read_text().splitlines()
+    assert recorded[recorded.index("--model-path") + 1] == evil
+
+
+def test_launch_k8s_emits_the_group(run_cli: RunCli, pd_files: dict[str, Path]) -> None:
+    plan = str(pd_files["two-racks"])
+    result = run_cli("launch", "k8s", "--plan", plan, "--engine", "sglang", "--image", IMAGE, "--group", "llama")
+    assert result.exit_code == 0, result.stderr
+    objects = list(yaml.safe_load_all(result.stdout))
+    assert objects == render_pd(load_plan(plan), "llama", SGLANG).objects
+    assert "not Guaranteed QoS" in result.stderr
+    as_json = run_cli("launch", "k8s", "--plan", plan, "--engine", "sglang", "--image", IMAGE, "--group", "llama",
+                      "--format", "json")  # fmt: skip
+    assert json.loads(as_json.stdout)["items"] == objects
+    refused = run_cli("launch", "k8s", "--plan", plan, "--image", IMAGE)  # --engine vllm by default
+    assert refused.exit_code != 0 and "pass --engine sglang" in refused.stderr and "Traceback" not in refused.stderr
+    bad = run_cli("launch", "k8s", "--plan", plan, "--engine", "sglang", "--image", IMAGE, "--rdma-resource", "x y")
+    assert bad.exit_code != 0 and "--rdma-resource" in bad.stderr
