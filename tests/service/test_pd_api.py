@@ -215,3 +215,39 @@ def test_gpus_without_an_rdma_nic_on_their_numa_node_are_a_422_that_books_nothin
     assert refused.status_code == 422, refused.text
     assert "no nearest NIC with an RDMA device" in refused.json()["detail"] and refused.json()["fix"]
     assert held(client) == set() and scheduler.placements == {}
+
+
+def test_a_half_booked_request_of_a_replica_that_died_is_released_after_the_grace(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The stale sweep counts a disaggregated request's slots (prefill and decode ids), not ``replicas``."""
+    from tests.service.test_faults import FaultyLedger
+    from toposched.errors import StateError
+    from toposched.service.following import STALE_PARTIAL_S
+
+    now = [1000.0]
+    inner = MemoryLedger(clock=lambda: now[0])
+    faulty = FaultyLedger(inner)
+    ledgers = iter([faulty, inner])
+    monkeypatch.setattr(state_module, "open_ledger", lambda url, clock: next(ledgers))
+    spec = tmp_path / "cluster.yaml"
+    spec.write_text(SPEC)
+    source = SourceRef(kind="cluster", ref=str(spec))
+    config = ServiceConfig.model_validate({"state": "memory", "source": source, "auth": False})
+    dead, alive = ServiceState(config, ledger_clock=lambda: now[0]), ServiceState(config, ledger_clock=lambda: now[0])
+    dead.open()
+    alive.open()
+    try:
+        faulty.fail("reserve", StateError("store down (test)"), after=2)  # prefill and decode-0 go through
+        faulty.fail("release", StateError("store down (test)"))
+        with pytest.raises(StateError):
+            dead.place(ServiceRequest.model_validate(BODY))
+        assert sorted(r.id for r in inner.reservations()) == ["pd-decode-0", "pd-prefill"]
+        assert alive.sync() and alive.lookup("pd") == []  # hidden while it may still complete
+        now[0] += STALE_PARTIAL_S - 1
+        assert alive.sync() and len(inner.reservations()) == 2
+        now[0] += 2
+        assert alive.sync() and inner.reservations() == []  # two of three slots, stale: released
+        assert len(alive.scheduler.index.free) == 16
+    finally:
+        alive.close()
