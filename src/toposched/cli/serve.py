@@ -68,6 +68,15 @@ def serve(
     body_timeout: float = typer.Option(
         30.0, "--body-timeout", help="Seconds a client has to send a request body after its headers."
     ),
+    keep_whole_domains: int = typer.Option(
+        0,
+        "--keep-whole-domains",
+        help="Headroom: a waiting request (wait_s > 0) does not break one of the last N wholly free NVLink "
+        "domains for up to --keep-whole-wait seconds (0: off).",
+    ),
+    keep_whole_wait: float = typer.Option(
+        30.0, "--keep-whole-wait", help="Longest a waiting request is held by --keep-whole-domains (seconds)."
+    ),
     log_level: str = typer.Option("warning", "--log-level", help="uvicorn log level."),
     profile: Path | None = PROFILE,
 ) -> None:
@@ -97,6 +106,8 @@ def serve(
                 "max_connections": max_connections,
                 "header_timeout_s": header_timeout,
                 "body_timeout_s": body_timeout,
+                "keep_whole_domains": keep_whole_domains,
+                "keep_whole_wait_s": keep_whole_wait,
             }
         )
     except ValidationError as exc:

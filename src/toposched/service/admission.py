@@ -4,16 +4,25 @@ The queue is ``solver.queue.FairQueue`` (weighted fair queueing by SLO class); t
 replica does with it: each waiter's answer is delivered through a callback (the HTTP layer's future), the
 queue is served on every release and every background sync (``drain``), and a head that still finds no
 room for its TP group gets a defragmentation plan (``service.defrag.plan_head``), shown, never run.
+
+Headroom (``ServiceConfig.keep_whole_domains``, off by default): a waiting request is decided with that
+``keep_whole_domains`` for its first ``keep_whole_wait_s`` (at most half its ``wait_s``), so an instance
+smaller than an NVLink domain does not break one of the last wholly free domains that a whole-domain
+instance may need; after the hold it may. A head held only by the headroom lets the waiters behind it
+that place *within* the headroom (a TP group that fills a domain, or one that fits in partly used ones)
+be served first: the only overtaking the queue allows, and it cannot starve the head, whose hold ends.
+The simulator measured the rule on churn-128 (docs/simulator.md).
 """
 
 from __future__ import annotations
 
 from collections.abc import Callable
 from dataclasses import dataclass
+from itertools import islice
 from typing import Any
 
 from toposched.errors import InputError
-from toposched.service.deciding import Deciding
+from toposched.service.deciding import Deciding, held_for_headroom
 from toposched.service.defrag import plan_head
 from toposched.service.records import Decision
 from toposched.service.request import ServiceRequest
@@ -28,13 +37,32 @@ class Waiting:
     body: ServiceRequest
     request_id: str
     deliver: Callable[[Decision], None]
+    hold_until: float = 0.0
+    """Clock time until which it is decided with the service's headroom (0: never)."""
+    held: bool = False
+    """It has waited because of the headroom (counted once, as ``held-for-headroom``)."""
+
+
+OVERTAKE_SCAN = 16
+"""Most waiters behind a head held by the headroom that one drain tries (each is one decision)."""
 
 
 class Admission(Deciding):
     """Queue, serve in fair order, cancel on timeout; the queue's view with the head's defrag plan."""
 
-    def enqueue(self, body: ServiceRequest, deliver: Callable[[Decision], None]) -> str | None:
-        """Queue a request that found no capacity; returns its id, or None when the queue is full."""
+    def headroom_hold_s(self, body: ServiceRequest, wait_s: float) -> float:
+        """How long a request that may wait ``wait_s`` is decided with the service's headroom (0: not at all).
+
+        Only a request that waits and is not disaggregated, for at most half its wait, so it still gets
+        an answer from the time left once the hold is over."""
+        if not self.config.keep_whole_domains or wait_s <= 0 or body.pd is not None:
+            return 0.0
+        return min(self.config.keep_whole_wait_s, wait_s / 2)
+
+    def enqueue(self, body: ServiceRequest, deliver: Callable[[Decision], None], hold_s: float = 0.0) -> str | None:
+        """Queue a request that found no capacity; returns its id, or None when the queue is full.
+
+        ``hold_s``: seconds from now during which it is decided with the service's headroom."""
         rid = body.id or self.new_id()
         with self.lock:
             if len(self.queue) >= self.config.max_queue:
@@ -47,8 +75,9 @@ class Admission(Deciding):
             gpus = cands[0].option.gpus * body.replicas if cands else body.replicas
             largest = max(self.scheduler.index.levels["nvlink"].largest_group(), 1)
             occupancy = min(1.0, gpus / largest)
-            self.queue.push(rid, request.slo_class, float(gpus), occupancy, enqueued_at=self.clock())
-            self.waiting[rid] = Waiting(body, rid, deliver)
+            now = self.clock()
+            self.queue.push(rid, request.slo_class, float(gpus), occupancy, enqueued_at=now)
+            self.waiting[rid] = Waiting(body, rid, deliver, now + hold_s if hold_s > 0 else 0.0)
         self.drain()
         return rid
 
@@ -62,7 +91,7 @@ class Admission(Deciding):
             return True
 
     def drain(self) -> None:
-        """Serve the queue in fair order while its head can be placed (strict order: no overtaking).
+        """Serve the queue in fair order while its head can be placed (no overtaking but the headroom's).
 
         ``Scheduler.place_batch``'s order (priority, then fewest GPUs) is not used here on purpose: it would
         let a small request overtake a head that does not fit yet, which the fair queue forbids. Each
@@ -71,9 +100,11 @@ class Admission(Deciding):
         A head that has waited its SLO class's ``cross_domain_after_s`` is decided with the cross-domain
         fallback allowed (within the class's budget share and its SLO; counted as ``cross-domain-fallback``
         when used). A head that still finds no room for its TP group gets a defragmentation plan
-        (``service.defrag.plan_head``), shown in the queue view; the service never runs it.
+        (``service.defrag.plan_head``), shown in the queue view; the service never runs it. A head held
+        by the headroom gets no plan (it lacks no room): the waiters behind it are tried (``_overtake``).
         """
         while True:
+            served: list[tuple[Waiting, Decision]] = []
             with self.lock:
                 head: QueuedItem | None = self.queue.peek()
                 if head is None:
@@ -86,20 +117,66 @@ class Admission(Deciding):
                 self.follow()
                 after = SLO_CLASSES[head.slo_class].cross_domain_after_s
                 fallback = after is not None and self.clock() - head.enqueued_at >= after
-                try:
-                    decision = self._place(waiting.body, waiting.request_id, cross_domain=fallback)
-                except InputError as exc:  # the request itself (its "near" was released): answer, go on
-                    decision = Decision("rejected", waiting.request_id, (), (exc.message,))
-                if decision.status == "no-capacity":
+                decided = self._decide(waiting, cross_domain=fallback)
+                answer: Decision | None = None
+                if decided.status != "no-capacity":
+                    answer = decided
+                    self._count(decided)
+                    self.head_plan = None
+                    self.queue.pop()
+                    self.waiting.pop(head.item_id, None)
+                elif waiting.hold_until and held_for_headroom(decided):
+                    self._mark_held(waiting)
+                    self.head_plan = None
+                    served = self._overtake(head.item_id)
+                else:
                     plan_head(self, head, waiting)
-                    return
-                if any("cross-domain" in i.placement.fallbacks for i in decision.instances):
-                    self.counters.decisions["cross-domain-fallback"] += 1
-                self.head_plan = None
-                self.queue.pop()
-                self.waiting.pop(head.item_id, None)
-                self.counters.decisions[decision.status] += 1
-            waiting.deliver(decision)
+            for behind, behind_answer in served:
+                behind.deliver(behind_answer)
+            if answer is None:
+                return
+            waiting.deliver(answer)
+
+    def _decide(self, waiting: Waiting, *, cross_domain: bool) -> Decision:
+        """One queued request's decision now (with the headroom while its hold lasts)."""
+        headroom = self.config.keep_whole_domains if self.clock() < waiting.hold_until else 0
+        try:
+            return self._place(waiting.body, waiting.request_id, cross_domain=cross_domain, headroom=headroom)
+        except InputError as exc:  # the request itself (its "near" was released): answer, go on
+            return Decision("rejected", waiting.request_id, (), (exc.message,))
+
+    def _mark_held(self, waiting: Waiting) -> None:
+        if not waiting.held:
+            waiting.held = True
+            self.counters.decisions["held-for-headroom"] += 1
+
+    def _count(self, decision: Decision) -> None:
+        if any("cross-domain" in i.placement.fallbacks for i in decision.instances):
+            self.counters.decisions["cross-domain-fallback"] += 1
+        self.counters.decisions[decision.status] += 1
+
+    def _overtake(self, head_id: str) -> list[tuple[Waiting, Decision]]:
+        """The head is held by the headroom: serve the first waiters behind it (at most ``OVERTAKE_SCAN``
+        tried) that place now within the headroom; each placed one leaves the queue. Under ``lock``."""
+        served: list[tuple[Waiting, Decision]] = []
+        behind = [item for item in islice(self.queue, OVERTAKE_SCAN + 1) if item.item_id != head_id]
+        for item in behind[:OVERTAKE_SCAN]:
+            waiting = self.waiting.get(item.item_id)
+            if waiting is None:
+                continue
+            try:
+                decision = self._place(waiting.body, waiting.request_id, headroom=self.config.keep_whole_domains)
+            except InputError as exc:
+                decision = Decision("rejected", waiting.request_id, (), (exc.message,))
+            if decision.status == "no-capacity":
+                if waiting.hold_until and held_for_headroom(decision):
+                    self._mark_held(waiting)
+                continue
+            self._count(decision)
+            self.queue.remove(item.item_id)
+            del self.waiting[item.item_id]
+            served.append((waiting, decision))
+        return served
 
     def queue_view(self) -> list[dict[str, Any]]:
         with self.lock:
@@ -114,6 +191,10 @@ class Admission(Deciding):
                     "waited_s": round(now - item.enqueued_at, 3),
                     "finish_tag": round(item.finish, 6),
                 }
+                waiting = self.waiting.get(item.item_id)
+                if waiting is not None and waiting.hold_until:
+                    view["headroom_left_s"] = round(max(0.0, waiting.hold_until - now), 3)
+                    view["held_for_headroom"] = waiting.held
                 head = self.head_plan
                 if head is not None and head.item_id == item.item_id:
                     view["defrag"] = head.to_json(now)

@@ -174,10 +174,13 @@ def build_router(state: ServiceState, latency: Histogram) -> APIRouter:
             problem = {"field": "body.wait_s", "message": f"at most {state.config.max_wait_s:g} s"}
             return JSONResponse({"error": "invalid request", "fields": [problem]}, status_code=422)
         decision: Decision | None = None
+        hold_s = state.headroom_hold_s(body, body.wait_s)
         if body.wait_s == 0 or not len(state.queue):
-            decision = await on_worker(state, state.place, body)
+            decision = await on_worker(
+                state, state.place, body, headroom=state.config.keep_whole_domains if hold_s else 0
+            )
         if decision is None or (decision.status == "no-capacity" and body.wait_s > 0):
-            decision = await _wait_in_queue(state, body)
+            decision = await _wait_in_queue(state, body, hold_s)
             if decision is None:
                 latency.labels(outcome="queue-full").observe(time.perf_counter() - started)
                 full = {"error": "queue full", "detail": "retry later"}
@@ -313,8 +316,10 @@ def build_router(state: ServiceState, latency: Histogram) -> APIRouter:
     return router
 
 
-async def _wait_in_queue(state: ServiceState, body: PlaceBody) -> Decision | None:
-    """Queue the request and wait for ``drain`` to place it, at most ``wait_s``; None when the queue is full."""
+async def _wait_in_queue(state: ServiceState, body: PlaceBody, hold_s: float = 0.0) -> Decision | None:
+    """Queue the request and wait for ``drain`` to place it, at most ``wait_s``; None when the queue is full.
+
+    ``hold_s``: how long it is decided with the service's headroom (``Admission.headroom_hold_s``)."""
     loop = asyncio.get_running_loop()
     future: asyncio.Future[Decision] = loop.create_future()
 
@@ -327,7 +332,7 @@ async def _wait_in_queue(state: ServiceState, body: PlaceBody) -> Decision | Non
 
     if not body.id:
         body = body.model_copy(update={"id": state.new_id()})
-    rid = await on_worker(state, state.enqueue, body, deliver)
+    rid = await on_worker(state, state.enqueue, body, deliver, hold_s)
     if rid is None:
         return None
     done, _pending = await asyncio.wait({future}, timeout=body.wait_s)

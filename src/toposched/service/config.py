@@ -77,6 +77,13 @@ class ServiceConfig(BaseModel):
     """Most moves POST /v1/defrag may book within ``defrag_window_s`` (429 beyond; 0 turns booking off)."""
     defrag_window_s: float = Field(default=3600.0, gt=0, le=7 * 24 * 3600)
     """The sliding window of ``defrag_moves_per_window`` (seconds)."""
+    keep_whole_domains: int = Field(default=0, ge=0, le=1024)
+    """Headroom for whole-domain instances: a request that waits (``wait_s`` > 0, not disaggregated) is first
+    decided without breaking one of the last this-many wholly free NVLink domains, and waits for room elsewhere
+    up to ``keep_whole_wait_s``; 0 (default) turns it off. Worth it on clusters of many domains with TP groups
+    that fill a domain (the simulator's churn-128: docs/simulator.md); on a one-node cluster it only delays."""
+    keep_whole_wait_s: float = Field(default=30.0, ge=0, le=3600)
+    """Longest a waiting request is held by ``keep_whole_domains`` (at most half its ``wait_s``)."""
     defrag_plan_interval_s: float = Field(default=10.0, gt=0, le=3600)
     """Seconds before the admission queue's head gets a new defragmentation plan (the plan is shown, never run)."""
 

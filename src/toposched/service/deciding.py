@@ -22,8 +22,14 @@ from toposched.service.replica import log
 from toposched.service.request import ServiceRequest
 from toposched.solver.pd import place_pd
 from toposched.solver.request import PlacementRequest
-from toposched.solver.scheduler import Outcome
+from toposched.solver.scheduler import HEADROOM_REASON, Outcome
 from toposched.topology.model import Cluster
+
+
+def held_for_headroom(decision: Decision) -> bool:
+    """Whether an unplaced decision was refused by the headroom (``keep_whole_domains``) for at least
+    one option the solver found room for: the request would place by breaking a wholly free domain."""
+    return any(f"{HEADROOM_REASON} " in r for r in decision.reasons)
 
 
 def check_policy(policy: str, cluster: Cluster) -> None:
@@ -40,8 +46,12 @@ def check_policy(policy: str, cluster: Cluster) -> None:
 class Deciding(Following):
     """Decisions on one request at a time, under ``lock``; each follows the ledger first."""
 
-    def place(self, body: ServiceRequest) -> Decision:
-        """Place every replica of ``body`` now, all or none; never waits."""
+    def place(self, body: ServiceRequest, *, headroom: int = 0) -> Decision:
+        """Place every replica of ``body`` now, all or none; never waits.
+
+        ``headroom``: decide with at least this ``keep_whole_domains`` (the service's headroom for a
+        request that may wait, ``ServiceConfig.keep_whole_domains``); the request's key is unchanged.
+        """
         rid = body.id or self.new_id()
         if body.pd is not None and body.pd.prefill + body.pd.decode > self.config.max_replicas:
             count = body.pd.prefill + body.pd.decode
@@ -50,11 +60,13 @@ class Deciding(Following):
             raise InputError(f"replicas: at most {self.config.max_replicas} per request (got {body.replicas})")
         with self.lock:
             self.follow()
-            decision = self._place(body, rid)
+            decision = self._place(body, rid, headroom=headroom)
+            if decision.status == "no-capacity" and held_for_headroom(decision):
+                return decision  # the caller queues it: counted when the queue answers
             self.counters.decisions[decision.status] += 1
             return decision
 
-    def _place(self, body: ServiceRequest, rid: str, *, cross_domain: bool = False) -> Decision:
+    def _place(self, body: ServiceRequest, rid: str, *, cross_domain: bool = False, headroom: int = 0) -> Decision:
         """Decide with retries; all or none: when the answer is no instance, none of ours stays booked.
 
         The same holds when anything raises on the way (the store fails, a bug): what this request
@@ -66,7 +78,7 @@ class Deciding(Following):
             del self.stranded[rid]  # this decision takes over what the failed one left: reuse, or release
         try:
             for _attempt in range(self.config.commit_retries):
-                decided = self._attempt(body, rid, key, cross_domain=cross_domain)
+                decided = self._attempt(body, rid, key, cross_domain=cross_domain, headroom=headroom)
                 if decided is not None:
                     return decided
                 self.counters.ledger_refusals += 1
@@ -110,11 +122,14 @@ class Deciding(Following):
         self._release_all(ours)
         self.resync()
 
-    def _attempt(self, body: ServiceRequest, rid: str, key: str, *, cross_domain: bool = False) -> Decision | None:
+    def _attempt(
+        self, body: ServiceRequest, rid: str, key: str, *, cross_domain: bool = False, headroom: int = 0
+    ) -> Decision | None:
         """One decision; None when the ledger refused a booking (the caller resyncs and retries).
 
         ``cross_domain``: the solver may use the cross-domain fallback (the admission queue's retry once
-        the head has waited its class's ``cross_domain_after_s``); the request's key is unchanged.
+        the head has waited its class's ``cross_domain_after_s``); ``headroom``: decide with at least
+        this ``keep_whole_domains``. Neither changes the request's key.
         """
         scheduler, guard = self.scheduler, self.ledger
         existing = self.members(rid)
@@ -130,6 +145,8 @@ class Deciding(Following):
         request = body.request(rid)
         if cross_domain:
             request = request.model_copy(update={"allow_cross_domain": True})
+        if headroom > request.keep_whole_domains:
+            request = request.model_copy(update={"keep_whole_domains": headroom})
         policy = body.policy or self.config.policy
         try:
             if body.pd is None:

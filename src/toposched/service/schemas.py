@@ -275,6 +275,12 @@ class QueueItemOut(BaseModel):
     waited_s: float
     finish_tag: float
     defrag: QueueDefragOut | None = Field(default=None, description="the head only, when its TP group finds no room")
+    headroom_left_s: float | None = Field(
+        default=None, description="seconds it is still decided with the service's headroom (keep_whole_domains)"
+    )
+    held_for_headroom: bool | None = Field(
+        default=None, description="it has waited because placing it would break a domain the headroom keeps whole"
+    )
 
 
 class QueueOut(BaseModel):

@@ -55,6 +55,8 @@ from toposched.topology.domains import gpu_ref
 from toposched.topology.model import Cluster
 
 DEFAULT_BUDGET_GBPS = 256.0
+HEADROOM_REASON = "keep_whole_domains"
+"""How an ``Unplaced`` reason refusing an option for the request's headroom starts (callers that queue on it)."""
 
 
 @dataclass
@@ -546,7 +548,7 @@ def _headroom_refusal(s: Scheduler, request: PlacementRequest, stages: Sequence[
     if not keep or not breaks_reserve(s.index, stages, keep):
         return None
     return (
-        f"keep_whole_domains {keep}: it would break one of the last {keep} wholly free NVLink domain(s) kept "
+        f"{HEADROOM_REASON} {keep}: it would break one of the last {keep} wholly free NVLink domain(s) kept "
         "for instances that need a whole one"
     )
 
