@@ -119,3 +119,32 @@ def test_two_level_link_pipelines_the_stages_with_in_switch_reduction() -> None:
     assert a100 == pytest.approx(nv3.nccl_measured[8].time_us(size, 8) + across)
     with pytest.raises(InputError, match="gpus_per_node"):
         two_level_link("roce-400", "nvlink4", 0)
+
+
+def test_pcie_p2p_on_never_costs_more_than_off_and_custom_ar_only_on_two_gpus() -> None:
+    on, off = get_link("pcie4"), get_link("pcie4-nop2p")
+    for n in range(2, 9):
+        for k in range(8, 31):
+            # latency-bound sizes (< 16 KiB) may differ by a few %: P2P-on n>2 is the n=2 curve plus
+            # the fit's growth with n, P2P-off n>2 its own measured curve
+            slack = 1.04 if 2**k < 16384 else 1.0
+            assert on.allreduce_us(2**k, n) <= slack * off.allreduce_us(2**k, n), (n, k)
+    # vLLM runs its custom all-reduce on two PCIe-only GPUs with P2P: the measured vLLM curve
+    custom_2 = MEASURED["car_l40s_comm_vllm_0.22.0:vllm_graph"][2]
+    nccl_2 = MEASURED["l40s_comm_nccl_2.27.3"][2]
+    assert on.allreduce_us(2**18, 2) == pytest.approx(custom_2.time_us(2**18, 2))
+    assert custom_2.time_us(2**18, 2) < nccl_2.time_us(2**18, 2)
+    # without P2P, or on more than two PCIe-only GPUs, it is off: NCCL's curve
+    assert off.allreduce_us(2**18, 2) == pytest.approx(nccl_2.time_us(2**18, 2))
+    assert off.allreduce_us(2**18, 4) == pytest.approx(MEASURED["l40s_comm_nccl_2.27.3"][4].time_us(2**18, 4))
+    assert on.allreduce_us(2**18, 4) == pytest.approx(on._nccl_us(2**18, 4))
+
+
+def test_p2p_off_factor_from_the_tables() -> None:
+    """What the tables say about issue 16's "with P2P on it is 5-10x faster" (not tuned to it): the
+    measured L40S n=2 pair is the same curve both ways, so only group sizes 4 and 8 differ."""
+    on, off = get_link("pcie4"), get_link("pcie4-nop2p")
+    big = 64 * 2**20
+    assert off.allreduce_us(big, 2) == on.allreduce_us(big, 2)
+    assert 2.5 < off.allreduce_us(big, 4) / on.allreduce_us(big, 4) < 2.8
+    assert 5.5 < off.allreduce_us(big, 8) / on.allreduce_us(big, 8) < 8.5

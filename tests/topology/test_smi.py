@@ -264,7 +264,11 @@ def test_empty_cpu_affinity_is_right_aligned_with_a_warning() -> None:
             "GPU0  GPU1\nGPU0  0  15\n",
             "rocm-smi",
         ),
-        ("        GPU0    GPU1\n GPU0   X       OK\n GPU1   OK      X\n", "topo -p2p"),
+        (
+            "        GPU0    GPU1\n GPU0   X       OK\n GPU1   OK      X\n",
+            "topo -p2p` output (cells such as OK/GNS; pass it as --p2p FILE)",
+        ),
+        ("Legend:\n  OK   = Status Ok\n  GNS  = GPU not supported\n", "topo -p2p` output (pass it as --p2p FILE)"),
         ("\tGPU0\tGPU1\tCPU Affinity\nGPU0\t X \tNV4\t0-7\nGPU1\tNV2\t X \t0-7\n", "not symmetric"),
         ("\tGPU0\tGPU1\tCPU Affinity\nGPU0\tNV4\tNV4\t0-7\nGPU1\tNV4\t X \t0-7\n", "diagonal"),
         ("\tGPU0\tGPU1\tCPU Affinity\nGPU0\t X \tNV4\tabc\nGPU1\tNV4\t X \t0-7\n", "not a valid CPU Affinity"),

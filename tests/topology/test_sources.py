@@ -64,3 +64,28 @@ def test_spec_passes_on_the_warnings_of_its_captures(tmp_path: Path) -> None:
     loaded = load_source(SourceRef(kind="cluster", ref=str(spec)))
     assert len(loaded.warnings) == 1  # one per capture file, not per node it stamps out
     assert "cut.txt" in loaded.warnings[0] and "no entry for NIC4, NIC5, NIC6, NIC7" in loaded.warnings[0]
+
+
+P2P_OK = FIXTURES / "p2p" / "03_3gpu-5070-2x5060ti-p2p-ansi-tabs.txt"
+PHB3 = FIXTURES / "topo" / "24_3gpu-5070-2x5060ti-phb-raw-ansi-tabs.txt"
+
+
+def test_p2p_capture_rides_with_a_one_node_source() -> None:
+    loaded = load_source(SourceRef(kind="smi", ref=str(PHB3), p2p=str(P2P_OK)))
+    assert [link.p2p for link in loaded.cluster.nodes[0].links] == [True, True, True]
+    assert loaded.source.p2p == str(P2P_OK.resolve()) and loaded.source.describe().endswith(f"+ p2p:{P2P_OK.resolve()}")
+    again = load_source(loaded.source)  # what `topo refresh` does with the stored reference
+    assert again.cluster == loaded.cluster
+    # a reference stored before P2P existed still reads
+    assert SourceRef.model_validate_json('{"kind": "preset", "ref": "dgx-a100"}').p2p == ""
+
+
+def test_p2p_capture_errors_name_the_capture(tmp_path: Path) -> None:
+    with pytest.raises(InputError, match="a P2P capture describes one node, but preset:gb200-nvl72 has 18"):
+        load_source(SourceRef(kind="preset", ref="gb200-nvl72", p2p=str(P2P_OK)))
+    with pytest.raises(InputError, match=r"P2P capture .*missing\.txt.* does not exist"):
+        load_source(SourceRef(kind="smi", ref=str(PHB3), p2p=str(tmp_path / "missing.txt")))
+    bad = tmp_path / "p2p.txt"
+    bad.write_text("\tGPU0\tGPU1\tGPU2\n GPU0\tX\tOK\tOK\n GPU1\tOK\tX\n")
+    with pytest.raises(TopologyParseError, match=r"p2p\.txt, line 3: row GPU1 has 2 cells for 3 GPU columns"):
+        load_source(SourceRef(kind="smi", ref=str(PHB3), p2p=str(bad)))

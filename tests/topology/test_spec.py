@@ -162,3 +162,48 @@ def test_implausible_nic_speed_names_the_key_and_the_fix(tmp_path: Path, fabric:
         load_cluster_spec(path)
     assert info.value.path == key
     assert phrase in f"{info.value.message} fix: {info.value.fix}"
+
+
+def test_p2p_per_node_on_off_or_capture(tmp_path: Path) -> None:
+    p2p = FIXTURES / "p2p"
+    (tmp_path / "topo.txt").write_text((FIXTURES / "topo/24_3gpu-5070-2x5060ti-phb-raw-ansi-tabs.txt").read_text())
+    (tmp_path / "p2p.txt").write_text((p2p / "03_3gpu-5070-2x5060ti-p2p-ansi-tabs.txt").read_text())
+    path = _write(
+        tmp_path,
+        "nodes:\n"
+        "  - {name: 'off-{i}', count: 2, preset: l40s-8x-pcie, p2p: off}\n"
+        "  - {name: yes-p2p, preset: l40s-8x-pcie, p2p: on}\n"
+        "  - {name: said, smi: topo.txt, p2p_file: p2p.txt}\n"
+        "  - {name: plain, preset: l40s-8x-pcie}\n",
+    )
+    nodes = {n.name: n for n in load_cluster_spec(path).nodes}
+    assert {link.p2p for name in ("off-0", "off-1") for link in nodes[name].links} == {False}
+    assert not nodes["off-1"].peer_to_peer([0, 1])
+    assert {link.p2p for link in nodes["yes-p2p"].links} == {True} and nodes["yes-p2p"].peer_to_peer([0, 1, 2, 3])
+    assert not nodes["yes-p2p"].peer_to_peer([3, 4])  # across sockets (SYS) even with P2P on
+    assert [link.p2p for link in nodes["said"].links] == [True, True, True]
+    assert {link.p2p for link in nodes["plain"].links} == {None} and nodes["plain"].peer_to_peer([0, 1])
+
+
+@pytest.mark.parametrize(
+    ("entry", "key", "phrase"),
+    [
+        ("{name: a, preset: l40s-8x-pcie, p2p: on, p2p_file: p.txt}", "nodes.0", "not both"),
+        ("{name: a, preset: l40s-8x-pcie, p2p: maybe}", "nodes.0.p2p", "valid boolean"),
+        ("{name: a, preset: l40s-8x-pcie, p2p_file: nope.txt}", "nodes.0.p2p_file", "does not exist"),
+        ("{name: a, preset: l40s-8x-pcie, p2p_file: p.txt}", "nodes.0.p2p_file", "lists GPUs 0,1 but node"),
+        (
+            "{name: a, preset: l40s-8x-pcie, p2p_file: bad.txt}",
+            "nodes.0.p2p_file",
+            "bad.txt, line 2, column GPU1: 'YES' is not a P2P status",
+        ),
+    ],
+)
+def test_p2p_errors_name_the_key(tmp_path: Path, entry: str, key: str, phrase: str) -> None:
+    (tmp_path / "p.txt").write_text((FIXTURES / "p2p/02_2x-rtx5090-p2p-rw-gns-tabs.txt").read_text())
+    (tmp_path / "bad.txt").write_text(" \tGPU0\tGPU1\n GPU0\tX\tYES\n GPU1\tOK\tX\n")
+    path = _write(tmp_path, f"nodes:\n  - {entry}\n")
+    with pytest.raises(SpecError) as info:
+        load_cluster_spec(path)
+    message = str(info.value)
+    assert message.startswith(f"{path}: {key}") and phrase in message, message

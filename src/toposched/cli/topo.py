@@ -3,6 +3,8 @@
 ``topo show`` with a source flag reads that source now and stores nothing; without one it shows the
 newest DomainMap stored by ``topo refresh`` (or by the service) in ``--state`` and warns when it is
 older than the bound. ``--state`` is spelled as everywhere else: ``sqlite:PATH`` or ``etcd:URL``.
+``--p2p FILE`` adds an ``nvidia-smi topo -p2p r`` capture to a one-node source (``topology/p2p.py``):
+which GPU pairs talk peer to peer, what the cost model needs on PCIe-only nodes.
 """
 
 from __future__ import annotations
@@ -34,6 +36,13 @@ from toposched.topology.model import Cluster, LinkKind, Node
 from toposched.topology.presets import presets
 from toposched.topology.sources import Loaded, SourceRef, load_source
 from toposched.topology.store import DomainMapStore, TopologyStore
+
+P2P = typer.Option(
+    None,
+    "--p2p",
+    help="Read an `nvidia-smi topo -p2p r` capture (peer-to-peer status per GPU pair) for the source's one node.",
+    metavar="FILE",
+)
 
 topo_app = typer.Typer(help="Discover and show GPU topology: NVLink domains, NUMA groups, links.", no_args_is_help=True)
 
@@ -99,6 +108,7 @@ def topology_json(
                 "nvlinks": link.nvlinks,
                 "bandwidth_gbps": link.bandwidth_gbps,
                 "latency_us": link.latency_us,
+                "p2p": link.p2p,
             }
             for link in node.links
         )
@@ -179,6 +189,18 @@ def _matrix(node: Node, dmap: DomainMap) -> Table:
     return table
 
 
+def _p2p_line(node: Node) -> str | None:
+    """One line on peer-to-peer for a node whose source said (``--p2p``, a spec's ``p2p``), else None."""
+    known = [link for link in node.links if link.p2p is not None]
+    if not known:
+        return None
+    refused = [f"{link.a}-{link.b}" for link in known if link.p2p is False]
+    if not refused:
+        return f"{node.name}: peer-to-peer OK on all {len(known)} GPU pairs"
+    shown = ", ".join(refused[:12]) + (f" and {len(refused) - 12} more" if len(refused) > 12 else "")
+    return f"{node.name}: peer-to-peer refused on {len(refused)} of {len(known)} GPU pairs: {shown}"
+
+
 def _render(cluster: Cluster, dmap: DomainMap, header: str) -> None:
     console.print(header, soft_wrap=True)
     gpu_models = sorted({g.model or "model unknown" for n in cluster.nodes for g in n.gpus})
@@ -189,6 +211,8 @@ def _render(cluster: Cluster, dmap: DomainMap, header: str) -> None:
     for node in cluster.nodes[:MAX_MATRIX_NODES]:
         console.print()
         console.print(_matrix(node, dmap))
+        if (line := _p2p_line(node)) is not None:
+            console.print(line, markup=False, soft_wrap=True)
     if len(cluster.nodes) > MAX_MATRIX_NODES:
         console.print(f"\n(link matrices of the other {len(cluster.nodes) - MAX_MATRIX_NODES} nodes: use --json)")
     console.print()
@@ -224,6 +248,18 @@ def _render(cluster: Cluster, dmap: DomainMap, header: str) -> None:
         )
 
 
+def _with_p2p(ref: SourceRef | None, p2p: str | None) -> SourceRef | None:
+    """``ref`` with the ``--p2p`` capture; ``--p2p`` alone is an error (it belongs to a source)."""
+    if p2p is None:
+        return ref
+    if ref is None:
+        raise InputError(
+            "--p2p adds peer-to-peer status to a topology source, and none was given",
+            fix="pass it with --smi FILE, --preset NAME or --live (e.g. --smi topo.txt --p2p p2p.txt)",
+        )
+    return ref.model_copy(update={"p2p": p2p})
+
+
 def _age(seconds: float) -> str:
     if seconds < 120:
         return f"{seconds:.0f}s"
@@ -238,6 +274,7 @@ def show(
     preset: str | None = PRESET,
     cluster: str | None = CLUSTER,
     live: bool = LIVE,
+    p2p: str | None = P2P,
     json_out: bool = typer.Option(False, "--json", help="Print one JSON object."),
     state: str | None = STATE,
     max_age: float | None = typer.Option(
@@ -245,7 +282,7 @@ def show(
     ),
 ) -> None:
     """Show links, NVLink domains and NUMA groups of a topology source or of the stored DomainMap."""
-    ref = source_ref(smi, preset, cluster, live)
+    ref = _with_p2p(source_ref(smi, preset, cluster, live), p2p)
     if ref is not None:
         loaded = load_source(ref)
         dmap = build_domain_map(loaded.cluster)
@@ -300,6 +337,7 @@ def refresh(
     preset: str | None = PRESET,
     cluster: str | None = CLUSTER,
     live: bool = LIVE,
+    p2p: str | None = P2P,
     state: str | None = STATE,
     json_out: bool = typer.Option(False, "--json", help="Print the stored version as JSON."),
 ) -> None:
@@ -309,6 +347,8 @@ def refresh(
     previous = store.latest()
     if ref is None:
         ref = previous.source if previous is not None else SourceRef(kind="live")
+    if p2p is not None:
+        ref = ref.model_copy(update={"p2p": p2p})
     loaded: Loaded = load_source(ref)
     for w in loaded.warnings:
         err_console.print(f"warning: {w}", markup=False, soft_wrap=True)

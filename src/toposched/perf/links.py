@@ -12,6 +12,9 @@ Keys (use them with ``--link`` and ``predict_latency(link=...)``):
     ib-hdr, ib-ndr, ib-xdr, roce-400, tcp-100   between nodes, one NIC per GPU
 
 ``two_level_link(inter, intra, gpus_per_node)`` joins the two for a TP group that spans nodes.
+``pcie_link(native, peer_to_peer=...)`` picks the PCIe table of a TP group on one PCIe-only node:
+the GPU's own (P2P on) unless a pair of the group cannot talk peer to peer (reported refused by
+``nvidia-smi topo -p2p``, or across CPU sockets: ``topology.model.Node.peer_to_peer``).
 
 All-reduce: for the kinds with measured data (reference/data/aiconfigurator_allreduce.csv, 16-bit
 rows) the measured curve itself, interpolated in log size (``allreduce.Curve``; the tables are in
@@ -20,9 +23,10 @@ other kinds use their alpha-beta constants ``alpha_us + S*2(n-1)/n / busbw`` per
 ``benchmarks/allreduce_fit.py`` refits the constants (weighted least squares), prints the errors
 and rewrites the tables. Where a custom all-reduce table exists (vLLM / TRT-LLM with CUDA graphs,
 what TP decode really uses) the cost is the faster of custom and NCCL, as engines switch to NCCL for
-large messages. Group sizes between measured ones are interpolated linearly in n; beyond the
-largest, the alpha-beta fit's growth is added (alpha grows with (n - 1), the ring steps; busbw
-stays).
+large messages; ``custom_max_group`` bounds the group sizes it runs on (vLLM 0.33.0 and SGLang turn
+it off on more than two PCIe-only GPUs; vLLM also without P2P). Group sizes between measured ones
+are interpolated linearly in n; beyond the largest, the alpha-beta fit's growth is added (alpha
+grows with (n - 1), the ring steps; busbw stays).
 """
 
 from __future__ import annotations
@@ -46,6 +50,7 @@ class LinkSpec:
     custom: dict[int, AlphaBeta] = field(default_factory=dict)  # custom all-reduce (CUDA graphs)
     nccl_measured: dict[int, Curve] = field(default_factory=dict)  # measured curves of ``nccl``'s series
     custom_measured: dict[int, Curve] = field(default_factory=dict)  # measured curves of ``custom``'s
+    custom_max_group: int | None = None  # largest group the custom all-reduce runs on (None: any)
     p2p_alpha_us: float = 10.0  # AIC p2p_latency 10 µs (perf-anchors §0)
     p2p_bandwidth_gbps: float = 50.0
     max_group: int | None = None
@@ -87,7 +92,7 @@ class LinkSpec:
 
     def _flat_us(self, nbytes: float, n: int) -> float:
         best = self._nccl_us(nbytes, n)
-        if self.custom:
+        if self.custom and (self.custom_max_group is None or n <= self.custom_max_group):
             best = min(best, _time(self.custom, self.custom_measured, nbytes, n))
         return best
 
@@ -155,6 +160,9 @@ _RTXPRO_NCCL = _ab((2, 6.79, 34.65), (4, 13.64, 24.52), (8, 26.91, 22.09))  # rt
 # L40S table exists in reference/, so n=4 / 8 keep the L40S n=2 fit scaled by the PCIe Gen5 box's
 # busbw ratio to its n=2 (24.52 / 34.65, 22.09 / 34.65): a PCIe-switch ring loses that much with n.
 # Alphas are the L40S fit's (small messages do not depend on P2P). [D]
+# Custom all-reduce on PCIe-only GPUs: vLLM 0.33.0 (distributed/device_communicators/custom_all_reduce.py)
+# disables it "on more than two PCIe-only GPUs" and when "your platform lacks GPU P2P capability", so
+# the P2P-on table has the measured vLLM n=2 curve and the P2P-off table none.
 _L40S_P2P_NCCL = _ab(
     (2, 6.97, 18.65), (4, 11.49, round(18.65 * 24.52 / 34.65, 2)), (8, 22.61, round(18.65 * 22.09 / 34.65, 2))
 )  # fmt: skip
@@ -204,16 +212,18 @@ LINKS_TABLE: tuple[LinkSpec, ...] = (
         source="nccl-tests #194 busbw; alpha from pcie5 n=2",
     ),
     LinkSpec(
-        "pcie4", "PCIe Gen4 only, P2P on (L40S box)", _L40S_P2P_NCCL,
+        "pcie4", "PCIe Gen4 only, P2P on (L40S box)", _L40S_P2P_NCCL, {2: _L40S_CUSTOM[2]},
         nccl_measured={2: MEASURED["l40s_comm_nccl_2.27.3"][2]},  # n=2 measured; n=4/8 add the [D] fits' growth
+        custom_measured={2: MEASURED["car_l40s_comm_vllm_0.22.0:vllm_graph"][2]},
+        custom_max_group=2,
         p2p_bandwidth_gbps=27.0,  # 88 % of Gen4 x16 31 GB/s (perf-anchors §2)
-        source="AIC l40s nccl n=2 fit; n=4/8 scaled by the PCIe Gen5 box's busbw ratios [D]",
+        source="AIC l40s nccl n=2 + vLLM custom AR n=2 (fit); n=4/8 scaled by the PCIe Gen5 box's busbw ratios [D]",
     ),
     LinkSpec(
-        "pcie4-nop2p", "PCIe Gen4 only, P2P off or across sockets", _L40S_NCCL, _L40S_CUSTOM,
-        MEASURED["l40s_comm_nccl_2.27.3"], MEASURED["car_l40s_comm_vllm_0.22.0:vllm_graph"],
+        "pcie4-nop2p", "PCIe Gen4 only, P2P off or across sockets", _L40S_NCCL,
+        nccl_measured=MEASURED["l40s_comm_nccl_2.27.3"],
         p2p_bandwidth_gbps=27.0,
-        source="AIC l40s nccl + vLLM custom AR (fit); 4/8-GPU data show P2P off (perf-anchors §1.3)",
+        source="AIC l40s nccl (fit); 4/8-GPU data show P2P off (perf-anchors §1.3); its n=2 is the P2P-on pair's",
     ),
     LinkSpec(
         "pcie5", "PCIe Gen5 only (RTX PRO 6000 box)", _RTXPRO_NCCL,
@@ -267,6 +277,17 @@ def two_level_link(inter: str, intra: str, gpus_per_node: int) -> LinkSpec:
         outer, name=f"{outer.name}+{inner.name}x{gpus_per_node}", intra=inner, gpus_per_node=gpus_per_node,
         description=f"{outer.description}; {gpus_per_node} GPUs per node over {inner.description}",
     )  # fmt: skip
+
+
+NO_P2P_LINK = "pcie4-nop2p"
+"""The only measured P2P-off table; a PCIe Gen5 group without P2P is costed with it too (no Gen5
+P2P-off data: an upper bound on its time [D])."""
+
+
+def pcie_link(native_link: str, *, peer_to_peer: bool) -> str:
+    """The link-table key of a TP group on one PCIe-only node: the GPU's own PCIe table (``pcie4``,
+    ``pcie5``: P2P on) when every pair of the group talks peer to peer, else :data:`NO_P2P_LINK`."""
+    return native_link if peer_to_peer else NO_P2P_LINK
 
 
 @cache

@@ -18,7 +18,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
 from toposched.perf.hardware import GpuSpec
-from toposched.perf.links import get_link
+from toposched.perf.links import get_link, pcie_link
 from toposched.perf.step import COMPRESSION_RATIO, COMPRESSION_US_PER_ALLREDUCE
 from toposched.solver.constraints import LEVEL_ORDER, CheckContext, run_checks
 from toposched.solver.experts import place_experts
@@ -294,7 +294,12 @@ def tp_link(index: ClusterIndex, refs: Sequence[str], gpu: GpuSpec) -> tuple[str
             intra, _ = tp_link(index, next(iter(per_node.values())), gpu)
             return f"{inter}+{intra}x{share}", False
         return inter, False
-    return (gpu.native_link if len(refs) == 1 else _pcie_link(gpu)), len(refs) == 1
+    if len(refs) == 1:
+        return gpu.native_link, True
+    # one node, no shared NVLink domain: PCIe, P2P on unless a pair is refused or crosses sockets
+    node = index.nodes[next(iter(nodes))]
+    peer_to_peer = node.peer_to_peer(index.info[r].index for r in refs)
+    return pcie_link(_pcie_link(gpu), peer_to_peer=peer_to_peer), False
 
 
 def stage_links(index: ClusterIndex, stages: Sequence[Sequence[str]], gpu: GpuSpec) -> tuple[str, bool, str | None]:

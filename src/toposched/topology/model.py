@@ -6,7 +6,9 @@ Every class is an immutable pydantic model, so a snapshot round-trips through JS
 A GPU is addressed inside its node by ``index`` (the ``nvidia-smi`` index as the source gave it)
 and across the cluster by ``GpuRef`` ("node/index"). Links between GPUs of one node are stored once
 per unordered pair (``a < b``); links between nodes come from the cluster's fabric and from
-multi-node NVLink cliques (GB200 NVL72), not from per-pair entries.
+multi-node NVLink cliques (GB200 NVL72), not from per-pair entries. A link may say whether its two
+GPUs can talk peer to peer (``Link.p2p``, from ``nvidia-smi topo -p2p``: ``topology/p2p.py``); the
+cost model uses ``Node.peer_to_peer`` to pick the PCIe all-reduce table of a TP group.
 
 Every name that can reach a launch script, a file name, a Kubernetes object or a ledger key is
 checked here, by the rules of ``toposched.names``, so that one rule covers every entry (cluster
@@ -24,6 +26,7 @@ from __future__ import annotations
 
 import re
 from collections import Counter
+from collections.abc import Iterable
 from enum import StrEnum
 from typing import Annotated, Literal
 
@@ -143,6 +146,16 @@ class Link(_Value):
     nvlinks: int = Field(default=0, ge=0, le=64, description="NVLink lane count (NV#, at most 18 today), 0 for PCIe")
     bandwidth_gbps: float = Field(gt=0, description="GB/s per direction")
     latency_us: float = Field(ge=0)
+    p2p: bool | None = Field(
+        default=None,
+        description="peer-to-peer access both ways (nvidia-smi topo -p2p r: True OK, False refused, None unknown)",
+    )
+
+    @property
+    def peer_to_peer(self) -> bool:
+        """Whether GPU-to-GPU copies take this path: not when P2P is reported refused, nor across CPU
+        sockets (``SYS``); unknown P2P inside one socket counts as on (the driver's default)."""
+        return self.p2p is not False and self.kind is not LinkKind.SYS
 
     @model_validator(mode="after")
     def _check(self) -> Link:
@@ -195,6 +208,12 @@ class Node(_Value):
             if g.index == index:
                 return g
         raise KeyError(f"node {self.name} has no GPU {index}")
+
+    def peer_to_peer(self, indices: Iterable[int]) -> bool:
+        """Whether every pair of these GPUs talks peer to peer (``Link.peer_to_peer``; a pair with no
+        link entry counts as on)."""
+        group = set(indices)
+        return all(link.peer_to_peer for link in self.links if link.a in group and link.b in group)
 
     def link(self, a: int, b: int) -> Link | None:
         lo, hi = min(a, b), max(a, b)

@@ -152,7 +152,7 @@ def _not_a_matrix_reason(lines: list[_Line]) -> str:
     if "ROCm" in text or "rocm-smi" in text:
         return "this is rocm-smi output, not `nvidia-smi topo -m`"
     if "Status Ok" in text or re.search(r"\bGNS\b|\bCNS\b", text):
-        return "this is `nvidia-smi topo -p2p` output; toposched needs `nvidia-smi topo -m`"
+        return "this is `nvidia-smi topo -p2p` output (pass it as --p2p FILE); toposched needs `nvidia-smi topo -m`"
     return "no `nvidia-smi topo -m` header (a line starting 'GPU0 GPU1 ...' or 'GPU0 CPU Affinity') found"
 
 
@@ -237,8 +237,8 @@ def parse_topo_matrix(text: str, *, source: str = "<input>", hostname: str | Non
             snippet = rest.strip()[:20]
             if _P2P_CELL.match(snippet.split()[0] if snippet else ""):
                 raise TopologyParseError(
-                    "this is `nvidia-smi topo -p2p` output (cells such as OK/GNS); toposched needs "
-                    "`nvidia-smi topo -m`",
+                    "this is `nvidia-smi topo -p2p` output (cells such as OK/GNS; pass it as --p2p FILE); "
+                    "toposched needs `nvidia-smi topo -m` here",
                     source=source,
                     line=line.number,
                     column=column,

@@ -3,6 +3,11 @@
 One registry of named sources (``smi``, ``preset``, ``cluster``, ``live``); each turns a reference
 (a file path, a preset name, nothing for live) into a ``Cluster`` plus warnings. A ``SourceRef`` is
 stored with every DomainMap version, so ``toposched topo refresh`` can probe the same source again.
+
+A one-node source may come with an ``nvidia-smi topo -p2p r`` capture (``SourceRef.p2p``, the CLI's
+``--p2p FILE``): its per-pair peer-to-peer status is put on the node's links (``topology/p2p.py``),
+which decides the all-reduce table of a TP group on a PCIe-only node. A cluster spec gives it per
+node instead (``p2p:`` / ``p2p_file:``).
 """
 
 from __future__ import annotations
@@ -19,6 +24,7 @@ from toposched.inputs import read_text
 from toposched.registry import Registry
 from toposched.topology.model import Cluster
 from toposched.topology.nvml import probe_live
+from toposched.topology.p2p import apply_p2p, read_p2p_file
 from toposched.topology.presets import load_preset
 from toposched.topology.smi import parse_topo_matrix
 from toposched.topology.spec import load_cluster_spec
@@ -36,9 +42,12 @@ class SourceRef(BaseModel):
 
     kind: SourceKind
     ref: str = ""
+    p2p: str = ""
+    """Path of an ``nvidia-smi topo -p2p r`` capture for the source's one node; empty for none."""
 
     def describe(self) -> str:
-        return f"{self.kind}:{self.ref}" if self.ref else self.kind
+        base = f"{self.kind}:{self.ref}" if self.ref else self.kind
+        return f"{base} + p2p:{self.p2p}" if self.p2p else base
 
 
 @dataclass(frozen=True)
@@ -88,5 +97,21 @@ for _kind, _load in (("smi", _smi), ("preset", _preset), ("cluster", _cluster), 
 
 
 def load_source(ref: SourceRef) -> Loaded:
-    """Load a cluster snapshot from a source reference."""
-    return _SOURCES.get(ref.kind)(ref.ref)
+    """Load a cluster snapshot from a source reference (with its P2P capture, if it names one)."""
+    loaded = _SOURCES.get(ref.kind)(ref.ref)
+    return with_p2p(loaded, ref.p2p) if ref.p2p else loaded
+
+
+def with_p2p(loaded: Loaded, path: str) -> Loaded:
+    """``loaded`` with the P2P capture at ``path`` applied to its one node (``InputError`` for a
+    cluster of several nodes: a cluster spec names a capture per node)."""
+    if len(loaded.cluster.nodes) != 1:
+        raise InputError(
+            f"a P2P capture describes one node, but {loaded.source.describe()} has {len(loaded.cluster.nodes)}",
+            fix="give it per node in a cluster spec (p2p_file: FILE, or p2p: on|off)",
+        )
+    matrix = read_p2p_file(path)
+    node = apply_p2p(loaded.cluster.nodes[0], matrix)
+    cluster = loaded.cluster.model_copy(update={"nodes": (node,)})
+    resolved = str(Path(path).resolve())
+    return Loaded(cluster, loaded.source.model_copy(update={"p2p": resolved}), loaded.warnings)

@@ -16,6 +16,13 @@ nodes:
     labels: {pool: batch}
   - name: gpu-22
     probe: probes/gpu-22.json     # saved `toposched topo show --live --json`
+  - name: "l40s-{i}"
+    count: 2
+    preset: l40s-8x-pcie          # (any preset, smi capture or probe)
+    p2p: off                      # peer-to-peer off on every GPU pair (on | off; default unknown)
+  - name: l40s-9
+    smi: topo/l40s-9.txt
+    p2p_file: topo/l40s-9-p2p.txt # nvidia-smi topo -p2p r capture: status per GPU pair
 cliques:
   - id: nvl72-a
     nodes: [tray-00, tray-01]
@@ -26,6 +33,10 @@ names are read through ``toposched.inputs`` (bounded regular files, strict UTF-8
 duplicate keys or deep nesting); numbers must be finite; a node name pattern may only number
 ``{i}`` with a plain width (``{i}``, ``{i:02d}``) and every name it makes must be a hostname
 (``toposched.names``), checked before anything is formatted; at most :data:`MAX_NODES` nodes.
+
+Peer-to-peer: a PCIe-only node's TP all-reduce is costed with the P2P-on table unless the node says
+otherwise (``perf/links.py`` ``pcie_link``): ``p2p: off`` (YAML's on/off/true/false) sets every GPU
+pair, ``p2p_file:`` reads an ``nvidia-smi topo -p2p r`` capture (``topology/p2p.py``); not both.
 
 NIC speed: ``nic_gbit_per_s`` is the line rate NICs are sold by (200 HDR, 400 NDR, 800 XDR). The
 older ``nic_gbps`` (gigaBYTES per second, NDR = 50) still reads, but a figure above what any NIC
@@ -47,6 +58,7 @@ from toposched.errors import InputError, SpecError, TopologyParseError
 from toposched.inputs import load_json, load_yaml, read_text
 from toposched.names import MAX_LABEL, MAX_NODE_NAME, Label, LabelValue, NodeName, node_name_problem
 from toposched.topology.model import NIC_MAX_GBPS, Cluster, Fabric, Node, NVLinkClique
+from toposched.topology.p2p import apply_p2p, parse_p2p_matrix, set_p2p
 from toposched.topology.presets import preset_node
 from toposched.topology.smi import parse_topo_matrix
 
@@ -83,12 +95,16 @@ class NodeSpec(_Spec):
     rack: Label | None = None
     zone: Label | None = None
     labels: dict[Label, LabelValue] = Field(default_factory=dict, max_length=256)
+    p2p: bool | None = Field(default=None, description="peer-to-peer on every GPU pair: on/off (default unknown)")
+    p2p_file: FilePath | None = Field(default=None, description="path to an nvidia-smi topo -p2p r capture")
 
     @model_validator(mode="after")
     def _one_source(self) -> NodeSpec:
         given = [k for k in ("preset", "smi", "probe") if getattr(self, k)]
         if len(given) != 1:
             raise ValueError(f"give exactly one of preset, smi, probe (got {', '.join(given) or 'none'})")
+        if self.p2p is not None and self.p2p_file is not None:
+            raise ValueError("give p2p (on/off for every pair) or p2p_file (a capture), not both")
         return self
 
 
@@ -286,6 +302,20 @@ def _template(entry: NodeSpec, where: str, base: Path, source: str, warnings: li
         raise SpecError(source, f"{where}.probe", f"{file} is not a saved probe ({problem})") from None
 
 
+def _with_p2p(node: Node, entry: NodeSpec, where: str, base: Path, source: str) -> Node:
+    """``node`` with the entry's peer-to-peer availability on its GPU pairs (unchanged without one)."""
+    if entry.p2p is not None:
+        return set_p2p(node, entry.p2p)
+    if entry.p2p_file is None:
+        return node
+    file = base / entry.p2p_file
+    text = _read(file, "P2P capture", f"{where}.p2p_file", source)
+    try:
+        return apply_p2p(node, parse_p2p_matrix(text, source=str(file)))
+    except InputError as exc:
+        raise SpecError(source, f"{where}.p2p_file", exc.message, fix=exc.fix) from None
+
+
 def _preset_uuid(uuid: str, node: str) -> str:
     """A preset GPU's UUID made unique per node; a digest of the node name when it would be too long."""
     unique = f"{uuid}-{node}"
@@ -320,7 +350,7 @@ def build_cluster(
     entry_of: dict[str, int] = {}
     for n, entry in enumerate(spec.nodes):
         where = f"nodes.{n}"
-        template = _template(entry, where, base, source, found)
+        template = _with_p2p(_template(entry, where, base, source, found), entry, where, base, source)
         for i in range(entry.count):
             name = patterns[n].format(i=i)
             problem = node_name_problem(name)
