@@ -272,3 +272,23 @@ def test_an_unplaced_decode_exits_1_with_its_reasons(run_cli: RunCli) -> None:
     assert [p["role"] for p in doc["placements"]] == ["prefill", "decode"]
     (unplaced,) = doc["unplaced"]
     assert unplaced["request_id"] == "plan-decode" and unplaced["replica"] == 1 and unplaced["reasons"]
+
+
+def _p2p_capture(path: Path, status: str, gpus: int = 8) -> str:
+    """An ``nvidia-smi topo -p2p r`` matrix with ``status`` on every pair."""
+    head = "\t" + "\t".join(f"GPU{i}" for i in range(gpus))
+    rows = [f" GPU{i}\t" + "\t".join("X" if i == j else status for j in range(gpus)) for i in range(gpus)]
+    path.write_text("\n".join([head, *rows]) + "\n")
+    return str(path)
+
+
+def test_plan_takes_a_p2p_capture_that_changes_the_pcie_link(run_cli: RunCli, tmp_path: Path) -> None:
+    args = ("plan", "--preset", "l40s-8x-pcie", "--model", "llama-3.1-8b", "--tp", "4", "--json")
+    on = run_cli(*args, "--p2p", _p2p_capture(tmp_path / "ok.txt", "OK"))
+    off = run_cli(*args, "--p2p", _p2p_capture(tmp_path / "gns.txt", "GNS"))
+    assert on.exit_code == 0 and off.exit_code == 0, on.stderr + off.stderr
+    (p_on,), (p_off,) = json.loads(on.stdout)["placements"], json.loads(off.stdout)["placements"]
+    assert (p_on["link"], p_off["link"]) == ("pcie4", "pcie4-nop2p")
+    assert p_off["predicted"]["ttft_ms"] > p_on["predicted"]["ttft_ms"]
+    alone = run_cli("plan", "--model", "llama-3.1-8b", "--p2p", str(tmp_path / "ok.txt"))
+    assert alone.exit_code == 2 and "--p2p adds peer-to-peer status to a topology source" in alone.stderr

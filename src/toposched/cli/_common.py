@@ -31,6 +31,12 @@ SMI = typer.Option(None, "--smi", help="Read an `nvidia-smi topo -m` capture.", 
 PRESET = typer.Option(None, "--preset", help="Use a built-in machine or cluster (see `topo presets`).")
 CLUSTER = typer.Option(None, "--cluster", help="Read a cluster spec (YAML).", metavar="FILE")
 LIVE = typer.Option(False, "--live", help="Probe this machine through NVML.")
+P2P = typer.Option(
+    None,
+    "--p2p",
+    help="Read an `nvidia-smi topo -p2p r` capture (peer-to-peer status per GPU pair) for the source's one node.",
+    metavar="FILE",
+)
 
 # The state every command that keeps or reads state names the same way (ledger, defrag, serve, topo).
 STATE = typer.Option(
@@ -53,8 +59,11 @@ def ledger_url(state: str | None) -> str:
     return f"sqlite:{state}"
 
 
-def source_ref(smi: str | None, preset: str | None, cluster: str | None, live: bool) -> SourceRef | None:
-    """The one topology source the flags name, or None; two sources is an error."""
+def source_ref(
+    smi: str | None, preset: str | None, cluster: str | None, live: bool, p2p: str | None = None
+) -> SourceRef | None:
+    """The one topology source the flags name, or None; two sources is an error. ``p2p``: the ``--p2p``
+    capture that goes with it (``--p2p`` without a source is an error: it belongs to one)."""
     given = [
         SourceRef.model_validate({"kind": k, "ref": v})
         for k, v in (("smi", smi), ("preset", preset), ("cluster", cluster))
@@ -67,7 +76,14 @@ def source_ref(smi: str | None, preset: str | None, cluster: str | None, live: b
             "give one topology source, not " + " and ".join("--" + g.kind for g in given),
             fix="choose one of --smi FILE, --preset NAME, --cluster FILE, --live",
         )
-    return given[0] if given else None
+    if p2p is None:
+        return given[0] if given else None
+    if not given:
+        raise InputError(
+            "--p2p adds peer-to-peer status to a topology source, and none was given",
+            fix="pass it with --smi FILE, --preset NAME or --live (e.g. --smi topo.txt --p2p p2p.txt)",
+        )
+    return given[0].model_copy(update={"p2p": p2p})
 
 
 TOKEN_ENV = "TOPOSCHED_API_TOKEN"

@@ -27,7 +27,7 @@ import typer
 from pydantic import ValidationError
 
 from toposched.binding.plan_doc import PlanDoc, load_plan, parse_plan, plan_json
-from toposched.cli._common import CLUSTER, LIVE, PRESET, SMI, err_console, source_ref
+from toposched.cli._common import CLUSTER, LIVE, P2P, PRESET, SMI, err_console, source_ref
 from toposched.cli.calibrate import PROFILE, profile_option
 from toposched.errors import InputError
 from toposched.perf.profile import Profile, use_profile
@@ -55,6 +55,7 @@ class PlanSource:
     preset: str | None = None
     cluster: str | None = None
     live: bool = False
+    p2p: str | None = None
     gpu: str | None = None
     replicas: int = 1
     tp: int | None = None
@@ -84,7 +85,7 @@ class PlanSource:
 
     def topology(self) -> SourceRef | None:
         """The one topology source the flags name (None when none is given)."""
-        return source_ref(self.smi, self.preset, self.cluster, self.live)
+        return source_ref(self.smi, self.preset, self.cluster, self.live, self.p2p)
 
     def disaggregation(self) -> Disaggregation | None:
         """The prefill/decode split the ``--pd-*`` flags ask for (None: a plain plan), checked flag by flag."""
@@ -272,6 +273,7 @@ _OPTIONS: dict[str, tuple[Any, Any]] = {
     "preset": (str | None, PRESET),
     "cluster": (str | None, CLUSTER),
     "live": (bool, LIVE),
+    "p2p": (str | None, P2P),
     "gpu": (str | None, typer.Option(None, "--gpu", help="GPU type when the topology does not say (e.g. H100-SXM).")),
     "replicas": (int, typer.Option(1, "--replicas", help="Instances to place.")),
     "tp": (int | None, typer.Option(None, "--tp", help="Force this tensor-parallel degree.")),

@@ -12,6 +12,7 @@ from pydantic import ValidationError
 from toposched.cli._common import (
     CLUSTER,
     LIVE,
+    P2P,
     PRESET,
     SMI,
     STATE,
@@ -45,6 +46,7 @@ def serve(
     preset: str | None = PRESET,
     cluster: str | None = CLUSTER,
     live: bool = LIVE,
+    p2p: str | None = P2P,
     gpu: str | None = typer.Option(None, "--gpu", help="GPU type when the topology does not say (e.g. H100-SXM)."),
     token_file: Path | None = typer.Option(
         None, "--token-file", help=f"File holding the API token [default: ${TOKEN_ENV}].", metavar="FILE"
@@ -95,7 +97,7 @@ def serve(
                 "host": host,
                 "port": port,
                 "state": ledger_url(state),
-                "source": source_ref(smi, preset, cluster, live),
+                "source": source_ref(smi, preset, cluster, live, p2p),
                 "gpu": gpu,
                 "profile": profile_option(profile),
                 "token": token,

@@ -20,6 +20,7 @@ from rich.text import Text
 from toposched.cli._common import (
     CLUSTER,
     LIVE,
+    P2P,
     PRESET,
     SMI,
     STATE,
@@ -36,13 +37,6 @@ from toposched.topology.model import Cluster, LinkKind, Node
 from toposched.topology.presets import presets
 from toposched.topology.sources import Loaded, SourceRef, load_source
 from toposched.topology.store import DomainMapStore, TopologyStore
-
-P2P = typer.Option(
-    None,
-    "--p2p",
-    help="Read an `nvidia-smi topo -p2p r` capture (peer-to-peer status per GPU pair) for the source's one node.",
-    metavar="FILE",
-)
 
 topo_app = typer.Typer(help="Discover and show GPU topology: NVLink domains, NUMA groups, links.", no_args_is_help=True)
 
@@ -248,18 +242,6 @@ def _render(cluster: Cluster, dmap: DomainMap, header: str) -> None:
         )
 
 
-def _with_p2p(ref: SourceRef | None, p2p: str | None) -> SourceRef | None:
-    """``ref`` with the ``--p2p`` capture; ``--p2p`` alone is an error (it belongs to a source)."""
-    if p2p is None:
-        return ref
-    if ref is None:
-        raise InputError(
-            "--p2p adds peer-to-peer status to a topology source, and none was given",
-            fix="pass it with --smi FILE, --preset NAME or --live (e.g. --smi topo.txt --p2p p2p.txt)",
-        )
-    return ref.model_copy(update={"p2p": p2p})
-
-
 def _age(seconds: float) -> str:
     if seconds < 120:
         return f"{seconds:.0f}s"
@@ -282,7 +264,7 @@ def show(
     ),
 ) -> None:
     """Show links, NVLink domains and NUMA groups of a topology source or of the stored DomainMap."""
-    ref = _with_p2p(source_ref(smi, preset, cluster, live), p2p)
+    ref = source_ref(smi, preset, cluster, live, p2p)
     if ref is not None:
         loaded = load_source(ref)
         dmap = build_domain_map(loaded.cluster)
