@@ -139,6 +139,8 @@ class NodeTopology:
         self.clique_masks = [self.mask(g) for g in self.cliques]
         self.numa_masks = [self.mask(g) for g in self.numa]
         self.pcie_masks = [self.mask(g) for g in self.pcie]
+        self.choices: dict[tuple[tuple[int, ...], int], NodeChoice] = {}
+        """``pick_in_group``'s answers by (free GPUs, size): ``choose_on_node`` is a pure function of them."""
         self.disjoint = (_disjoint(self.clique_masks), _disjoint(self.pcie_masks), _disjoint(self.numa_masks))
         self._types: dict[int, int] | None = None
 
@@ -481,6 +483,22 @@ def node_topology(index: ClusterIndex, node: str) -> NodeTopology:
     return topo
 
 
+_CHOICES_LIMIT = 4096
+"""Most remembered answers per node shape (an 8-GPU node has at most 256 x 8; larger nodes start over)."""
+
+
+def _choice(topo: NodeTopology, available: list[int], size: int) -> tuple[int, ...]:
+    """``choose_on_node(topo, available, (), size).gpus``, remembered per node shape: nodes of one shape
+    share ``topo`` and a busy cluster repeats the same free sets, so most decisions score nothing."""
+    key = (tuple(sorted(available)), size)
+    choice = topo.choices.get(key)
+    if choice is None:
+        if len(topo.choices) >= _CHOICES_LIMIT:
+            topo.choices.clear()
+        choice = topo.choices[key] = choose_on_node(topo, key[0], (), size)
+    return choice.gpus
+
+
 def pick_in_group(index: ClusterIndex, candidates: Sequence[str], size: int) -> list[str] | None:
     """``size`` of the free GPU refs ``candidates`` (one group) in rank order, or None if no launchable set.
 
@@ -507,8 +525,7 @@ def pick_in_group(index: ClusterIndex, candidates: Sequence[str], size: int) -> 
         chosen = sorted(heapq.nsmallest(count, fits), key=lambda f: f[1])
         picked: list[str] = []
         for _, _, node in chosen:
-            choice = choose_on_node(node_topology(index, node), by_node[node], (), share)
-            picked.extend(gpu_ref(node, i) for i in choice.gpus)
+            picked.extend(gpu_ref(node, i) for i in _choice(node_topology(index, node), by_node[node], share))
         return picked
     return None
 
