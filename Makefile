@@ -27,12 +27,14 @@ $(DEV_STAMP): $(RUN_STAMP)
 
 # etcd (Debian etcd-server) for the ledger's and the service's multi-replica tests (the tests start it
 # themselves), promtool (Debian prometheus) for the alert rules, chromium for the web page test,
-# shellcheck for the launch scripts (the tests run it where it is installed)
+# shellcheck for the launch scripts (the tests run it where it is installed), libibverbs1 for the real
+# mooncake_master of the KV-cache store test (mooncake-transfer-engine-non-cuda, a dev extra, links it)
 system-deps:
 	command -v etcd >/dev/null || (apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq etcd-server)
 	command -v promtool >/dev/null || (apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq prometheus)
 	command -v chromium >/dev/null || (apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq chromium)
 	command -v shellcheck >/dev/null || (apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq shellcheck)
+	dpkg -s libibverbs1 >/dev/null 2>&1 || (apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq libibverbs1)
 
 run: $(RUN_STAMP)
 	$(VENV)/bin/toposched topo show --preset hgx-h100

@@ -333,7 +333,12 @@ def build(root: Path) -> Corpus:
         for engine in ("vllm", "sglang", "trtllm"):
             try:
                 launches = build_launches(
-                    doc.placements, doc.request, doc.cluster, engine, disaggregation=doc.disaggregation
+                    doc.placements,
+                    doc.request,
+                    doc.cluster,
+                    engine,
+                    disaggregation=doc.disaggregation,
+                    stores=doc.stores if engine == "sglang" else (),
                 )
             except ToposchedError as exc:
                 corpus.refusals.append((f"{plan.name}/{engine}", str(exc)))
@@ -342,6 +347,8 @@ def build(root: Path) -> Corpus:
                 case_id = f"{plan.name}/{launch.placement}/{launch.node}"
                 corpus.launches.append((case_id, launch))
                 if engine == "trtllm":  # no parser to run here (tests/binding/test_trtllm.py checks its options)
+                    continue
+                if launch.role == "store":  # mooncake_master and the store service: tests/binding/test_mooncake.py
                     continue
                 node = _node(doc, launch.node)
                 ib = ",".join(n.device for n in node.nics if n.device) if launch.role else ""

@@ -18,6 +18,7 @@ from checks.engines.static_checks import object_problems
 from tests.binding.test_k8s import expressions, run_entrypoint, script_of
 from tests.binding.test_k8s_dra import captured, with_fabric
 from tests.conftest import RunCli
+from toposched.binding import k8s
 from toposched.binding.engines import NodeLaunch, build_launches
 from toposched.binding.k8s import HOSTNAME, K8sOptions, render_objects, render_roles
 from toposched.binding.k8s_pd import DEFAULT_RDMA_RESOURCE, render_pd
@@ -27,6 +28,7 @@ from toposched.errors import InputError
 IMAGE = "lmsysorg/sglang:v0.5.23"
 SGLANG = K8sOptions(engine="sglang", image=IMAGE)
 RACK = "toposched.io/rack"
+RDMA = DEFAULT_RDMA_RESOURCE
 PD_ARGS = {
     # 4 prefill + 8 decode TP=4 instances of a 70B model fill two racks of the 256-GPU preset: two stores.
     "two-racks": ["--pd-prefill", "4", "--pd-decode", "8", "--kv-store", "mooncake"],
@@ -78,10 +80,11 @@ def exec_argv(role: dict[str, Any]) -> list[str]:
     return shlex.split(line)[1:]
 
 
-def launches(doc: PlanDoc, model_path: str | None = None) -> list[NodeLaunch]:
+def launches(doc: PlanDoc, model_path: str | None = None, *, stores: bool = False) -> list[NodeLaunch]:
     return build_launches(
-        doc.placements, doc.request, doc.cluster, "sglang", model_path=model_path, disaggregation=doc.disaggregation
-    )
+        doc.placements, doc.request, doc.cluster, "sglang", model_path=model_path, disaggregation=doc.disaggregation,
+        stores=doc.stores if stores else (),
+    )  # fmt: skip
 
 
 @pytest.mark.parametrize("pinned", [False, True], ids=["device-plugin", "dra"])
@@ -93,7 +96,7 @@ def test_every_object_validates(pd: dict[str, PlanDoc], name: str, pinned: bool)
     kinds = [o["kind"] for o in out.objects]
     assert kinds.count("RoleBasedGroup") == 1
     assert kinds.count("ResourceClaimTemplate") == (len(doc.placements) if pinned else 0)
-    assert kinds.count("Service") == len(doc.placements) + 1  # one per instance and the router's
+    assert kinds.count("Service") == len(doc.placements) + len(doc.stores) + 1  # instances, stores, the router
     assert kinds.count("CoordinatedPolicy") == (1 if doc.stores else 0)
     for obj in out.objects:
         assert object_problems(obj) == [], obj["kind"]
@@ -127,11 +130,21 @@ def test_each_instance_runs_its_planned_command_on_its_planned_node(pd: dict[str
         limits = pod["spec"]["containers"][0]["resources"]["limits"]
         assert limits["nvidia.com/gpu"] == str(len(p.ranks)) and limits[DEFAULT_RDMA_RESOURCE] == "1"
         assert pod["spec"]["containers"][0]["securityContext"]["capabilities"]["add"] == ["IPC_LOCK"]
+    stores = [x for x in launches(doc, stores=True) if x.role == "store"]
     for i, store in enumerate(doc.stores):
         pod = template(roles[f"store-{i}"])
         assert expressions(pod)[HOSTNAME]["values"] == [store.node]
         assert expressions(pod)[RACK]["values"] == [store.rack]
-        assert "nvidia.com/gpu" not in pod["spec"]["containers"][0]["resources"]["limits"]
+        service, master = pod["spec"]["containers"]
+        assert "nvidia.com/gpu" not in service["resources"]["limits"] and service["resources"]["limits"][RDMA] == "1"
+        # the commands of launch sglang's store scripts: the store service here, its master beside it
+        assert exec_argv(roles[f"store-{i}"]) == stores[2 * i + 1].argv
+        (line,) = [x for x in master["command"][2].splitlines() if x.startswith("exec ")]
+        assert shlex.split(line)[1:] == stores[2 * i].argv
+        env = {e["name"]: e.get("value", e.get("valueFrom")) for e in service["env"]}
+        assert env["MOONCAKE_MASTER"] == f"toposched-pd-store-{i}.default.svc:50051"
+        assert env["MOONCAKE_LOCAL_HOSTNAME"] == {"fieldRef": {"fieldPath": "status.podIP"}}
+        assert env["MOONCAKE_DEVICE"] == ",".join(store.nics)
 
 
 def test_decode_shares_a_rack_with_its_store(pd: dict[str, PlanDoc]) -> None:
@@ -202,6 +215,34 @@ def test_the_router_reaches_every_instance_through_its_service(pd: dict[str, Pla
         assert expressions(template(role))[HOSTNAME]["values"] == [want.removeprefix("http://").rsplit(":", 1)[0]]
         if "bootstrap" in ports:  # a prefill URL is followed by its bootstrap port
             assert str(ports["bootstrap"]) == argv[argv.index(got) + 1]
+
+
+def test_instances_reach_their_store_through_its_service(
+    pd: dict[str, PlanDoc], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    doc = pd["two-racks"]
+    # binding/k8s.py builds the pods' launches; with the plan's stores its instances carry HiCache flags
+    monkeypatch.setattr(k8s, "build_launches", lambda *a, **kw: build_launches(*a, **kw, stores=doc.stores))
+    objects = render_pd(doc, "pd", dataclasses.replace(SGLANG, namespace="llm")).objects
+    services = {s["metadata"]["name"]: s for s in of_kind(objects, "Service")}
+    roles = roles_of(objects)
+    planned = {(x.placement, x.node): x.argv for x in launches(doc, stores=True)}
+    flag = "--hicache-storage-backend-extra-config"
+    for p in doc.placements:
+        role = roles[f"{p.role}-{p.id.rsplit('-', 1)[1]}"]
+        got, want = exec_argv(role), planned[(p.id, p.ranks[0].node)]
+        config, plain = json.loads(got[got.index(flag) + 1]), json.loads(want[want.index(flag) + 1])
+        assert got[: got.index(flag)] == want[: want.index(flag)]  # all else is build_launches' command
+        host, port = config.pop("master_server_address").rsplit(":", 1)
+        name, namespace, svc = host.split(".")
+        assert (namespace, svc) == ("llm", "svc") and name.startswith("toposched-pd-store")
+        assert {q["name"]: q["port"] for q in services[name]["spec"]["ports"]}["rpc"] == int(port)
+        store_node = expressions(template(roles[name.removeprefix("toposched-pd-")]))[HOSTNAME]["values"][0]
+        assert plain.pop("master_server_address") == f"{store_node}:{port}" and config == plain
+        env = template(role)["spec"]["containers"][0]["env"]
+        assert {"name": "MOONCAKE_LOCAL_HOSTNAME", "valueFrom": {"fieldRef": {"fieldPath": "status.podIP"}}} in env
+    (rbg,) = of_kind(objects, "RoleBasedGroup")  # the pods with their HiCache flags still fit the CRD schema
+    assert object_problems(rbg) == []
 
 
 def test_prefill_and_store_roll_out_together(pd: dict[str, PlanDoc]) -> None:

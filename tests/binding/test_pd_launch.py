@@ -121,7 +121,12 @@ def test_launch_sglang_writes_a_script_per_instance_and_the_routers(run_cli: Run
     result = run_cli("launch", "sglang", "--plan", str(plan), "--out", str(out))
     assert result.exit_code == 0, result.stderr
     names = sorted(p.name for p in out.iterdir())
-    assert len(names) == 4 and sum(n.startswith("plan-router-") for n in names) == 1
+    assert len(names) == 6 and sum(n.startswith("plan-router-") for n in names) == 1
+    # the plan's one store: its master and its store service, on the store's node
+    store = json.loads(made.stdout)["stores"][0]["node"]
+    assert {f"plan-store-0-master-{store}.sh", f"plan-store-0-{store}.sh"} <= set(names)
+    decode = next((out / n).read_text() for n in names if n.startswith("plan-decode-"))
+    assert "--disaggregation-decode-enable-offload-kvcache" in decode and f"{store}:50051" in decode
     refused = run_cli("launch", "trtllm", "--plan", str(plan), "--out", str(tmp_path / "trt"))
     assert refused.exit_code == 2 and "SGLang or vLLM only" in refused.stderr and "Traceback" not in refused.stderr
 

@@ -51,6 +51,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Literal
 
+from toposched.binding.mooncake import HICACHE_FLAG_SOURCES
 from toposched.errors import InputError
 from toposched.solver.options import check_context
 from toposched.solver.request import Placement, PlacementRequest
@@ -120,6 +121,7 @@ FLAG_SOURCES: dict[Engine, dict[str, str]] = {
         "--disaggregation-bootstrap-port": "sglang/srt/arg_groups/fields/disagg.py: disaggregation_bootstrap_port",
         "--disaggregation-ib-device": "sglang/srt/arg_groups/fields/disagg.py: disaggregation_ib_device (a device, "
         "a comma list or a per-GPU JSON mapping; validation_hook.py validate_ib_devices)",
+        **HICACHE_FLAG_SOURCES,
     },
     "trtllm": {
         flag: _TRTLLM

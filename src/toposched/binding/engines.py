@@ -47,6 +47,10 @@ NCCL 2.30 are set (``ENV_VARS``, each in ../shared/reference/engines.md).
   instance's bootstrap server port is ``VLLM_MOONCAKE_BOOTSTRAP_PORT`` (from vLLM's 8998, unique per
   node). vLLM 0.33.0 ships no PD proxy, so no router is emitted: the proxy that hands the decode
   instances each prefill's ``remote_bootstrap_addr`` is the deployer's (the ports are in the launches).
+* **KV-cache stores** (a plan with ``stores``, SGLang): each store runs Mooncake's master and store service
+  on its node (two launches, role ``store``, after the router), and every prefill and decode instance gets
+  SGLang's HiCache flags with the Mooncake backend pointing at the store of its rack, its KV NICs as the
+  device (``mooncake.py``). vLLM's launches leave the stores out (its store connector is not emitted yet).
 
 Scripts are safe to run whatever the plan said: ids and node names are checked by the rules of
 ``toposched.names`` (the plan reader and the topology model check them first; ``NodeLaunch`` checks
@@ -66,6 +70,7 @@ from typing import Any, Literal
 import yaml
 from pydantic import BaseModel, ConfigDict, Field
 
+from toposched.binding import mooncake
 from toposched.binding.engine_args import (
     SGLANG_FLAGS,
     TRTLLM_FLAGS,
@@ -84,7 +89,7 @@ from toposched.binding.engine_args import (
 from toposched.errors import InputError
 from toposched.names import NodeName, PlacementId, check_node_name, node_name_problem, placement_id_problem
 from toposched.solver.layout import layout_problem, node_blocks
-from toposched.solver.pd import Disaggregation
+from toposched.solver.pd import Disaggregation, KvStore
 from toposched.solver.request import Placement, PlacementRequest
 from toposched.topology.domains import DomainMap, build_domain_map, gpu_ref
 from toposched.topology.model import Cluster
@@ -104,6 +109,7 @@ ENV_VARS = frozenset(
 KV_ENV_SOURCES: dict[str, str] = {
     "VLLM_MOONCAKE_BOOTSTRAP_PORT": "vllm 0.33.0 vllm/envs.py (default 8998), read by "
     "kv_connector/v1/mooncake/mooncake_connector.py get_mooncake_bootstrap_addr",
+    **mooncake.STORE_ENV_SOURCES,
 }
 """Variables of the disaggregated launches that ../shared/reference/engines.md does not list, and the file
 of the engine's wheel that reads each (as ``FLAG_SOURCES`` for flags)."""
@@ -129,7 +135,7 @@ class NodeLaunch(BaseModel):
     placement: PlacementId
     node: NodeName
     engine: Engine
-    role: Literal["prefill", "decode", "router"] | None = Field(
+    role: Literal["prefill", "decode", "router", "store"] | None = Field(
         default=None, description="part of a prefill/decode disaggregated deployment (None: a plain instance)"
     )
     node_rank: int
@@ -307,11 +313,14 @@ def build_launches(
     base_port: int = 8000,
     use_uuids: bool | None = None,
     disaggregation: Disaggregation | None = None,
+    stores: Sequence[KvStore] = (),
+    store_settings: mooncake.MooncakeSettings | None = None,
 ) -> list[NodeLaunch]:
-    """One ``NodeLaunch`` per placement and node (and the router of a disaggregated plan, last).
+    """One ``NodeLaunch`` per placement and node (then the router of a disaggregated plan, then its stores).
 
     A plan whose placements have roles launches only with its ``disaggregation`` (the plan document's)
     and with SGLang or vLLM: otherwise each instance would start as a plain server that never hands its KV on.
+    ``stores`` (the plan document's) are launched with SGLang only, and their instances use them.
     """
     if not 1 <= base_port <= MAX_PORT:
         raise InputError(f"--port {base_port} is not a port (1 to {MAX_PORT})")
@@ -323,6 +332,11 @@ def build_launches(
         use_uuids = all(n.source == "nvml" for n in cluster.nodes)
     launches: list[NodeLaunch] = []
     ports = PortBook()
+    if stores and disaggregation is None:
+        raise InputError("KV-cache stores were given for a plan without prefill/decode disaggregation")
+    # booked first, so a store's ports do not depend on the instances (k8s_pd builds the same launches)
+    endpoints = mooncake.book_stores(stores, ports) if engine == "sglang" else []
+    by_id = {p.id: p for p in doc_placements}
     for p in doc_placements:
         groups = _node_groups(p)
         settings = serve_settings(p, request, model, checkpoint)
@@ -340,6 +354,9 @@ def build_launches(
             dist_port = ports.take(group_nodes, first, "rendezvous")
         # SGLang's and vLLM's Mooncake bootstrap servers both default to 8998
         bootstrap = ports.take(group_nodes, SGLANG_BOOTSTRAP_PORT, "bootstrap") if p.role == "prefill" else None
+        store = None
+        if endpoints and p.role is not None and disaggregation is not None:
+            store = mooncake.store_for(p, endpoints, cluster, by_id, disaggregation.pairs)
         for node_rank, setup in enumerate(setups):
             argv = list(core)
             if engine == "vllm":
@@ -357,6 +374,8 @@ def build_launches(
             env = setup.env
             if p.role is not None and engine == "sglang":
                 argv += _sglang_pd_args(p, setup, bootstrap)
+                if store is not None:
+                    argv += mooncake.hicache_args(p, setup.node, store, store_settings)
             elif p.role is not None:
                 argv += ["--kv-transfer-config", vllm_kv_transfer_config(p, setup.node, setup.gpus)]
                 if bootstrap is not None:
@@ -371,6 +390,7 @@ def build_launches(
             )  # fmt: skip
     if disaggregation is not None and engine == "sglang":  # vLLM 0.33.0 ships no PD proxy (module docstring)
         launches.append(_router_launch(request.id, launches, ports))
+    launches += mooncake.store_launches(request.id, endpoints, store_settings)
     return launches
 
 

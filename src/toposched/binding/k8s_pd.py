@@ -15,6 +15,15 @@ A disaggregated plan (``solver/pd.py``) becomes, in apply order:
 * a ``CoordinatedPolicy`` that rolls the prefill and store roles together (seed 003 section 1.4: their
   transfer engines must run the same version), when the plan has stores.
 
+A store's pod runs the same two processes as ``launch sglang``'s store scripts (``mooncake.py``): the
+``mooncake_master`` container and the store service (the ``engine`` container, with the RDMA device), and a
+Service per store (``rpc``, ``metrics`` and ``http`` ports) through which instances and the store service reach
+its master: ``master_server_address`` in each instance's HiCache configuration and ``MOONCAKE_MASTER`` name the
+Service. The Mooncake transfer engines reach each other at the address they register, the pod's IP
+(``MOONCAKE_LOCAL_HOSTNAME`` from ``status.podIP``, which SGLang and the store service prefer to the plan's node
+name); the engines then move KV between pod IPs, so the pods should run on the host network (the fabric's
+``host_network``) for RDMA.
+
 Every prefill, decode and store pod asks for one RDMA device (``K8sOptions.rdma_resource``, else the
 fabric's ``rdma_resource``, else ``rdma/hca_shared_devices_a``, the shared-HCA device plugin's
 example name) and gets ``IPC_LOCK``. Each decode pod has a required pod affinity to its rack's store
@@ -34,9 +43,11 @@ with the rendezvous address rewritten to the leader, which is not written yet.
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+import json
+from collections.abc import Mapping, Sequence
 
-from toposched.binding.engines import NodeLaunch
+from toposched.binding import mooncake
+from toposched.binding.engines import NodeLaunch, PortBook
 from toposched.binding.k8s import (
     CONTAINER,
     HOSTNAME,
@@ -63,16 +74,21 @@ from toposched.binding.k8s import (
 from toposched.binding.k8s_dra import GpuIds, choose_gpu_request
 from toposched.binding.plan_doc import PlanDoc
 from toposched.errors import InputError
-from toposched.solver.pd import KvStore
 from toposched.solver.request import Placement
 
 DEFAULT_RDMA_RESOURCE = "rdma/hca_shared_devices_a"
 """The resource name of the k8s-rdma-shared-dev-plugin's example config; ``--rdma-resource`` overrides it."""
-STORE_COMMAND = ("mooncake_master",)
-"""The store's process, with Mooncake's own defaults: its settings are not emitted yet (docs/pd.md)."""
+MASTER_CONTAINER = "mooncake-master"
+EXTRA_CONFIG_FLAG = "--hicache-storage-backend-extra-config"
+
 LABEL_ROLE = "toposched.io/role"
 ANNOTATION_KV_NICS = "toposched.io/kv-nics"
 ANNOTATION_HOST_NUMA = "toposched.io/host-numa"
+
+
+def _pod_ip_env() -> Obj:
+    """The address a pod's Mooncake transfer engine registers (read by SGLang's store client and the store service)."""
+    return {"name": "MOONCAKE_LOCAL_HOSTNAME", "valueFrom": {"fieldRef": {"fieldPath": "status.podIP"}}}
 
 
 def rdma_resource(doc: PlanDoc, opts: K8sOptions) -> str:
@@ -188,8 +204,13 @@ def _plain_template(
 
 
 def _router(launched: dict[str, tuple[list[NodeLaunch], list[GpuIds]]], doc: PlanDoc) -> NodeLaunch:
-    """The one launch that belongs to no placement: the router ``build_launches`` adds to a disaggregated plan."""
-    extra = [launches for key, (launches, _) in launched.items() if key not in {p.id for p in doc.placements}]
+    """The one launch that belongs to no placement and no store: the router ``build_launches`` adds."""
+    ids = {p.id for p in doc.placements}
+    extra = [
+        launches
+        for key, (launches, _) in launched.items()
+        if key not in ids and not all(x.role == "store" for x in launches)
+    ]
     if len(extra) != 1 or len(extra[0]) != 1 or extra[0][0].role != "router":
         raise InputError("the disaggregated plan's launches have no single router")
     return extra[0][0]
@@ -227,8 +248,16 @@ def render_pd(doc: PlanDoc, group_name: str = "pd", opts: K8sOptions | None = No
     services: list[Obj] = []
     roles: list[Obj] = []
     urls: dict[str, str] = {}
+    endpoints = mooncake.book_stores(doc.stores, PortBook())  # as build_launches books them: before any instance
+    masters: dict[str, str] = {}
+    for e, role in zip(endpoints, stores, strict=True):
+        pod = dns_name(group, role, limit=63)
+        masters[e.master_address] = f"{pod}.{opts.namespace}.svc:{e.rpc_port}"
+        ports = [("rpc", e.rpc_port), ("metrics", e.metrics_port), ("http", e.http_port)]
+        services.append(_service(pod, ports, opts, doc))
     for p in doc.placements:
         launches, ids = launched[p.id]
+        launches = [_via_services(x, masters) for x in launches]
         if len(launches) > 1:
             raise InputError(
                 f"placement {p.id} spans {len(launches)} nodes; the RoleBasedGroup of a disaggregated plan covers "
@@ -243,8 +272,9 @@ def render_pd(doc: PlanDoc, group_name: str = "pd", opts: K8sOptions | None = No
         ports = [("http", head.port)] + ([("bootstrap", head.bootstrap_port)] if head.bootstrap_port else [])
         services.append(_service(pod, ports, opts, doc))
         urls[f"http://{head.node}:{head.port}"] = f"http://{pod}.{opts.namespace}.svc:{head.port}"
-    for i, store in enumerate(doc.stores):
-        roles.append(_store_role(doc, store, stores[i], group, opts, rdma))
+    runs = mooncake.store_launches(doc.request.id, endpoints)
+    for i, e in enumerate(endpoints):
+        roles.append(_store_role(doc, e, runs[2 * i : 2 * i + 2], stores[i], group, opts, rdma, masters))
     router_pod = dns_name(group, "router", limit=63)
     template = _plain_template(
         doc, router_pod, "router", router.node, _router_argv(router, urls), opts, rdma=None, port=router.port
@@ -283,6 +313,8 @@ def _gpu_role(
         claims.append(claim_for(doc, opts, claim, ids))
     template = pod_template(doc, p, launches, pod, opts, lws=False, claim=claim, ids=ids, rdma=rdma)
     template["metadata"]["labels"][LABEL_ROLE] = str(p.role)
+    if any(EXTRA_CONFIG_FLAG in x.argv for x in launches):
+        template["spec"]["containers"][0]["env"].append(_pod_ip_env())
     _annotate_kv(template, p)
     node = launches[0].node
     key, value = _rack_key(doc, node, opts)
@@ -301,10 +333,51 @@ def _gpu_role(
     return standalone_role(role, template, dependencies=[store])
 
 
-def _store_role(doc: PlanDoc, store: KvStore, role: str, group: str, opts: K8sOptions, rdma: str) -> Obj:
-    """The role of one KV-cache store: host memory and RDMA NICs of its planned node, no GPUs."""
+def _via_services(launch: NodeLaunch, masters: Mapping[str, str]) -> NodeLaunch:
+    """An instance's launch whose HiCache configuration names its store's master by the store's Service."""
+    argv = list(launch.argv)
+    for i, arg in enumerate(argv[:-1]):
+        if arg == EXTRA_CONFIG_FLAG:
+            config = json.loads(argv[i + 1])
+            address = config["master_server_address"]
+            if address not in masters:
+                raise InputError(f"placement {launch.placement}: the Mooncake master {address} is none of the plan's")
+            argv[i + 1] = json.dumps({**config, "master_server_address": masters[address]}, separators=(",", ":"))
+    return launch.model_copy(update={"argv": argv})
+
+
+def _store_role(
+    doc: PlanDoc,
+    endpoint: mooncake.StoreEndpoint,
+    runs: Sequence[NodeLaunch],
+    role: str,
+    group: str,
+    opts: K8sOptions,
+    rdma: str,
+    masters: Mapping[str, str],
+) -> Obj:
+    """The role of one KV-cache store: its master and store service on its planned node (host memory and RDMA
+    NICs, no GPUs), the commands of ``launch sglang``'s store scripts."""
+    master, service = runs
+    store = endpoint.store
     pod = dns_name(group, role, limit=63)
-    template = _plain_template(doc, pod, "store", store.node, STORE_COMMAND, opts, rdma=rdma)
+    template = _plain_template(doc, pod, "store", store.node, service.argv, opts, rdma=rdma, port=service.port)
     _require(template, *_rack_key(doc, store.node, opts))
     template["metadata"]["annotations"][ANNOTATION_KV_NICS] = ",".join(store.nics)
+    env = {**service.env, "MOONCAKE_MASTER": masters[service.env["MOONCAKE_MASTER"]]}
+    del env["MOONCAKE_LOCAL_HOSTNAME"]
+    engine = template["spec"]["containers"][0]
+    engine["env"] = [{"name": k, "value": v} for k, v in env.items()] + [_pod_ip_env()]
+    engine["ports"] = [{"name": "http", "containerPort": service.port, "protocol": "TCP"}]
+    template["spec"]["containers"].append(
+        {
+            "name": MASTER_CONTAINER,
+            "image": opts.resolved_image(),
+            "command": ["/bin/sh", "-c", kubelet_escape(exec_line(master.argv, None) + "\n")],
+            "ports": [
+                {"name": "rpc", "containerPort": endpoint.rpc_port, "protocol": "TCP"},
+                {"name": "metrics", "containerPort": endpoint.metrics_port, "protocol": "TCP"},
+            ],
+        },
+    )
     return standalone_role(role, template)

@@ -14,9 +14,11 @@ form for Slurm when its nodes are alike).
 
 A prefill/decode disaggregated plan (``plan --pd-prefill N --pd-decode M``) launches with ``launch
 sglang``: one script per instance and node with its disaggregation flags, and one for the router
-(``PLAN-router-NODE.sh``); or with ``launch vllm``: one script per instance and node with its
-``--kv-transfer-config`` (MooncakeConnector) and no router, since vLLM 0.33.0 ships no PD proxy.
-``launch trtllm`` refuses it in one line.
+(``PLAN-router-NODE.sh``); a plan with Mooncake stores (``--kv-store mooncake``) adds, per store, its
+master (``PLAN-store-N-master-NODE.sh``) and its store service (``PLAN-store-N-NODE.sh``), and its
+instances run HiCache on the store of their rack (``binding/mooncake.py``). Or with ``launch vllm``:
+one script per instance and node with its ``--kv-transfer-config`` (MooncakeConnector) and no router,
+since vLLM 0.33.0 ships no PD proxy, and no store. ``launch trtllm`` refuses it in one line.
 """
 
 from __future__ import annotations
@@ -38,6 +40,10 @@ VLLM_NO_ROUTER = (
     "note: no router was written: vLLM 0.33.0 ships no prefill/decode proxy; put one in front that sends each "
     "request to a prefill instance, then to a decode instance with kv_transfer_params naming the prefill's "
     "remote_bootstrap_addr (http://NODE:PORT, PORT its VLLM_MOONCAKE_BOOTSTRAP_PORT)"
+)
+VLLM_NO_STORE = (
+    "note: the plan's KV-cache stores were not launched: toposched writes Mooncake stores for SGLang only so far "
+    "(launch sglang)"
 )
 """Said on stderr after a vLLM launch of a disaggregated plan."""
 
@@ -152,10 +158,13 @@ def _engine_command(engine: Engine) -> None:
         launches = build_launches(
             doc.placements, doc.request, doc.cluster, engine,
             model_path=model_path, master_addr=master_addr, base_port=port, disaggregation=doc.disaggregation,
+            stores=doc.stores,
         )  # fmt: skip
         _emit(launches, fmt, json_out, out)
         if engine == "vllm" and doc.disaggregation is not None:
             err_console.print(VLLM_NO_ROUTER, markup=False, soft_wrap=True)
+            if doc.stores:
+                err_console.print(VLLM_NO_STORE, markup=False, soft_wrap=True)
 
     command.__doc__ = (
         f"Commands and environment to run each placement with {engine}, one per node."
