@@ -18,7 +18,6 @@ from checks.engines.static_checks import object_problems
 from tests.binding.test_k8s import expressions, run_entrypoint, script_of
 from tests.binding.test_k8s_dra import captured, with_fabric
 from tests.conftest import RunCli
-from toposched.binding import k8s
 from toposched.binding.engines import NodeLaunch, build_launches
 from toposched.binding.k8s import HOSTNAME, K8sOptions, render_objects, render_roles
 from toposched.binding.k8s_pd import DEFAULT_RDMA_RESOURCE, render_pd
@@ -115,7 +114,7 @@ def test_the_crd_schema_refuses_what_rbg_does_not_have(pd: dict[str, PlanDoc]) -
 def test_each_instance_runs_its_planned_command_on_its_planned_node(pd: dict[str, PlanDoc]) -> None:
     doc = pd["two-racks"]
     roles = roles_of(render_pd(doc, "pd", SGLANG).objects)
-    by_placement = {x.placement: x for x in launches(doc)}
+    by_placement = {x.placement: x for x in launches(doc, stores=True)}
     assert sorted(roles) == sorted(
         [*(f"prefill-{i}" for i in range(4)), *(f"decode-{i}" for i in range(8)), "store-0", "store-1", "router"]
     )
@@ -125,7 +124,10 @@ def test_each_instance_runs_its_planned_command_on_its_planned_node(pd: dict[str
         pod = template(role)
         assert pod["metadata"]["annotations"]["toposched.io/placement"] == p.id
         assert expressions(pod)[HOSTNAME]["values"] == [p.ranks[0].node]
-        assert exec_argv(role) == launch.argv  # build_launches' SGLang command, unchanged
+        got, flag = exec_argv(role), "--hicache-storage-backend-extra-config"
+        assert flag in launch.argv  # the plan has stores: HiCache with the rack's store
+        at = launch.argv.index(flag) + 1  # the store's address is its Service's (the next test)
+        assert got[:at] == launch.argv[:at] and got[at + 1 :] == launch.argv[at + 1 :]
         assert pod["metadata"]["annotations"]["toposched.io/kv-nics"] == ",".join(p.kv_nics)
         limits = pod["spec"]["containers"][0]["resources"]["limits"]
         assert limits["nvidia.com/gpu"] == str(len(p.ranks)) and limits[DEFAULT_RDMA_RESOURCE] == "1"
@@ -217,12 +219,8 @@ def test_the_router_reaches_every_instance_through_its_service(pd: dict[str, Pla
             assert str(ports["bootstrap"]) == argv[argv.index(got) + 1]
 
 
-def test_instances_reach_their_store_through_its_service(
-    pd: dict[str, PlanDoc], monkeypatch: pytest.MonkeyPatch
-) -> None:
+def test_instances_reach_their_store_through_its_service(pd: dict[str, PlanDoc]) -> None:
     doc = pd["two-racks"]
-    # binding/k8s.py builds the pods' launches; with the plan's stores its instances carry HiCache flags
-    monkeypatch.setattr(k8s, "build_launches", lambda *a, **kw: build_launches(*a, **kw, stores=doc.stores))
     objects = render_pd(doc, "pd", dataclasses.replace(SGLANG, namespace="llm")).objects
     services = {s["metadata"]["name"]: s for s in of_kind(objects, "Service")}
     roles = roles_of(objects)

@@ -256,7 +256,9 @@ class _NodeSetup(BaseModel):
     """``numactl`` binding to the one NUMA node of all the node's GPUs, or nothing."""
 
 
-def _setup(cluster: Cluster, dmap: DomainMap, node: str, gpus: list[int], multi: bool, uuids: bool) -> _NodeSetup:
+def node_setup(cluster: Cluster, dmap: DomainMap, node: str, gpus: list[int], multi: bool, uuids: bool) -> _NodeSetup:
+    """What one node's ranks get (their GPUs, NCCL variables, numactl prefix); ``multi``: the instance spans
+    nodes; ``uuids``: name GPUs by UUID (an NVML-probed cluster). ``binding.k8s`` uses it per pod."""
     n = cluster.node(node)
     numas = [n.gpu(g).numa_node for g in gpus]
     ids = [n.gpu(g).uuid or str(g) if uuids else str(g) for g in gpus]
@@ -343,7 +345,7 @@ def build_launches(
         head = master_addr or groups[0][0]
         group_nodes = [n for n, _ in groups]
         port = ports.take(group_nodes, base_port, "server")
-        setups = [_setup(cluster, dmap, node, gpus, len(groups) > 1, use_uuids) for node, gpus in groups]
+        setups = [node_setup(cluster, dmap, node, gpus, len(groups) > 1, use_uuids) for node, gpus in groups]
         if engine == "trtllm":
             launches.append(_trtllm_launch(p.id, settings, setups, port))
             continue

@@ -28,10 +28,14 @@ reference/engines.md sections 3-5.
   expansion, so a model path cannot run anything.
 * A prefill/decode disaggregated plan is one RoleBasedGroup with its router and stores (``k8s_pd.py``);
   ``render_objects`` and ``render_roles`` refuse it.
-* TensorRT-LLM (single-node placements only): the entrypoint first writes the launch's options YAML
-  under ``FILES_DIR`` with a quoted here-document, and ``--config`` names it there. A multi-node
-  TensorRT-LLM placement is refused: its leader would have to start ranks in the worker pods with
-  mpirun, which needs sshd (or an MPI operator) in them that toposched does not set up.
+* TensorRT-LLM: the entrypoint first writes the launch's options YAML under ``FILES_DIR`` with a
+  quoted here-document, and ``--config`` names it there. A multi-node placement is a LeaderWorkerSet
+  whose leader starts every rank with Open MPI's ``mpirun`` (``trtllm-llmapi-launch trtllm-serve``, as
+  ``launch trtllm``): each worker pod selects its GPUs, writes a rank wrapper (its environment,
+  ``CUDA_VISIBLE_DEVICES`` and ``numactl``) and runs an ``sshd`` that takes the key pair of a Secret
+  (``K8sOptions.mpi_ssh_secret``); the leader asks each worker over ssh which node it runs on, writes
+  the hostfile in the plan's node order from the LWS addresses (``$LWS_LEADER_ADDRESS`` with the worker
+  index added to its pod name) and runs ``mpirun`` with ``G`` ranks per node (``mpi_entrypoint``).
 """
 
 from __future__ import annotations
@@ -44,7 +48,9 @@ from typing import Any, Literal
 
 from pydantic import TypeAdapter, ValidationError
 
-from toposched.binding.engines import Engine, NodeLaunch, build_launches, is_file_arg
+# ``node_setup`` is what ``build_launches`` gives each node (GPUs, NCCL variables, numactl): an mpirun launch carries
+# it only inside its argv, and the pods of a multi-node TensorRT-LLM instance need it per node.
+from toposched.binding.engines import Engine, NodeLaunch, build_launches, is_file_arg, node_setup, plain_file_name
 from toposched.binding.k8s_dra import (
     GPU_REQUESTS,
     GpuIds,
@@ -61,7 +67,9 @@ from toposched.binding.k8s_dra import (
 from toposched.binding.k8s_dra import normalise_bus_id as normalise_bus_id  # re-exported
 from toposched.binding.plan_doc import PlanDoc
 from toposched.errors import InputError
+from toposched.solver.layout import node_blocks
 from toposched.solver.request import Placement
+from toposched.topology.domains import build_domain_map
 from toposched.topology.model import Cluster, ResourceName
 
 Obj = dict[str, Any]
@@ -86,6 +94,17 @@ LABEL_REQUEST = "toposched.io/request"
 MANAGED_BY = {"app.kubernetes.io/managed-by": "toposched"}
 CONTAINER = "engine"
 _GFD_CLIQUE = re.compile(r"^[0-9a-fA-F-]{36}[./]\d+$")
+_DNS_SUBDOMAIN = re.compile(r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?(\.[a-z0-9]([-a-z0-9]*[a-z0-9])?)*$")
+_ENV_NAME = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
+MPI_RANK_COMMAND = "trtllm-llmapi-launch"
+"""The first word of what every rank of a multi-node TensorRT-LLM instance runs (after ``numactl``)."""
+MPI_SSH_PORT = 2222
+"""The workers' sshd port for the first multi-node TensorRT-LLM placement of a plan, one more for each next
+one (pods on the host network share their node's ports); not 22, which a host's own sshd may hold."""
+MPI_SSH_DIR = "/etc/toposched/mpi-ssh"
+"""Where the Secret's key pair is mounted (the leader gets ``ssh-privatekey``, the workers ``ssh-publickey``)."""
+MPI_WAIT_S = 600
+"""How long the leader waits for each worker's sshd before it gives up (image pulls take minutes)."""
 
 
 @dataclass(frozen=True)
@@ -110,15 +129,29 @@ class K8sOptions:
     """How pods get their GPUs: DRA claims, ``nvidia.com/gpu`` from the device plugin, or auto (DRA when pinnable)."""
     rdma_resource: str | None = None
     """RDMA resource of a disaggregated plan's pods (None: the fabric's, else ``rdma/hca_shared_devices_a``)."""
+    mpi_ssh_secret: str | None = None
+    """Secret with ``ssh-privatekey`` and ``ssh-publickey`` through which a multi-node TensorRT-LLM leader's
+    mpirun reaches the worker pods (None: ``NAME_PREFIX-mpi-ssh``)."""
 
     def __post_init__(self) -> None:
         if self.gpu_request not in GPU_REQUESTS:
             raise InputError(f"--gpu-request {self.gpu_request!r} is not one of {', '.join(GPU_REQUESTS)}")
+        if self.mpi_ssh_secret is not None and not (
+            len(self.mpi_ssh_secret) <= 253 and _DNS_SUBDOMAIN.match(self.mpi_ssh_secret)
+        ):
+            raise InputError(
+                f"--ssh-secret {self.mpi_ssh_secret[:80]!r} is not a Secret name",
+                fix="use lower-case letters, digits, '-' and '.' (a DNS subdomain), e.g. llm-mpi-ssh",
+            )
         if self.rdma_resource is not None:
             try:
                 TypeAdapter(ResourceName).validate_python(self.rdma_resource)
             except ValidationError as exc:
                 raise InputError(f"--rdma-resource: {exc.errors()[0]['msg']}") from None
+
+    def ssh_secret(self) -> str:
+        """The Secret a multi-node TensorRT-LLM instance's pods take their ssh key pair from."""
+        return self.mpi_ssh_secret or dns_name(self.name_prefix, "mpi-ssh", limit=253)
 
     def resolved_image(self) -> str:
         image = self.image or DEFAULT_IMAGES[self.engine]
@@ -211,6 +244,11 @@ def _sh(value: str) -> str:
 def exec_line(argv: Sequence[str], leader_flag: str | None, files: Mapping[str, str] | None = None) -> str:
     """The exec line; the value after ``leader_flag`` becomes the LWS leader address, and a file of the
     launch its path under ``FILES_DIR``."""
+    return "exec " + _words(argv, leader_flag, files)
+
+
+def _words(argv: Sequence[str], leader_flag: str | None, files: Mapping[str, str] | None) -> str:
+    """``argv`` as shell words (see :func:`exec_line`)."""
     out: list[str] = []
     for i, arg in enumerate(argv):
         if files and is_file_arg(arg, argv[i - 1] if i else "", files):
@@ -220,10 +258,10 @@ def exec_line(argv: Sequence[str], leader_flag: str | None, files: Mapping[str, 
             out.append('"$LWS_LEADER_ADDRESS' + (f":{int(port)}" if port else "") + '"')
         else:
             out.append(_sh(arg))
-    return "exec " + " ".join(out)
+    return " ".join(out)
 
 
-def _file_lines(files: Mapping[str, str]) -> list[str]:
+def _file_lines(files: Mapping[str, str], *, mkdir: bool = True) -> list[str]:
     """Shell lines that write the launch's files under ``FILES_DIR`` (quoted here-documents: no expansion).
 
     The files come from serialisers fed with numbers, fixed words and checked names; a line equal to the
@@ -231,7 +269,7 @@ def _file_lines(files: Mapping[str, str]) -> list[str]:
     """
     if not files:
         return []
-    lines = [f"    mkdir -p {FILES_DIR}"]
+    lines = [f"    mkdir -p {FILES_DIR}"] if mkdir else []
     for name, text in files.items():
         if _HEREDOC_END in text.splitlines() or "$" in text:
             raise InputError(f"file {name[:60]!r} of the launch cannot be written by the pod's entrypoint")
@@ -271,12 +309,30 @@ def _select_line(ids: GpuIds) -> str:
     return _UNPINNED
 
 
+def shared_env(launches: Sequence[NodeLaunch]) -> dict[str, str]:
+    """The variables every one of ``launches`` sets to the same value (they go into the container's ``env``)."""
+    return {k: v for k, v in launches[0].env.items() if all(x.env.get(k) == v for x in launches)}
+
+
+def _node_exports(launch: NodeLaunch, shared: Mapping[str, str]) -> list[str]:
+    """``export`` lines for the variables only this node's launch has (e.g. its own ``NCCL_IB_HCA``), each
+    value in single quotes (``shlex.quote`` leaves ``=mlx5_0`` bare, which shellcheck reads as ``==``)."""
+    own = {k: v for k, v in launch.env.items() if k not in shared and k != "CUDA_VISIBLE_DEVICES"}  # selected here
+    bad = next((k for k in own if not _ENV_NAME.match(k)), None)
+    if bad is not None:
+        raise InputError(f"launch for node {launch.node}: {bad[:60]!r} is not an environment variable name")
+    return [f"    export {k}='" + v.replace("'", "'\"'\"'") + "'" for k, v in own.items()]
+
+
 def entrypoint(doc: PlanDoc, launches: Sequence[NodeLaunch], *, lws: bool, ids: Sequence[GpuIds] | None = None) -> str:
     """The ``/bin/sh -c`` script (before kubelet escaping) for pods that may run on these nodes.
 
     ``ids`` are the launches' GPU ids (:func:`gpu_ids`), computed here when not given.
     """
+    if is_mpi(launches[0]):
+        return mpi_entrypoint(doc, launches, ids=ids)
     lines = ["set -eu", "export CUDA_DEVICE_ORDER=PCI_BUS_ID", _SELECT, 'case "$NODE_NAME" in']
+    shared = shared_env(launches)
     for launch, pod_ids in zip(launches, ids or _ids(doc, launches), strict=True):
         leader_flag = None
         if lws:
@@ -284,16 +340,191 @@ def entrypoint(doc: PlanDoc, launches: Sequence[NodeLaunch], *, lws: bool, ids: 
         lines += [
             f"  {_sh(launch.node)})",
             f"    {_select_line(pod_ids)}",
+            *_node_exports(launch, shared),
             *_file_lines(launch.files),
             f"    {exec_line(launch.argv, leader_flag, launch.files)}",
             "    ;;",
         ]
+    return "\n".join(_node_case(launches, lines)) + "\n"
+
+
+def _node_case(launches: Sequence[NodeLaunch], lines: list[str]) -> list[str]:
+    """``lines`` (from ``set -eu`` to the last node's branch) with ``planned=`` and the other-node branch."""
     planned = _sh(" ".join(launch.node for launch in launches))
-    lines[1:1] = [f"planned={planned}"]
-    lines += [
+    return [
+        lines[0],
+        f"planned={planned}",
+        *lines[1:],
         '  *) echo "toposched: node $NODE_NAME is not one this pod was planned for ($planned)" >&2; exit 1 ;;',
         "esac",
     ]
+
+
+# --- TensorRT-LLM over several pods: mpirun over ssh ----------------------------------------------
+
+
+def is_mpi(launch: NodeLaunch) -> bool:
+    """Whether ``launch`` is one node of a multi-node TensorRT-LLM instance (its ranks started by mpirun)."""
+    return launch.engine == "trtllm" and bool(launch.hosts)
+
+
+def mpi_ssh_port(doc: PlanDoc, placement: str) -> int:
+    """The workers' sshd port of ``placement``: one per placement of the plan, from ``MPI_SSH_PORT``."""
+    return MPI_SSH_PORT + [p.id for p in doc.placements].index(placement)
+
+
+def _rank_wrapper(launch: NodeLaunch) -> list[str]:
+    """Shell lines that write ``FILES_DIR/rank``: what mpirun starts on this node for each rank.
+
+    Ranks that mpirun starts over ssh do not inherit the pod's environment, so the wrapper reads it
+    back (``pod.env``, written by ``export -p`` once the GPUs are selected) and runs the rank under the
+    node's ``numactl``.
+    """
+    prefix = launch.argv[: launch.argv.index(MPI_RANK_COMMAND)]
+    run = " ".join(["exec", *(_sh(a) for a in prefix), '"$@"'])
+    return [
+        f"    cat > {FILES_DIR}/rank <<'{_HEREDOC_END}'",
+        "#!/bin/sh",
+        f". {FILES_DIR}/pod.env",
+        run,
+        _HEREDOC_END,
+    ]
+
+
+def _mpi_worker_tail(port: int) -> list[str]:
+    """A worker pod: publish its node name and environment, then run sshd in the foreground for mpirun."""
+    ssh = f"{FILES_DIR}/ssh"
+    return [
+        'if [ "$(id -u)" != 0 ]; then',
+        '  echo "toposched: an MPI worker runs sshd as root; this container runs as uid $(id -u)" >&2',
+        "  exit 1",
+        "fi",
+        f"printf '%s\\n' \"$NODE_NAME\" > {FILES_DIR}/node",
+        f"export -p > {FILES_DIR}/pod.env",
+        f"chmod 755 {FILES_DIR}/rank",
+        "sshd=/usr/sbin/sshd",
+        "if command -v sshd > /dev/null 2>&1; then sshd=$(command -v sshd); fi",
+        'if [ ! -x "$sshd" ]; then',
+        '  echo "toposched: the image has no sshd: mpirun on the leader starts the ranks of this pod over ssh; '
+        'use an image with openssh-server" >&2',
+        "  exit 1",
+        "fi",
+        f"mkdir -p {ssh} /run/sshd",
+        f"chmod 700 {ssh}",
+        f"rm -f {ssh}/host_ed25519 {ssh}/host_ed25519.pub",
+        f"ssh-keygen -q -t ed25519 -N '' -f {ssh}/host_ed25519",
+        f"cat > {ssh}/sshd_config <<'{_HEREDOC_END}'",
+        f"Port {int(port)}",
+        f"HostKey {ssh}/host_ed25519",
+        f"AuthorizedKeysFile {MPI_SSH_DIR}/ssh-publickey",
+        "PasswordAuthentication no",
+        "KbdInteractiveAuthentication no",
+        "PermitRootLogin prohibit-password",
+        "StrictModes no",
+        "UsePAM no",
+        f"PidFile {ssh}/sshd.pid",
+        _HEREDOC_END,
+        f'exec "$sshd" -D -e -f {ssh}/sshd_config',
+    ]
+
+
+def _mpi_leader_tail(launch: NodeLaunch, port: int) -> list[str]:
+    """The leader pod: find each worker pod's node over ssh, write the hostfile in the plan's node order,
+    and start every rank with mpirun (``G`` per node, the leader's first)."""
+    ssh = f"{FILES_DIR}/ssh"
+    g, nodes = len(launch.gpus), launch.hosts
+    hostfile = f"{FILES_DIR}/{plain_file_name(launch.placement, '.hostfile')}"
+    ranks = launch.argv[launch.argv.index(MPI_RANK_COMMAND) :]
+    mpirun = [
+        '"$mpirun"', "--allow-run-as-root", "--prefix", '"${mpirun%/bin/*}"', "-np", str(g * len(nodes)),
+        "--hostfile", hostfile, "--map-by", f"ppr:{g}:node", "--bind-to", "none",
+        "--mca", "plm_rsh_args", _sh(f"-F {ssh}/ssh_config"), f"{FILES_DIR}/rank", _words(ranks, None, launch.files),
+    ]  # fmt: skip
+    return [
+        f"export -p > {FILES_DIR}/pod.env",
+        f"chmod 755 {FILES_DIR}/rank",
+        f"mkdir -p {ssh}",
+        f"chmod 700 {ssh}",
+        f"cat > {ssh}/ssh_config <<'{_HEREDOC_END}'",
+        "Host *",
+        f"  Port {int(port)}",
+        f"  IdentityFile {MPI_SSH_DIR}/ssh-privatekey",
+        "  IdentitiesOnly yes",
+        "  StrictHostKeyChecking no",
+        "  UserKnownHostsFile /dev/null",
+        "  BatchMode yes",
+        "  ConnectTimeout 5",
+        "  LogLevel ERROR",
+        _HEREDOC_END,
+        f'if [ "${{LWS_GROUP_SIZE:-}}" != {len(nodes)} ]; then',
+        f'  echo "toposched: this LeaderWorkerSet group has ${{LWS_GROUP_SIZE:-no}} pods; the plan has {len(nodes)} '
+        'nodes" >&2',
+        "  exit 1",
+        "fi",
+        # Workers are the pods NAME-GROUP-INDEX beside the leader NAME-GROUP in the same subdomain.
+        "lead=${LWS_LEADER_ADDRESS%%.*}",
+        "domain=${LWS_LEADER_ADDRESS#*.}",
+        f": > {FILES_DIR}/workers",
+        "i=1",
+        f'while [ "$i" -lt {len(nodes)} ]; do',
+        '  host="$lead-$i.$domain"',
+        "  waited=0",
+        f'  until node=$(ssh -F {ssh}/ssh_config "$host" cat {FILES_DIR}/node 2> /dev/null); do',
+        f'    if [ "$waited" -ge {MPI_WAIT_S} ]; then',
+        f'      echo "toposched: worker $host did not answer ssh on port {int(port)} in {MPI_WAIT_S} s: is its sshd '
+        f'up, with the key pair of the same Secret?" >&2',
+        "      exit 1",
+        "    fi",
+        "    sleep 5",
+        "    waited=$((waited + 5))",
+        "  done",
+        # mpirun gets the pod's IP address: Open MPI cuts host names at the first dot, and the short name
+        # of a worker pod does not resolve (its record is under the LWS subdomain, not in the search path).
+        "  addr=$(getent hosts \"$host\" | awk '{ print $1; exit }')",
+        f'  printf \'%s %s\\n\' "$node" "${{addr:-$host}}" >> {FILES_DIR}/workers',
+        "  i=$((i + 1))",
+        "done",
+        "host_of() {",
+        f"  host=$(awk -v n=\"$1\" '$1 == n {{ print $2; exit }}' {FILES_DIR}/workers)",
+        '  if [ -z "$host" ]; then',
+        f"    echo \"toposched: no worker pod runs on planned node $1; workers: $(tr '\\n' ' ' < "
+        f'{FILES_DIR}/workers)" >&2',
+        "    exit 1",
+        "  fi",
+        f'  echo "$host slots={g}"',
+        "}",
+        "{",
+        f"  echo 'localhost slots={g}'",
+        *(f"  host_of {_sh(n)}" for n in nodes[1:]),
+        f"}} > {hostfile}",
+        "if ! mpirun=$(command -v mpirun); then",
+        '  echo "toposched: the image has no mpirun (Open MPI): the leader starts every rank with it" >&2',
+        "  exit 1",
+        "fi",
+        "exec " + " ".join(mpirun),
+    ]
+
+
+def mpi_entrypoint(doc: PlanDoc, launches: Sequence[NodeLaunch], *, ids: Sequence[GpuIds] | None = None) -> str:
+    """The script of a multi-node TensorRT-LLM pod: the leader's (``launches`` is the node of rank 0) or the
+    workers' (the other nodes). Each node's branch selects its GPUs and writes its rank wrapper; the leader
+    also writes the options YAML, then runs mpirun; a worker runs sshd."""
+    lines = ["set -eu", "export CUDA_DEVICE_ORDER=PCI_BUS_ID", _SELECT, 'case "$NODE_NAME" in']
+    shared = shared_env(launches)
+    for launch, pod_ids in zip(launches, ids or _ids(doc, launches), strict=True):
+        lines += [
+            f"  {_sh(launch.node)})",
+            f"    {_select_line(pod_ids)}",
+            *_node_exports(launch, shared),
+            f"    mkdir -p {FILES_DIR}",
+            *_rank_wrapper(launch),
+            *_file_lines(launch.files, mkdir=False),
+            "    ;;",
+        ]
+    lines = _node_case(launches, lines)
+    port = mpi_ssh_port(doc, launches[0].placement)
+    leader = launches[0].node_rank == 0
+    lines += _mpi_leader_tail(launches[0], port) if leader else _mpi_worker_tail(port)
     return "\n".join(lines) + "\n"
 
 
@@ -332,8 +563,7 @@ def pod_template(
     nodes = [launch.node for launch in launches]
     gpus = len(launches[0].gpus)
     env: list[Obj] = [{"name": "NODE_NAME", "valueFrom": {"fieldRef": {"fieldPath": "spec.nodeName"}}}]
-    shared = {k: v for k, v in launches[0].env.items() if all(x.env.get(k) == v for x in launches)}
-    env += [{"name": k, "value": v} for k, v in sorted(shared.items()) if k != "CUDA_VISIBLE_DEVICES"]
+    env += [{"name": k, "value": v} for k, v in sorted(shared_env(launches).items()) if k != "CUDA_VISIBLE_DEVICES"]
     resources: dict[str, str] = {} if claim else {GPU_RESOURCE: str(gpus)}
     fabric = doc.cluster.fabric
     multi = _multi_node(placement)
@@ -350,7 +580,7 @@ def pod_template(
         "image": opts.resolved_image(),
         "command": ["/bin/sh", "-c", kubelet_escape(entrypoint(doc, launches, lws=lws, ids=ids))],
         "env": env,
-        "ports": [{"name": "http", "containerPort": launches[0].port, "protocol": "TCP"}],
+        "ports": [_container_port(doc, launches[0])],
         "resources": {"limits": dict(resources), "requests": dict(resources)} if resources else {},
         "volumeMounts": [{"name": "dshm", "mountPath": "/dev/shm"}],
     }
@@ -370,6 +600,8 @@ def pod_template(
         }
     }
     spec: Obj = {"affinity": affinity, "containers": [container], "volumes": [{"name": "dshm", "emptyDir": empty_dir}]}
+    if is_mpi(launches[0]):
+        _mount_ssh_key(spec, container, opts, leader=launches[0].node_rank == 0)
     if claim:
         pod_claim(spec, container, claim)
     if uses_rdma and fabric is not None and fabric.host_network:
@@ -395,6 +627,21 @@ def pod_template(
     return {"metadata": {"labels": labels, "annotations": annotations}, "spec": spec}
 
 
+def _container_port(doc: PlanDoc, launch: NodeLaunch) -> Obj:
+    """The server's port, or the sshd port of a multi-node TensorRT-LLM worker (which serves nothing)."""
+    if is_mpi(launch) and launch.node_rank > 0:
+        return {"name": "ssh", "containerPort": mpi_ssh_port(doc, launch.placement), "protocol": "TCP"}
+    return {"name": "http", "containerPort": launch.port, "protocol": "TCP"}
+
+
+def _mount_ssh_key(spec: Obj, container: Obj, opts: K8sOptions, *, leader: bool) -> None:
+    """Mount the Secret's private key (leader: mpirun's ssh) or public key (workers: sshd), owner-read only."""
+    key = "ssh-privatekey" if leader else "ssh-publickey"
+    secret = {"secretName": opts.ssh_secret(), "items": [{"key": key, "path": key}], "defaultMode": 0o400}
+    spec["volumes"].append({"name": "mpi-ssh", "secret": secret})
+    container["volumeMounts"].append({"name": "mpi-ssh", "mountPath": MPI_SSH_DIR, "readOnly": True})
+
+
 def object_metadata(name: str, opts: K8sOptions, doc: PlanDoc) -> Obj:
     return {
         "name": name,
@@ -407,19 +654,48 @@ def _launches(doc: PlanDoc, opts: K8sOptions) -> dict[str, list[NodeLaunch]]:
     """The plan's launches by placement id (a disaggregated plan's router under its own id)."""
     launches = build_launches(
         doc.placements, doc.request, doc.cluster, opts.engine, model_path=opts.model_path,
-        disaggregation=doc.disaggregation,
+        disaggregation=doc.disaggregation, stores=doc.stores if opts.engine == "sglang" else (),
     )  # fmt: skip
     by_placement: dict[str, list[NodeLaunch]] = {}
     for launch in launches:
-        if launch.hosts:
-            raise InputError(
-                f"placement {launch.placement} spans {len(launch.hosts)} nodes: TensorRT-LLM starts its ranks with "
-                "mpirun, which needs a way into the worker pods (sshd in the image, or an MPI operator) that "
-                "toposched does not set up",
-                fix="launch it with `toposched launch trtllm --out DIR` (mpirun/srun scripts), or plan it on one node",
-            )
-        by_placement.setdefault(launch.placement, []).append(launch)
+        by_placement.setdefault(launch.placement, []).extend(_mpi_nodes(doc, launch) if is_mpi(launch) else [launch])
     return by_placement
+
+
+def _mpi_nodes(doc: PlanDoc, head: NodeLaunch) -> list[NodeLaunch]:
+    """A multi-node TensorRT-LLM launch (one mpirun on the head) as one launch per node, for the pods: each
+    with its node's GPUs and variables (as ``build_launches`` sets them up) and, as its argv, what a rank
+    runs there: the node's ``numactl`` and the ranks' command, the same on every node. The options YAML
+    stays with the head; the hostfile is written by the leader pod from the pods' addresses."""
+    p = next(x for x in doc.placements if x.id == head.placement)
+    start = head.argv.index(MPI_RANK_COMMAND)
+    end = head.argv.index(":", start) if ":" in head.argv[start:] else len(head.argv)  # MPMD: the first context's
+    ranks = head.argv[start:end]
+    dmap = build_domain_map(doc.cluster)
+    uuids = all(n.source == "nvml" for n in doc.cluster.nodes)  # as build_launches decides
+    files = {k: v for k, v in head.files.items() if k != plain_file_name(head.placement, ".hostfile")}
+    nodes: list[NodeLaunch] = []
+    for rank, (node, gpus) in enumerate(node_blocks(p.ranks)):
+        setup = node_setup(doc.cluster, dmap, node, gpus, True, uuids)
+        update = {
+            "node": node, "node_rank": rank, "env": setup.env, "argv": [*setup.prefix, *ranks], "gpus": setup.gpus,
+            "gpu_ids": setup.ids, "numa_nodes": setup.numa_nodes, "files": files if rank == 0 else {},
+            "srun_argv": None,
+        }  # fmt: skip
+        nodes.append(head.model_copy(update=update))
+    return nodes
+
+
+def mpi_warning(doc: PlanDoc, placement: str, opts: K8sOptions) -> str:
+    """What a multi-node TensorRT-LLM LeaderWorkerSet needs that toposched does not create."""
+    secret = opts.ssh_secret()
+    return (
+        f"placement {placement}: its leader starts the ranks in the worker pods with mpirun over ssh (port "
+        f"{mpi_ssh_port(doc, placement)}); create the Secret first (`ssh-keygen -t ed25519 -N '' -f key && kubectl "
+        f"-n {opts.namespace} create secret generic {secret} --from-file=ssh-privatekey=key "
+        f"--from-file=ssh-publickey=key.pub`), and use an image with Open MPI's mpirun, sshd and ssh-keygen, run "
+        "as root"
+    )
 
 
 def deployment(
@@ -563,6 +839,7 @@ def render_objects(doc: PlanDoc, opts: K8sOptions | None = None) -> K8sOutput:
                 warning = claim_warning(p.id, ids[1:])
                 warnings += [warning] if warning else []
             objects.append(leader_worker_set(doc, p, launches, opts, claims=pair, ids=ids))
+            warnings += [mpi_warning(doc, p.id, opts)] if is_mpi(launches[0]) else []
         warnings += placement_warnings(doc, p, ids, mode)
     return K8sOutput(claims + objects, warnings, mode)
 

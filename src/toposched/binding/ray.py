@@ -127,8 +127,10 @@ def ray_start_args(specs: list[RayPlacement], doc: PlanDoc) -> dict[str, list[st
 UNSUPPORTED: dict[Engine, str] = {
     "sglang": "toposched hands placement groups only to vLLM's Ray executor; launch SGLang per node "
     "(`launch sglang` or `launch k8s --engine sglang`)",
-    "trtllm": "trtllm-serve (TensorRT-LLM commit 00209af1, the options toposched checks against) has no Ray "
-    "executor option; its ranks are MPI processes (`launch trtllm` gives mpirun and srun forms)",
+    "trtllm": "no Ray executor was found in what could be read of TensorRT-LLM here: trtllm-serve's options at "
+    "commit 00209af1 (../shared/reference/data/trtllm-serve-options.json) have none, and its LLM-API fields could "
+    "not be read (PyPI's tensorrt-llm 1.2.1 and 1.4.0rc1 are source-less placeholders); its ranks run under "
+    "mpirun or srun (`launch trtllm`, `launch k8s --engine trtllm`)",
 }
 """Engines ``launch ray`` cannot launch, and why: only vLLM's Ray executor takes a placement group."""
 

@@ -107,6 +107,12 @@ def register_launch(launch_app: typer.Typer) -> None:
             help="RDMA resource of a disaggregated plan's pods (default: the cluster fabric's, else "
             "rdma/hca_shared_devices_a).",
         ),
+        ssh_secret: str | None = typer.Option(
+            None,
+            "--ssh-secret",
+            help="Secret (keys ssh-privatekey, ssh-publickey) through which a multi-node TensorRT-LLM leader's "
+            "mpirun reaches its worker pods (default NAME_PREFIX-mpi-ssh).",
+        ),
         kubelet: bool = typer.Option(False, "--kubelet", help="Print KubeletConfiguration snippets instead."),
         topology_policy: str = typer.Option(
             "auto",
@@ -117,14 +123,15 @@ def register_launch(launch_app: typer.Typer) -> None:
         *,
         source: PlanSource,
     ) -> None:
-        """Kubernetes objects: a Deployment per single-node placement, a LeaderWorkerSet per multi-node one;
-        for a prefill/decode disaggregated plan, one RoleBasedGroup with its Services."""
+        """Kubernetes objects: a Deployment per single-node placement, a LeaderWorkerSet per multi-node one
+        (TensorRT-LLM: its leader runs mpirun over the worker pods); for a prefill/decode disaggregated plan,
+        one RoleBasedGroup with its Services."""
         if fmt not in ("yaml", "json"):
             raise InputError(f"--format {fmt!r} is not one of yaml, json for Kubernetes objects")
         opts = K8sOptions(
             engine=_engine(engine), image=image, namespace=namespace, name_prefix=name_prefix, model_path=model_path,
             rack_label=rack_label, shm_size=shm_size, cpu=cpu, memory=memory, gpu_request=_gpu_request(gpu_request),
-            rdma_resource=rdma_resource,
+            rdma_resource=rdma_resource, mpi_ssh_secret=ssh_secret,
         )  # fmt: skip
         if roles is not None:
             if source.plan is not None or source.model is not None:
