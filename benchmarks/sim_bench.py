@@ -1,6 +1,7 @@
-"""Simulator benchmark: (a) speed on seed-256 and large-16k; (b) churn-128 against issue 15's targets.
+"""Simulator benchmark: (a) speed on seed-256 and large-16k; (b) churn-128 against issue 15's targets;
+(c) pd-256's layouts against seed 003's claims.
 
-    .venv/bin/python benchmarks/sim_bench.py                       # both parts
+    .venv/bin/python benchmarks/sim_bench.py                       # all three parts
     .venv/bin/python benchmarks/sim_bench.py --only speed --repeat 3
     .venv/bin/python benchmarks/sim_bench.py --only churn --seeds 3 --policies slo,index-order,random
     .venv/bin/python benchmarks/sim_bench.py --only churn --policies slo --occupancy 0.85,0.95 --no-defrag
@@ -14,6 +15,14 @@ SLO met, SLO met on TP8 instances, GPU utilisation, share of instances that wait
 share held back to keep a whole NVLink domain free (headroom), migrations (as a share of instance
 arrivals), cross-domain fallback placements. Issue 15's targets at 0.85: SLO met >= 0.99, TP8 >= 0.95,
 utilisation within 2 points of index-order, migrations <= 1 %.
+
+(c) pd-256 (``--only pd``): each layout (same-server, rack-local, spread) in four settings: KV
+straight from prefill to decode or through a store, on a non-blocking spine or one oversubscribed
+``--oversubscription`` times; medians over seeds 0..N-1 (``--seeds``, default 3) of TTFT, KV transfer
+(waiting for links included) and TPOT p50/p99, and the p99 TTFT gained by rack-local over spread and
+by same-server over rack-local, next to seed 003's claims (42 % and a further 28 %).
+
+    .venv/bin/python benchmarks/sim_bench.py --only pd --seeds 3 --oversubscription 4
 """
 
 from __future__ import annotations
@@ -86,11 +95,51 @@ def churn(seeds: int, policies: list[str], occupancies: list[float], *, defrag: 
             )
 
 
+PD_COLUMNS = ("ttft_p50_ms", "ttft_p99_ms", "kv_transfer_p50_ms", "kv_transfer_p99_ms", "kv_wait_p99_ms",
+              "tpot_p50_ms", "tpot_p99_ms")  # fmt: skip
+
+
+def pd(seeds: int, oversubscription: float) -> None:
+    base = load_scenario("pd-256")
+    assert base.pd is not None
+    head = f"{'KV path':<7} {'spine':>6} {'layout':<12}" + "".join(f"{c.removesuffix('_ms'):>19}" for c in PD_COLUMNS)
+    print(f"{head} {'run s':>6}")
+    for via in ("direct", "store"):
+        for over in (1.0, oversubscription):
+            scenario = base.model_copy(
+                update={"pd": base.pd.model_copy(update={"kv_via": via, "oversubscription": over})}
+            )
+            p99: dict[str, float] = {}
+            for layout in base.pd.layouts:
+                runs: list[dict[str, Any]] = []
+                walls: list[float] = []
+                for seed in range(seeds):
+                    start = time.perf_counter()
+                    runs.append(run_policy(scenario, "slo", seed=seed, layout=layout).metrics)
+                    walls.append(time.perf_counter() - start)
+                    assert runs[-1]["completed"] == runs[-1]["requests"], (via, over, layout, seed)
+                cells = {c: statistics.median(float(m[c]) for m in runs) for c in PD_COLUMNS}
+                p99[layout] = cells["ttft_p99_ms"]
+                print(
+                    f"{via:<7} {over:>4g}:1 {layout:<12}" + "".join(f"{cells[c]:>19.3f}" for c in PD_COLUMNS)
+                    + f" {statistics.median(walls):>6.1f}",
+                    flush=True,
+                )  # fmt: skip
+            rack = p99["rack-local"] / p99["spread"] - 1
+            server = p99["same-server"] / p99["rack-local"] - 1
+            print(
+                f"{'':<7} {'':>6} p99 TTFT change: rack-local vs spread {rack:+.1%} (seed 003: -42 %), "
+                f"same-server vs rack-local {server:+.1%} (seed 003: a further -28 %)",
+                flush=True,
+            )
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--only", choices=("speed", "churn"), help="run one part only")
+    parser.add_argument("--only", choices=("speed", "churn", "pd"), help="run one part only")
     parser.add_argument("--repeat", type=int, default=3, help="speed: runs per policy (median)")
-    parser.add_argument("--seeds", type=int, default=3, help="churn: seeds 0..N-1 (median)")
+    parser.add_argument("--seeds", type=int, default=3, help="churn, pd: seeds 0..N-1 (median)")
+    parser.add_argument("--oversubscription", type=float, default=4.0, help="pd: the oversubscribed spine's ratio")
     parser.add_argument("--policies", default="slo,index-order", help="churn: comma-separated policies")
     parser.add_argument("--occupancy", default="0.50,0.85,0.95", help="churn: comma-separated occupancies")
     parser.add_argument("--no-defrag", action="store_true", help="churn: admission without defragmentation")
@@ -102,6 +151,10 @@ def main() -> None:
             print()
         policies = [p.strip() for p in args.policies.split(",") if p.strip()]
         churn(args.seeds, policies, [float(x) for x in args.occupancy.split(",")], defrag=not args.no_defrag)
+    if args.only in (None, "pd"):
+        if args.only is None:
+            print()
+        pd(args.seeds, args.oversubscription)
 
 
 if __name__ == "__main__":

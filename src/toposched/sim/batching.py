@@ -13,6 +13,11 @@ Each step (``Batcher.compose``):
    left (chunked prefill). A sequence whose first scheduling comes more than ``timeout_s`` after its
    arrival times out instead.
 
+A sequence that joins holding KV already (a decode instance of a disaggregated deployment receives
+the prompt's KV from a prefill instance: ``computed`` = the prompt, one token generated) needs that
+KV in the capacity too, and schedules only its next token. A ``prefill_only`` instance hands a
+sequence back (``finish`` returns it) as soon as its prompt is prefilled and its first token sampled.
+
 The step takes ``StepCost.step_ms`` of the tokens actually in it. At the end of a step a sequence
 whose prompt is all prefilled samples a token (its first token ends its TTFT), a decoding one
 samples its next token; a sequence that has all its output tokens leaves and frees its KV.
@@ -49,8 +54,10 @@ class Batcher:
         kv_capacity: int,
         timeout_s: float,
         jump: bool = True,
+        prefill_only: bool = False,
     ) -> None:
         self.cost = cost
+        self.prefill_only = prefill_only
         self.max_seqs = max_seqs
         self.budget = max(max_batched_tokens, max_seqs)  # vLLM needs max_num_batched_tokens >= max_num_seqs
         self.kv_capacity = kv_capacity
@@ -136,7 +143,8 @@ class Batcher:
                     timed_out(req)
                     continue
                 n = min(req.input_len + req.generated - req.computed, budget)
-                if self.kv_used + n > self.kv_capacity:
+                held = req.computed  # KV it brings (a disaggregated decode's prompt); 0 otherwise
+                if self.kv_used + held + n > self.kv_capacity:
                     break
                 self.waiting.popleft()
                 self.running.append(req)
@@ -144,7 +152,7 @@ class Batcher:
                     req.started = True
                     req.start_s = now
                 req.state = "running"
-                self.kv_used += n
+                self.kv_used += held + n
                 scheduled.append((req, n))
                 parts.append((req.computed, n))  # a joining sequence prefills (its prompt, or all it held)
                 budget -= n
@@ -217,6 +225,9 @@ class Batcher:
                 req.computed += n
                 if req.computed == req.input_len + req.generated:
                     req.generated += 1
+                    if self.prefill_only:
+                        done.append(req)  # its KV moves to a decode instance, which stamps its first token
+                        continue
                     if req.first_token_s < 0:
                         req.first_token_s = now
                     if req.generated >= req.output_len:

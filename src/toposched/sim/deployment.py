@@ -17,21 +17,29 @@ prefill share). A tenant with ``slo_ms`` passes it as ``slo_tpot_ms`` unchanged 
 Requests of a deployment go to the live instance with the fewest requests given and not finished
 (join-shortest-queue; ties: the instance that reached that load first); with no live instance they
 wait in the deployment's fair queue.
+
+A disaggregated deployment (``Scenario.pd``) is laid out by ``place_pd_layout``: prefill instance
+``i`` on the ``i``-th node of a round-robin over the racks (one per node, every rack before a second
+node of any), decode instance ``j`` paired with prefill ``j mod N`` on a node the layout names (its
+node, another node of its rack, a node of another rack), each booked through the scheduler with a
+node selector, so the ledger and the scheduler see them as the service would.
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Literal, TypeVar
 
 from toposched.errors import InputError
 from toposched.perf.links import get_link
 from toposched.perf.step import StepCost
-from toposched.sim.scenario import Tenant
+from toposched.sim.scenario import Pd, Tenant
+from toposched.solver.pd import KvStore, with_role
 from toposched.solver.place import fabric_link
 from toposched.solver.queue import FairQueue
-from toposched.solver.request import PlacementRequest
+from toposched.solver.request import Placement, PlacementRequest
 from toposched.solver.scheduler import Scheduler
+from toposched.topology.model import Cluster, Node
 
 if TYPE_CHECKING:
     from toposched.sim.engine import SimInstance
@@ -165,4 +173,140 @@ def build_deployment(index: int, tenant: Tenant, scheduler: Scheduler, *, where:
     )
 
 
-__all__ = ["Deployment", "Router", "build_deployment"]
+T = TypeVar("T")
+
+NODE_LABEL = "sim.toposched.io/node"
+"""The label a disaggregated run gives every node (its name), so a layout can name a node."""
+
+
+def label_nodes(cluster: Cluster) -> Cluster:
+    """``cluster`` with every node labelled ``NODE_LABEL=<its name>``."""
+    nodes = tuple(n.model_copy(update={"labels": {**n.labels, NODE_LABEL: n.name}}) for n in cluster.nodes)
+    return cluster.model_copy(update={"nodes": nodes})
+
+
+@dataclass
+class PdLayout:
+    """One layout of a disaggregated deployment: its instances (booked) and the store each decode uses."""
+
+    name: str
+    prefills: list[tuple[Placement, PlacementRequest]]
+    decodes: list[tuple[Placement, PlacementRequest, str]]  # (decode, its request, its prefill's id)
+    stores: dict[str, KvStore]  # decode id -> the store its KV goes through (kv_via: store)
+
+
+def _racks(nodes: list[Node]) -> dict[str, list[Node]]:
+    racks: dict[str, list[Node]] = {}
+    for node in nodes:
+        racks.setdefault(node.rack or f"node:{node.name}", []).append(node)
+    return racks
+
+
+def _round_robin(racks: dict[str, list[Node]]) -> list[Node]:
+    """The nodes rack by rack: the first node of every rack, then the second ..."""
+    order: list[Node] = []
+    depth = max(len(v) for v in racks.values())
+    for k in range(depth):
+        order.extend(members[k] for members in racks.values() if k < len(members))
+    return order
+
+
+def _rotate(items: list[T], start: int) -> list[T]:
+    """``items`` starting at ``start`` (mod its length), wrapping around."""
+    if not items:
+        return items
+    start %= len(items)
+    return items[start:] + items[:start]
+
+
+def _store(node: Node) -> KvStore:
+    return KvStore(node=node.name, rack=node.rack, nics=tuple(n.device for n in node.nics if n.device))
+
+
+def place_pd_layout(
+    scheduler: Scheduler,
+    template: PlacementRequest,
+    pd: Pd,
+    layout: Literal["same-server", "rack-local", "spread"],
+    policy: str,
+    *,
+    where: str,
+) -> PdLayout:
+    """Book ``pd.prefill`` prefill and ``pd.decode`` decode instances of ``template`` in ``layout``
+    (the module docstring); InputError naming the instance when one fits no node the layout allows.
+
+    The scheduler's cluster must carry ``NODE_LABEL`` (``label_nodes``)."""
+    cluster = scheduler.cluster
+    nodes = [n for n in cluster.nodes if n.gpus]
+    by_name = {n.name: n for n in cluster.nodes}
+    racks = _racks(nodes)
+    rack_names = list(racks)
+    rack_of = {n.name: key for key, members in racks.items() for n in members}
+    order = _round_robin(racks)
+    dmap = scheduler.index.dmap
+
+    def book(request: PlacementRequest, candidates: list[Node]) -> Placement | None:
+        for node in candidates:
+            out = scheduler.place(request.model_copy(update={"node_selector": {NODE_LABEL: node.name}}), policy)
+            if out.placements:
+                return out.placements[0]
+        return None
+
+    def refuse(what: str, allowed: str) -> InputError:
+        return InputError(
+            f"{where}: layout {layout}: {what} fits no node {allowed}",
+            fix="use fewer pd instances, smaller prefill_tp/decode_tp, or a larger cluster",
+        )
+
+    base = template.model_copy(update={"replicas": 1})
+    prefills: list[tuple[Placement, PlacementRequest]] = []
+    for i in range(pd.prefill):
+        request = PlacementRequest.model_validate(
+            {**base.model_dump(), "id": f"{template.id}-prefill-{i}", "slo_tpot_ms": None,
+             "allowed_tp": (pd.prefill_tp,) if pd.prefill_tp else base.allowed_tp}
+        )  # fmt: skip
+        placed = book(request, _rotate(order, i % len(order)))
+        if placed is None:
+            raise refuse(f"prefill instance {i}", "of the cluster")
+        prefills.append((with_role(placed, "prefill", request.id, by_name, dmap), request))
+    decodes: list[tuple[Placement, PlacementRequest, str]] = []
+    stores: dict[str, KvStore] = {}
+    half = max(1, len(rack_names) // 2)
+    for j in range(pd.decode):
+        prefill = prefills[j % pd.prefill][0]
+        home = prefill.ranks[0].node
+        rack = rack_of[home]
+        mates = racks[rack]
+        at = mates.index(by_name[home])
+        far = rack_names[(rack_names.index(rack) + half) % len(rack_names)]
+        if layout == "same-server":
+            candidates, allowed = [by_name[home]], f"of prefill {prefill.id} ({home})"
+        elif layout == "rack-local":
+            candidates, allowed = [n for n in _rotate(mates, at + 1) if n.name != home], f"of rack {rack} but {home}"
+        else:
+            candidates = [n for key in _rotate(rack_names, rack_names.index(far)) if key != rack for n in racks[key]]
+            allowed = f"outside rack {rack}"
+        request = PlacementRequest.model_validate(
+            {**base.model_dump(), "id": f"{template.id}-decode-{j}", "slo_ttft_ms": None,
+             "allowed_tp": (pd.decode_tp,) if pd.decode_tp else base.allowed_tp}
+        )  # fmt: skip
+        placed = book(request, candidates)
+        if placed is None:
+            raise refuse(f"decode instance {j}", allowed)
+        decode = with_role(placed, "decode", request.id, by_name, dmap)
+        decodes.append((decode, request, prefill.id))
+        node = decode.ranks[0].node
+        if layout == "same-server":
+            stores[decode.id] = _store(by_name[node])
+        elif layout == "rack-local":  # another node of the decode's rack, not the prefill's when it can
+            own = racks[rack_of[node]]
+            spare = [n for n in _rotate(own, own.index(by_name[node]) + 1) if n.name not in (node, home)]
+            stores[decode.id] = _store(spare[0] if spare else by_name[node])
+        else:  # a rack of neither the decode nor the prefill; else the prefill's (not its node)
+            third = [k for k in rack_names if k not in (rack, rack_of[node])]
+            away = [n for k in third for n in racks[k]] or [n for n in racks[rack] if n.name != home]
+            stores[decode.id] = _store(away[j % len(away)] if away else by_name[home])
+    return PdLayout(layout, prefills, decodes, stores)
+
+
+__all__ = ["NODE_LABEL", "Deployment", "PdLayout", "Router", "build_deployment", "label_nodes", "place_pd_layout"]

@@ -2,7 +2,8 @@
 
 The loop (``Simulation.loop``) pops them from a heap keyed ``(time, priority, seq)``; at one instant
 lower priorities go first: failures and instances coming up, then step ends (free batch slots
-before same-instant arrivals), departures and admission timers, arrivals, the end of arrivals.
+before same-instant arrivals), departures and admission timers, arrivals (and KV reaching a decode
+instance), the end of arrivals.
 """
 
 from __future__ import annotations
@@ -75,15 +76,31 @@ class StepEnd(Event):
         if inst.version != self.version or inst.state == "gone":
             return []
         batcher = inst.batcher
+        follow: list[Event] = []
         for req in batcher.finish(self.time):
-            req.state = "done"
+            follow.extend(sim.finished(inst, req))
         end = batcher.compose(self.time, sim.timed_out)
-        follow: list[Event] = [] if end is None else [sim.step_event(inst, end)]
+        if end is not None:
+            follow.append(sim.step_event(inst, end))
         if inst.state == "up":
             inst.unit.deployment.router.update(inst)
         elif inst.state == "draining" and end is None:
             sim.drained(inst)
         return follow
+
+
+class KvArrival(Event):
+    """A disaggregated request's KV has reached its decode instance: its first token is out, it decodes."""
+
+    priority = 3
+
+    def __init__(self, time: float, request: SimRequest, instance: SimInstance) -> None:
+        super().__init__(time)
+        self.request = request
+        self.instance = instance
+
+    def apply(self, sim: Simulation) -> list[Event]:
+        return sim.kv_arrived(self.request, self.instance)
 
 
 class InstanceUp(Event):
@@ -188,6 +205,7 @@ __all__ = [
     "GpuFailure",
     "InstanceArrival",
     "InstanceUp",
+    "KvArrival",
     "StepEnd",
     "StreamArrival",
 ]

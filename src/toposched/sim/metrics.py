@@ -23,6 +23,10 @@ Definitions (docs/simulator.md has the full list):
   ``compression_ratio`` = cross-domain GB/s after compression / before, over the instances placed
   across domains; ``p99_gap_ms`` = p99 per-token latency of requests served across domains minus
   that of requests served in one domain; ``migration_ratio`` = migrations / instances placed.
+* disaggregated runs (``pd``: the layout): ``kv_transfer_p50_ms`` / ``_p99_ms`` = prefill done to KV
+  at the decode instance (in TTFT), waiting for busy links included; ``kv_wait_p99_ms`` the waiting
+  alone; ``kv_scopes`` = completed requests by the farthest hop their KV took (same-node,
+  same-rack, cross-rack). All None / empty in other runs.
 """
 
 from __future__ import annotations
@@ -103,6 +107,7 @@ def compute(sim: Simulation) -> dict[str, Any]:
     spread = [p for p in sim.placed_history if p.cross_domain_gbps > 0]
     sent = sum(p.cross_domain_gbps for p in spread)
     raw = sum(p.cross_domain_gbps_uncompressed for p in spread)
+    moved = [r for r in done if r.kv_ms >= 0]
     units = sim.units
     unit_states = Counter(u.state for u in units)
     placed_units = sum(1 for u in units if u.placed)
@@ -121,6 +126,11 @@ def compute(sim: Simulation) -> dict[str, Any]:
         "ttft_p99_ms": pct(ttft, 0.99),
         "tpot_p50_ms": pct(tpot, 0.50),
         "tpot_p99_ms": pct(tpot, 0.99),
+        "kv_transfer_p50_ms": pct([r.kv_ms for r in moved], 0.50),
+        "kv_transfer_p99_ms": pct([r.kv_ms for r in moved], 0.99),
+        "kv_wait_p99_ms": pct([r.kv_wait_ms for r in moved], 0.99),
+        "kv_scopes": dict(sorted(Counter(r.kv_scope for r in moved).items())),
+        "pd": sim.pd_info,
         "queue_wait_p50_ms": pct(waits, 0.50),
         "queue_wait_p99_ms": pct(waits, 0.99),
         "slo_attainment": round(met / len(reqs), 4) if reqs else 0.0,

@@ -31,6 +31,8 @@ COLUMNS = (
     ("ttft_p99_ms", "TTFT p99"),
     ("tpot_p50_ms", "TPOT p50"),
     ("tpot_p99_ms", "TPOT p99"),
+    ("kv_transfer_p50_ms", "KV p50"),
+    ("kv_transfer_p99_ms", "KV p99"),
     ("gpu_utilization", "GPU util"),
     ("queued_for_nvlink_rate", "NVLink wait"),
     ("held_for_headroom_rate", "headroom wait"),
@@ -44,6 +46,10 @@ COLUMNS = (
 TABLE_COLUMNS = ("slo_attainment", "slo_tp8", "p99_ms", "ttft_p99_ms", "tpot_p99_ms", "gpu_utilization",
                  "queued_for_nvlink_rate", "migrations", "completed", "timed_out")  # fmt: skip
 """The terminal table's columns (the reports have all of ``COLUMNS``)."""
+
+PD_TABLE_COLUMNS = ("ttft_p50_ms", "ttft_p99_ms", "kv_transfer_p50_ms", "kv_transfer_p99_ms", "tpot_p50_ms",
+                    "tpot_p99_ms", "p99_ms", "slo_attainment", "completed", "timed_out")  # fmt: skip
+"""The terminal table's columns for a disaggregated scenario (one row per policy and layout)."""
 
 
 def _cell(metrics: dict[str, Any], key: str) -> Any:
@@ -96,17 +102,19 @@ def result_table(scenario: Scenario, results: dict[str, PolicyResult], width: in
     metric and one column per policy, so an 80-column terminal shows whole numbers, not ``1.0…``."""
     table = Table(title=_title(scenario, results))
     labels = dict(COLUMNS)
-    if (len(TABLE_COLUMNS) + 1) * WIDE_TABLE_CHARS <= width:
-        table.add_column("policy", no_wrap=True)
-        for key in TABLE_COLUMNS:
+    columns = PD_TABLE_COLUMNS if scenario.pd is not None else TABLE_COLUMNS
+    first = "policy/layout" if scenario.pd is not None else "policy"
+    if (len(columns) + 1) * WIDE_TABLE_CHARS <= width:
+        table.add_column(first, no_wrap=True)
+        for key in columns:
             table.add_column(labels[key], justify="right", no_wrap=True)
         for name, r in results.items():
-            table.add_row(name, *(_fmt(_cell(r.metrics, key)) for key in TABLE_COLUMNS))
+            table.add_row(name, *(_fmt(_cell(r.metrics, key)) for key in columns))
         return table
     table.add_column("metric", no_wrap=True)
     for name in results:
         table.add_column(name, justify="right", no_wrap=True)
-    for key in TABLE_COLUMNS:
+    for key in columns:
         table.add_row(labels[key], *(_fmt(_cell(r.metrics, key)) for r in results.values()))
     return table
 

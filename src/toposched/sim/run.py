@@ -3,6 +3,9 @@
 Each policy gets a fresh scheduler and ledger on the same cluster, the same pre-drawn requests (or
 trace) and, in churn scenarios, the same instance arrivals and per-instance request streams (seeded
 by the run's seed). Metric definitions: ``sim/metrics.py`` and docs/simulator.md.
+
+A disaggregated scenario (``Scenario.pd``) runs once per policy and layout, on the same requests;
+its results are named ``POLICY/LAYOUT`` (``slo/rack-local``).
 """
 
 from __future__ import annotations
@@ -14,11 +17,12 @@ from typing import Any
 
 from toposched.errors import InputError, InvariantError
 from toposched.ledger.base import GIB
-from toposched.sim.deployment import Deployment, build_deployment
-from toposched.sim.engine import Simulation
+from toposched.sim.deployment import Deployment, build_deployment, label_nodes, place_pd_layout
+from toposched.sim.engine import PdSimulation, Simulation
 from toposched.sim.metrics import check_conservation, compute, per_token_ms
-from toposched.sim.scenario import MAX_INSTANCES, Scenario, expected_instance_arrivals, load_cluster
+from toposched.sim.scenario import MAX_INSTANCES, PdLayout, Scenario, expected_instance_arrivals, load_cluster
 from toposched.sim.workload import SimRequest, make_arrivals, read_trace
+from toposched.solver.pd import cluster_kv_links
 from toposched.solver.scheduler import Scheduler
 from toposched.topology.model import Cluster
 
@@ -89,17 +93,30 @@ def run_policy(
     arrivals: list[SimRequest] | None = None,
     progress: Callable[[Simulation], None] | None = None,
     jump: bool = True,
+    layout: PdLayout | None = None,
 ) -> PolicyResult:
     """One policy over the scenario; raises ``InvariantError`` when conservation breaks.
 
     ``jump=False`` steps every instance one engine step per event (the macro-step check).
+    ``layout``: a disaggregated scenario's layout (default: its first).
     """
     cluster = load_cluster(scenario.cluster)
     check_scenario_fits(scenario, cluster)
+    pd = scenario.pd
+    if pd is not None:
+        cluster = label_nodes(cluster)
     scheduler = Scheduler(cluster, budget_gbps=scenario.budget_gbps, seed=seed)
     deployments = deployments_for(scenario, scheduler)
     work = _fresh(arrivals if arrivals is not None else make_arrivals(scenario, seed))
-    sim = Simulation(scenario, scheduler, deployments, policy, seed, jump=jump)
+    sim: Simulation
+    if pd is not None:
+        where = f"scenario {scenario.name!r}"
+        plan = place_pd_layout(scheduler, deployments[0].template, pd, layout or pd.layouts[0], policy, where=where)
+        gpu = scheduler.gpu_of_node[plan.prefills[0][0].ranks[0].node]
+        links = cluster_kv_links(cluster, gpu, oversubscription=pd.oversubscription)
+        sim = PdSimulation(scenario, scheduler, deployments, policy, seed, plan, links, jump=jump)
+    else:
+        sim = Simulation(scenario, scheduler, deployments, policy, seed, jump=jump)
     start, cpu = time.perf_counter(), time.process_time()
     sim.run(work, progress)
     wall, cpu = time.perf_counter() - start, time.process_time() - cpu
@@ -135,9 +152,12 @@ def simulate(
     """The same seeded workload under each policy."""
     arrivals = make_arrivals(scenario, seed)
     results: dict[str, PolicyResult] = {}
+    layouts: tuple[PdLayout | None, ...] = scenario.pd.layouts if scenario.pd is not None else (None,)
     for policy in policies:
         hook = (lambda s, p=policy: progress(p, s)) if progress is not None else None
-        results[policy] = run_policy(scenario, policy, seed=seed, arrivals=arrivals, progress=hook)
+        for layout in layouts:
+            name = policy if layout is None else f"{policy}/{layout}"
+            results[name] = run_policy(scenario, policy, seed=seed, arrivals=arrivals, progress=hook, layout=layout)
     return results
 
 

@@ -21,6 +21,11 @@ Built-in scenarios (``SCENARIOS``):
   exponential lifetimes (mean 300 s), requests at 70 % of each instance's in-domain capacity, three
   GPU failures, SLO = 1.25 x the in-domain per-token latency, offered occupancy 0.85.
 * ``churn-tiny`` — a two-node churn scenario for tests.
+* ``pd-256`` — issue 20's disaggregated deployment on the 256-GPU preset: Llama-3.1-70B, 32 prefill
+  and 32 decode instances of TP 4, each request's KV moved from its prefill to a decode instance
+  (``perf/kv_transfer.py``), run once per layout of decode (and store) against prefill: same-server,
+  rack-local, spread (``Pd``).
+* ``pd-tiny`` — the same with Llama-3.1-8B at TP 2 on 16 HGX H100 nodes (two racks), for tests.
 
 A scenario file (YAML) has the same fields; see docs/simulator.md. Every field is bounded (at most
 ``MAX_REQUESTS`` requests, durations up to ``MAX_SECONDS``, finite numbers only), so a damaged or
@@ -246,6 +251,43 @@ class Admission(_Value):
     defrag_window_s: float = Field(default=300.0, gt=0, le=MAX_SECONDS, description="... per this many seconds")
 
 
+PdLayout = Literal["same-server", "rack-local", "spread"]
+PD_LAYOUTS: tuple[PdLayout, ...] = ("same-server", "rack-local", "spread")
+
+
+class Pd(_Value):
+    """Prefill/decode disaggregation (issue 20): the scenario's one tenant served by prefill and decode
+    instances; each request is prefilled, its KV moves to a decode instance (in TTFT), then decodes.
+
+    Each layout is one run: decode instance ``j`` pairs with prefill instance ``j mod prefill`` and sits
+    on its node (``same-server``), on another node of its rack (``rack-local``) or in another rack
+    (``spread``); a request's KV goes to the least loaded decode instance paired with its prefill
+    instance. ``kv_via: store``: the KV goes through a KV-cache store's host memory (put, then get),
+    a store segment per decode instance: on the decode's node (same-server), on another node of its
+    rack (rack-local), or on a node of a rack of neither the decode nor its prefill (spread; the
+    prefill's rack when there are only two).
+    """
+
+    prefill: int = Field(default=1, ge=1, le=1024, description="prefill instances")
+    decode: int = Field(default=1, ge=1, le=1024, description="decode instances")
+    prefill_tp: int | None = Field(default=None, ge=1, le=64, description="default: the tenant's tp")
+    decode_tp: int | None = Field(default=None, ge=1, le=64, description="default: the tenant's tp")
+    layouts: tuple[PdLayout, ...] = Field(default=("rack-local", "spread"), min_length=1, max_length=3)
+    kv_via: Literal["direct", "store"] = Field(default="direct", description="prefill to decode, or via a store")
+    oversubscription: float = Field(
+        default=1.0, ge=1, le=64, description="rack NIC bandwidth / its uplink to the spine (1: non-blocking)"
+    )
+
+    @model_validator(mode="after")
+    def _check(self) -> Pd:
+        if len(set(self.layouts)) != len(self.layouts):
+            raise ValueError(f"layouts must not repeat (got {list(self.layouts)})")
+        for tp in (self.prefill_tp, self.decode_tp):
+            if tp is not None and tp & (tp - 1):
+                raise ValueError(f"prefill_tp and decode_tp must be powers of two, got {tp}")
+        return self
+
+
 class Scenario(_Value):
     """Everything one simulation run needs; every field has a default except the cluster and the model(s)."""
 
@@ -282,6 +324,7 @@ class Scenario(_Value):
     failures: tuple[Failure, ...] = Field(default=(), max_length=MAX_FAILURES)
     trace: Ref | None = Field(default=None, description="CSV: timestamp,input_len,output_len[,slo_class][,tenant]")
     budget_gbps: float = Field(default=256.0, gt=0, le=1e9)
+    pd: Pd | None = Field(default=None, description="prefill/decode disaggregation (one tenant, no churn)")
 
     @field_validator("instances")
     @classmethod
@@ -300,7 +343,18 @@ class Scenario(_Value):
         names = [t.name for t in self.tenants]
         if len(set(names)) != len(names):
             raise ValueError(f"tenant names must be unique (got {names})")
+        if self.pd is not None:
+            self._check_pd(self.pd)
         return self
+
+    def _check_pd(self, pd: Pd) -> None:
+        if len(self.tenant_list()) != 1:
+            raise ValueError("pd takes one tenant (its prefill and decode instances)")
+        if self.churn is not None or self.failures:
+            raise ValueError("pd scenarios take no churn and no failures yet")
+        tp = self.tenant_list()[0].tp
+        if tp == "auto" and (pd.prefill_tp is None or pd.decode_tp is None):
+            raise ValueError("pd needs prefill_tp and decode_tp, or a tenant tp")
 
     @property
     def request_count(self) -> int:
@@ -431,6 +485,42 @@ SCENARIOS.register(
         failures=(Failure(at_s=40.0, gpu="hgx-h100-1/3"),),
     ),
 )  # fmt: skip
+
+
+# Issue 20's disaggregated deployment. Llama-3.1-70B BF16 at TP 4 on HGX H100: one prefill and one
+# decode instance per node, so every layout holds the same instances (same-server needs both on a
+# node). Requests at about 70 % of the 32 decode instances' capacity (batch 32, 256 output tokens:
+# ~6.5 requests/s each by the cost model), chat lengths as churn-128's.
+SCENARIOS.register(
+    "pd-256",
+    Scenario(
+        name="pd-256",
+        cluster="cluster-32x-hgx-h100",
+        model="llama-3.1-70b",
+        requests=4096,
+        arrivals=Arrivals(rate_per_s=145.0),
+        input_len=_CHAT_IN,
+        output_len=_CHAT_OUT,
+        slo_ms=100.0,
+        batch=32,
+        pd=Pd(prefill=32, decode=32, prefill_tp=4, decode_tp=4, layouts=PD_LAYOUTS),
+    ),
+)
+SCENARIOS.register(
+    "pd-tiny",
+    Scenario(
+        name="pd-tiny",
+        cluster="16xhgx-h100",
+        model="llama-3.1-8b",
+        requests=300,
+        arrivals=Arrivals(rate_per_s=40.0),
+        input_len=Lengths(dist="uniform", mean=1024),
+        output_len=Lengths(dist="uniform", mean=64),
+        slo_ms=100.0,
+        batch=16,
+        pd=Pd(prefill=4, decode=4, prefill_tp=2, decode_tp=2, layouts=PD_LAYOUTS),
+    ),
+)
 
 
 def _exists(ref: str) -> bool:

@@ -50,6 +50,9 @@ class SimRequest:
     tp: int = 0
     requeued: int = 0
     preempted: int = 0
+    kv_ms: float = -1.0  # disaggregated: prefill done to KV at the decode instance (waiting for links included)
+    kv_wait_ms: float = 0.0  # ... of which waiting for busy links
+    kv_scope: str = ""  # same-node | same-rack | cross-rack (the farthest hop)
 
     @property
     def ttft_s(self) -> float:

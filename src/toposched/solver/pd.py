@@ -30,11 +30,15 @@ from pydantic import BaseModel, ConfigDict, Field, model_validator
 
 from toposched.errors import InputError
 from toposched.names import Label, NodeName, PlacementId, Word
+from toposched.perf.hardware import GpuSpec
+from toposched.perf.kv_transfer import KvLane, KvLinks, kv_links, rank_kv_bytes_per_token
 from toposched.solver.constraints import near_node
 from toposched.solver.request import ConstraintCheck, Placement, PlacementRequest, Role, Unplaced, instance_ids
 from toposched.solver.scheduler import Outcome, Scheduler
 from toposched.topology.domains import DomainMap, gpu_ref
-from toposched.topology.model import LinkKind, Node
+from toposched.topology.model import Cluster, LinkKind, Node
+from toposched.workload.dtypes import KvDtype
+from toposched.workload.spec import ModelSpec
 
 KvStoreKind = Literal["mooncake"]
 KV_STORES: tuple[str, ...] = ("mooncake",)
@@ -184,6 +188,49 @@ def place_stores(decodes: list[Placement], nodes: dict[str, Node]) -> list[KvSto
         best = min(rdma, key=lambda n: (-ranks_on[n.name], n.name))
         stores.append(KvStore(node=best.name, rack=best.rack, nics=tuple(n.device for n in best.nics if n.device)))
     return stores
+
+
+# --------------------------------------------------------------------------------------- KV transfer lanes
+
+
+def placement_lanes(placement: Placement, nodes: dict[str, Node]) -> tuple[KvLane, ...]:
+    """Per rank (rank order) the lane its KV moves through (``perf/kv_transfer.py``): its node, rack,
+    GPU and KV NIC (``kv_nics``; a placement without them uses its node's first RDMA NIC)."""
+    lanes = []
+    for i, r in enumerate(placement.ranks):
+        node = nodes[r.node]
+        nic = (
+            placement.kv_nics[i] if i < len(placement.kv_nics) else next((n.device for n in node.nics if n.device), "")
+        )
+        lanes.append(KvLane(node=r.node, rack=node.rack, nic=nic or "", gpu=r.gpu))
+    return tuple(lanes)
+
+
+def store_lanes(store: KvStore) -> tuple[KvLane, ...]:
+    """A store's lanes: one per RDMA NIC of its node, into host memory."""
+    return tuple(KvLane(node=store.node, rack=store.rack, nic=nic) for nic in store.nics)
+
+
+def rank_kv_needs(spec: ModelSpec, placement: Placement) -> tuple[float, ...]:
+    """Per rank, the KV bytes per prompt token it holds: its TP shard of its pipeline stage's layers,
+    in the placement's KV dtype (what a decode rank must receive)."""
+    dtype: KvDtype = placement.kv_dtype  # type: ignore[assignment]  # a KvDtype name, set by the solver
+    return tuple(
+        rank_kv_bytes_per_token(spec, placement.tp, placement.stage_layers[r.stage], dtype) for r in placement.ranks
+    )
+
+
+def cluster_kv_links(cluster: Cluster, gpu: GpuSpec, *, oversubscription: float = 1.0) -> KvLinks:
+    """The links KV crosses in ``cluster`` (``perf.kv_transfer.kv_links``): the fabric's link per NIC,
+    each rack's uplink its RDMA NICs / ``oversubscription``, the fabric's latency across racks."""
+    fabric = cluster.fabric
+    racks: Counter[str] = Counter()
+    for node in cluster.nodes:
+        if node.rack is not None:
+            racks[node.rack] += sum(1 for n in node.nics if n.device)
+    net = fabric.perf_link if fabric is not None else "tcp-100"
+    latency = fabric.latency_us if fabric is not None else 5.0
+    return kv_links(gpu, net, dict(racks), oversubscription=oversubscription, spine_latency_us=latency)
 
 
 # --------------------------------------------------------------------------------------- the whole deployment
@@ -339,12 +386,16 @@ __all__ = [
     "Disaggregation",
     "KvStore",
     "PdOutcome",
+    "cluster_kv_links",
     "decode_request",
     "kv_nics",
     "place_pd",
     "place_stores",
+    "placement_lanes",
     "prefill_request",
+    "rank_kv_needs",
     "role_ids",
     "role_request_id",
+    "store_lanes",
     "with_role",
 ]
