@@ -89,6 +89,17 @@ class LevelIndex:
         for g in self.of_gpu.get(ref, ()):
             self._move(g, +1)
 
+    def shift(self, refs: Iterable[str], delta: int) -> None:
+        """Take (``delta`` -1) or give (+1) each of ``refs``: one bucket move per group touched, not per
+        GPU (a TP8 placement moves its node's group once per level instead of eight times)."""
+        of_gpu = self.of_gpu
+        counts: dict[int, int] = {}
+        for ref in refs:
+            for g in of_gpu.get(ref, ()):
+                counts[g] = counts.get(g, 0) + 1
+        for g, n in counts.items():
+            self._move(g, delta * n)
+
     def best_fit(self, size: int) -> Iterator[int]:
         """Groups with at least ``size`` free GPUs, tightest first; at equal room, partly used first.
 
@@ -216,17 +227,25 @@ class ClusterIndex:
         return domains.pop() if len(domains) == 1 else None
 
     def take(self, refs: Iterable[str]) -> None:
-        for ref in refs:
-            if ref not in self.free:
-                raise ValueError(f"GPU {ref} is not free")
-            self.free.discard(ref)
-            for index in self.levels.values():
-                index.take(ref)
+        """Mark ``refs`` busy, all or none (checked first: a GPU that is not free, or named twice, raises)."""
+        refs = list(refs)
+        free = self.free
+        if len(set(refs)) != len(refs) or not all(ref in free for ref in refs):
+            bad = next((r for r in refs if r not in free), None) or next(r for r in refs if refs.count(r) > 1)
+            raise ValueError(f"GPU {bad} is not free")
+        free.difference_update(refs)
+        for index in self.levels.values():
+            index.shift(refs, -1)
 
     def give(self, refs: Iterable[str]) -> None:
-        for ref in refs:
-            if ref in self.free or ref not in self.info:
-                raise ValueError(f"GPU {ref} is free already or unknown")
-            self.free.add(ref)
-            for index in self.levels.values():
-                index.give(ref)
+        """Mark ``refs`` free, all or none (a GPU free already, unknown, or named twice raises)."""
+        refs = list(refs)
+        free, info = self.free, self.info
+        if len(set(refs)) != len(refs) or any(ref in free or ref not in info for ref in refs):
+            bad = next((r for r in refs if r in free or r not in info), None) or next(
+                r for r in refs if refs.count(r) > 1
+            )
+            raise ValueError(f"GPU {bad} is free already or unknown")
+        free.update(refs)
+        for index in self.levels.values():
+            index.shift(refs, +1)
