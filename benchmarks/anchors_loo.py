@@ -21,6 +21,12 @@ as stated for QPS rows):
 * ``num_requests`` from the setup (offline and QPS rows; finite runs of identical requests run in
   waves), ``request_rate`` = the QPS of QPS rows (open loop: throughput is the arrivals served).
 * FP8 KV where the anchor says so, and for ModelOpt FP8 checkpoints (their notes: they quantize KV).
+* ``engine``: the anchor's engine and version as one of ``latency.HOST_LAUNCHED_PREFILL`` /
+  ``latency.TENSORRT_ENGINES`` (``_engine``): TensorRT-LLM 0.14 (Triton backend) and 0.15
+  (``trtllm-bench`` TensorRT engine) run TensorRT engines, so does NIM 1.8's TensorRT-LLM profile;
+  TensorRT-LLM 1.0 with ``--backend pytorch`` and 0.21 ``trtllm-serve`` of DeepSeek-R1 (a model only
+  its PyTorch backend runs: ``tensorrt_llm/_torch/models/modeling_deepseekv3.py``) are
+  ``tensorrt-llm-pytorch``.
 * offline rows (all requests queued): ``batch`` = the saturated batch, min(TensorRT-LLM's build
   default ``max_batch_size`` 2048, KV tokens / (ISL + OSL)) with the KV pool 0.9 x (GPU memory -
   weights per GPU - 2 GiB) (``kv_cache_free_gpu_mem_fraction`` 0.9-0.95; weights = parameters x
@@ -85,6 +91,16 @@ def _weight_dtype(text: str) -> str:
 
 def _gpu(text: str) -> str | None:
     return next((key for pat, key in GPU_MAP if pat in text), None)
+
+
+def _engine(engine: str, version: str) -> str:
+    """The anchor's engine as the cost model names it (module docstring)."""
+    text = f"{engine} {version}".lower()
+    if text.startswith("nvidia-nim"):
+        return "nvidia-nim"
+    if "pytorch" in text or "trtllm-serve" in text:
+        return "tensorrt-llm-pytorch"
+    return "tensorrt-llm"
 
 
 def _model(text: str) -> str | None:
@@ -162,7 +178,7 @@ def load_samples(path: Path = ANCHORS) -> tuple[list[Sample], list[str], dict[st
                 source=r["id"],
                 model=model,
                 gpu=gpu,
-                engine=r["engine"],
+                engine=_engine(r["engine"], str(r.get("engine_version", ""))),
                 tp=tp,
                 weight_dtype=wdt,
                 kv_dtype=kvd,

@@ -5,8 +5,10 @@
 
 Predictions use the active calibration profile (the shipped ``data/profiles/default.json``, fitted
 on reference/data/anchors-train.json by ``benchmarks/anchors_loo.py``; two NIM rows here are also
-anchors there, the vLLM nightly rows are not). ``--fit`` refits only ``step_overhead_ms`` on these
-decode anchors, from the profile's other coefficients, with leave-one-out errors.
+anchors there, the vLLM nightly rows are not). The NIM rows are predicted as a TensorRT engine, the
+vLLM rows as vLLM (``engine=``: whether a prefill pays the host-launch cost). ``--fit`` refits
+only ``step_overhead_ms`` on these decode anchors, from the profile's other coefficients, with
+leave-one-out errors.
 """
 
 from __future__ import annotations
@@ -33,6 +35,11 @@ class Anchor:
     metric: str  # "tpot" (ITL), "step" (e2e / output_len), "ttft"
     measured_ms: float
     source: str
+
+    @property
+    def engine(self) -> str:
+        """The engine as the cost model names it (``latency.prefill_launched_from_host``)."""
+        return "nvidia-nim" if self.source.startswith("NIM") else "vllm"
 
 
 ANCHORS = (
@@ -61,7 +68,7 @@ def predict(a: Anchor, overhead_ms: float | None = None) -> float:
     if overhead_ms is not None:
         cfg = cfg.model_copy(update={"step_overhead_ms": overhead_ms})
     r = predict_latency(spec, gpu, tp=a.tp, link=get_link(gpu.native_link), batch=a.batch,
-                        input_len=a.input_len, output_len=a.output_len, config=cfg)  # fmt: skip
+                        input_len=a.input_len, output_len=a.output_len, config=cfg, engine=a.engine)  # fmt: skip
     if a.metric == "tpot":
         return r.tpot_ms
     if a.metric == "step":

@@ -10,6 +10,7 @@ from toposched.errors import InputError
 from toposched.perf import PerfConfig, get_gpu, get_link, predict_latency
 from toposched.perf.calibrate import fit_config, fit_profile, leave_one_out, predict_sample, relative_errors
 from toposched.perf.latency import PassModel, prefill_chunks, roofline
+from toposched.perf.links import two_level_link
 from toposched.perf.profile import Profile, ProfileEntry, default_profile, use_profile
 from toposched.perf.samples import Sample
 from toposched.perf.step import StepCost
@@ -240,3 +241,58 @@ def test_throughput_of_a_finite_run_counts_its_waves_and_its_arrival_rate() -> N
     assert 0.99 * 2.0 * 200 < offered["tokens_per_s"] < 2.0 * 200
     endless = predict_sample(_probe(batch=4, request_rate=2.0, tokens_per_s=1.0), cfg)["tokens_per_s"]
     assert endless == pytest.approx(2.0 * 200)
+
+
+def test_comm_scale_applies_to_all_reduces_except_over_pcie() -> None:
+    spec = resolve_model("llama-3.1-70b")
+    l40s = get_gpu("L40S")
+
+    def comm(gpu: object, link: object, tp: int, scale: float) -> float:
+        model = PassModel(spec, gpu, tp=tp, pp=1, link=link, pp_link=link, cfg=PerfConfig(comm_scale=scale))  # type: ignore[arg-type]
+        return model.allreduce_ms(512)
+
+    assert comm(H100, NV4, 4, 2.5) == pytest.approx(2.5 * comm(H100, NV4, 4, 1.0), rel=1e-12)
+    assert comm(H100, NV4, 4, 1.0) == pytest.approx(2 * 80 * NV4.allreduce_us(512 * 8192 * 2, 4) * 1e-3)
+    pcie = get_link("pcie4")
+    assert comm(l40s, pcie, 4, 2.5) == comm(l40s, pcie, 4, 1.0) > 0  # PCIe: the table as measured/derived
+    assert comm(H100, NV4, 1, 2.5) == 0.0
+    across = two_level_link("ib-ndr", "nvlink4", 4)  # TP8 over two nodes: never cheaper than inside one
+    assert comm(H100, across, 8, 2.5) == pytest.approx(2.5 * comm(H100, across, 8, 1.0), rel=1e-12)
+    assert comm(H100, across, 8, 2.5) > comm(H100, NV4, 8, 2.5)
+
+
+def test_host_launch_cost_of_a_prefill_depends_on_the_engine() -> None:
+    spec = resolve_model("llama-3.1-8b")
+    cfg = PerfConfig(prefill_kernel_factor=5.0)
+    kw = dict(tp=1, link=NV4, batch=1, input_len=512, output_len=8, config=cfg)
+    graphs = predict_latency(spec, H100, engine="tensorrt-llm", **kw)  # type: ignore[arg-type]
+    nim = predict_latency(spec, H100, engine="nvidia-nim", **kw)  # type: ignore[arg-type]
+    python = predict_latency(spec, H100, engine="vllm", **kw)  # type: ignore[arg-type]
+    unnamed = predict_latency(spec, H100, **kw)  # type: ignore[arg-type]
+    assert graphs.prefill.small_kernels_ms == nim.prefill.small_kernels_ms == graphs.decode.small_kernels_ms
+    assert python.prefill.small_kernels_ms == pytest.approx(5.0 * graphs.prefill.small_kernels_ms)
+    assert unnamed.ttft_ms == python.ttft_ms  # no engine named: toposched launches vLLM/SGLang
+    assert python.tpot_ms == graphs.tpot_ms  # decode steps replay CUDA graphs on both
+    step = StepCost(spec, H100, tp=1, link=NV4, config=cfg, engine="tensorrt-llm")
+    assert step.prefill_ms(1, 512) == pytest.approx(graphs.ttft_ms, rel=1e-12)
+
+
+def test_mla_prefill_attention_uses_the_mean_of_its_qk_and_v_head_dims() -> None:
+    ds = resolve_model("deepseek-v3", weight_dtype="fp8")
+    h200 = get_gpu("H200")
+    cfg = PerfConfig()
+    model = PassModel(ds, h200, tp=8, pp=1, link=NV4, pp_link=NV4, cfg=cfg)
+    step = model.step(chunks=[(0, 4096)])
+    assert step is not None
+    # a whole prompt reads no earlier KV; causal QK (192 per head) + PV (128 per head) = 2 S^2 x 160 per head
+    flops = 2 * 4096**2 * 128 * (128 + 64 + 128) / 2 * 61 / 8
+    assert step.attention_ms == pytest.approx(flops / (h200.bf16_flops * cfg.eta_attn) * 1e3, rel=1e-9)
+
+
+def test_a_rate_above_what_the_concurrency_cap_serves_runs_as_the_closed_loop() -> None:
+    cfg = PerfConfig()
+    closed = predict_sample(_probe(batch=4, num_requests=400, tokens_per_s=1.0), cfg)["tokens_per_s"]
+    flooded = predict_sample(_probe(batch=4, request_rate=1000.0, num_requests=400, tokens_per_s=1.0), cfg)
+    assert flooded["tokens_per_s"] == pytest.approx(closed, rel=1e-12)
+    endless = predict_sample(_probe(batch=4, request_rate=1000.0, tokens_per_s=1.0), cfg)["tokens_per_s"]
+    assert endless < 1000.0 * 200 / 10  # bounded by what 4 sequences serve, not by the offered rate

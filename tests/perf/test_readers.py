@@ -27,6 +27,7 @@ from toposched.perf.readers import (
     scrape,
     window_sample,
 )
+from toposched.perf.samples import Sample
 
 DATA = Path(__file__).parent / "data"
 
@@ -133,6 +134,40 @@ def test_vllm_without_gpu_names_the_file_and_the_option() -> None:
     with pytest.raises(InputError, match=r"vllm-append.json:1: the file does not say which gpu") as exc:
         read_samples(DATA / "vllm-append.json")
     assert exc.value.fix == "pass --gpu (e.g. H100-SXM)"
+
+
+def _read_text(tmp_path: Path, text: str, name: str = "r.json", setup: Setup | None = None) -> list[Sample]:
+    f = tmp_path / name
+    f.write_text(text)
+    return read_samples(f, setup=setup)
+
+
+def test_vllm_run_size_and_rate(tmp_path: Path) -> None:
+    """``completed`` is the run's request count; ``request_rate`` "inf" is a closed loop; a finite rate
+    without --max-concurrency is an open loop at its mean concurrency (Little's law)."""
+    (s,) = read_samples(DATA / "vllm-result.json")
+    assert (s.num_requests, s.request_rate, s.batch) == (200, None, 16)
+    obj = json.loads((DATA / "vllm-result.json").read_text())
+    obj.update(request_rate=4.0, max_concurrency=None, request_throughput=3.9, mean_e2el_ms=2500.0)
+    (o,) = _read_text(tmp_path, json.dumps(obj))
+    assert (o.request_rate, o.num_requests, o.batch) == (4.0, 200, 10)  # 3.9 req/s x 2.5 s
+    obj["ramp_up_strategy"] = "linear"  # the rate changes during the run: not one offered rate
+    (r,) = _read_text(tmp_path, json.dumps(obj))
+    assert r.request_rate is None and r.batch == 16  # the measured peak
+
+
+def test_sglang_default_rate_written_as_infinity_is_read(tmp_path: Path) -> None:
+    """SGLang dumps its default ``request_rate`` float("inf") with json.dumps: ``Infinity``."""
+    first = (DATA / "sglang-results.jsonl").read_text().splitlines()[0]
+    line = first.replace('"request_rate": "inf"', '"request_rate": Infinity')
+    assert "Infinity" in line
+    gpu = Setup(gpu="H100-SXM")
+    (s,) = _read_text(tmp_path, line, "s.jsonl", gpu)
+    assert (s.request_rate, s.num_requests, s.batch) == (None, 200, 8)
+    (q,) = _read_text(tmp_path, line.replace("Infinity", "16.0"), "s.jsonl", gpu)
+    assert q.request_rate == 16.0
+    with pytest.raises(InputError, match=r"s.jsonl: key 'request_rate' is -1.0, not a positive number or 'inf'"):
+        _read_text(tmp_path, line.replace("Infinity", "-1.0"), "s.jsonl", gpu)
 
 
 def test_options_win_over_the_file() -> None:

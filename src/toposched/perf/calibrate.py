@@ -13,7 +13,11 @@ reference/data/anchors-train.md says:
   time to prefill all ``c`` prompts in budget-sized passes plus ``output_len - 1`` decode steps. For
   offline maximum-throughput runs the caller sets ``batch`` to the saturated batch (what the KV
   cache and the engine's batch limit allow). A run of ``num_requests`` identical requests runs in
-  waves of ``c``; an open-loop run (``request_rate``) serves its arrivals (``_Run.tokens_per_s``).
+  waves of ``c``; an open-loop run (``request_rate``) serves its arrivals, and no more than the
+  closed loop at ``c`` would (``_Run.tokens_per_s``).
+
+The sample's ``engine`` is passed on to the model (``latency.prefill_launched_from_host``: whether a
+prefill pays the host-launch cost).
 
 ``fit_config`` is a bounded least-squares fit of ``log(predicted / measured)`` over every measured
 kind of every sample (Levenberg-Marquardt on a logistic reparametrisation of each field's bounds,
@@ -45,7 +49,6 @@ DEFAULT_FIELDS: tuple[str, ...] = (
     "eta_mem",
     "eta_flops",
     "eta_flops_fp8",
-    "eta_attn",
     "roofline_p",
     "moe_tile_m",
     "moe_layer_us",
@@ -53,8 +56,11 @@ DEFAULT_FIELDS: tuple[str, ...] = (
     "prefill_kernel_factor",
     "step_overhead_ms",
     "prefill_overhead_ms",
+    "comm_scale",
 )
-"""Fields fitted by default; ``kernel_us`` and ``kernels_per_layer`` stay at their literature values."""
+"""Fields fitted by default; ``kernel_us``, ``kernels_per_layer`` and ``eta_attn`` stay at their
+literature values (``eta_attn``: only two published prompts are long enough for attention to
+matter, and fitted on them it traded against the fixed prefill cost: docs/cost-model.md)."""
 
 DEFAULT_MAX_BATCHED_TOKENS = 8192
 """Batched-token budget of one pass: TensorRT-LLM's build default ``max_num_tokens`` (8192) and
@@ -94,7 +100,7 @@ def predict_sample(
     spec = _spec_of(sample)
     gpu = get_gpu(sample.gpu)
     link = get_link(sample.link or gpu.native_link)
-    model = PassModel(spec, gpu, tp=sample.tp, pp=sample.pp, link=link, pp_link=link, cfg=config)
+    model = PassModel(spec, gpu, tp=sample.tp, pp=sample.pp, link=link, pp_link=link, cfg=config, engine=sample.engine)
     run = _Run(model, sample.batch, sample.input_len, sample.output_len, max_batched_tokens)
     out: dict[str, float] = {}
     if sample.ttft_ms is not None:
@@ -162,21 +168,25 @@ class _Run:
         """Output tokens/s of the run.
 
         Open loop (``request_rate``): ``N`` requests arrive over ``N / rate`` seconds and the last
-        one takes its end-to-end latency after that. Closed loop with ``N`` requests of identical
+        one takes its end-to-end latency after that; with a concurrency cap ``c`` (vLLM/SGLang
+        ``--max-concurrency`` with a rate) the run takes at least the closed loop's time at ``c``.
+        Closed loop with ``N`` requests of identical
         lengths: they run in waves of ``c`` (a wave's sequences start within one prefill ramp and
         end together, so the last, partial wave takes nearly as long as a full one). Without
         ``N``: the steady state, ``c`` sequences forever.
         """
-        if request_rate is not None:
-            e2e_s = (self.ttft_ms() + (self.osl - 1) * self.tpot_ms()) / 1e3
-            if num_requests is None:
-                return min(request_rate, self.c / e2e_s) * self.osl
-            return num_requests * self.osl / (num_requests / request_rate + e2e_s)
         if num_requests is None:
-            return self.c * self.osl / (self._batch_ms(self.c) / 1e3)
-        full, rest = divmod(num_requests, self.c)
-        total_ms = full * self._batch_ms(self.c) + (self._batch_ms(rest) if rest else 0.0)
-        return num_requests * self.osl / (total_ms / 1e3)
+            closed = self.c * self.osl / (self._batch_ms(self.c) / 1e3)
+        else:
+            full, rest = divmod(num_requests, self.c)
+            total_ms = full * self._batch_ms(self.c) + (self._batch_ms(rest) if rest else 0.0)
+            closed = num_requests * self.osl / (total_ms / 1e3)
+        if request_rate is None:
+            return closed
+        e2e_s = (self.ttft_ms() + (self.osl - 1) * self.tpot_ms()) / 1e3
+        if num_requests is None:
+            return min(request_rate * self.osl, self.c / e2e_s * self.osl, closed)
+        return min(num_requests * self.osl / (num_requests / request_rate + e2e_s), closed)
 
 
 def _residuals(samples: Sequence[Sample], config: PerfConfig) -> list[float]:

@@ -8,9 +8,10 @@ One forward pass over ``T`` new tokens of ``S`` sequences, summed over the pipel
             + grouped expert GEMM FLOPs (tile-padded rows) / (eta(dtype) x peak(dtype))
             + lm_head FLOPs / (eta_flops x BF16 peak)
     T_attn  = KV bytes read / (eta_mem x HBM bandwidth) + attention FLOPs / (eta_attn x BF16 peak)
-    T_comm  = 2 x layers x all-reduce(T x hidden x 2 B, tp)         (two per layer, Megatron TP)
+    T_comm  = 2 x layers x all-reduce(T x hidden x 2 B, tp)         (two per layer, Megatron TP;
+              x comm_scale, except over PCIe)
     T_small = layers x kernels_per_layer x kernel_us + MoE layers x moe_layer_us + MLA layers x mla_layer_us
-              (x prefill_kernel_factor in a pass with prefill work)
+              (x prefill_kernel_factor in a pass with prefill work, on engines that launch it from Python)
     T_pass  = (T_mem^p + T_cmp^p)^(1/p) + T_attn + T_comm + T_small + (pp - 1) x P2P + overhead
 
 * ``(m^p + c^p)^(1/p)`` is a smooth roofline of the GEMMs: ``p`` large is ``max(memory,
@@ -27,10 +28,22 @@ One forward pass over ``T`` new tokens of ``S`` sequences, summed over the pipel
   ``E x (1 - (1 - k/E)^T)`` per MoE layer.
 * MLA (DeepSeek-V2/V3) decode runs with the absorbed weights: per head and context token it does
   ``2 (2 kv_lora_rank + rope dim)`` FLOPs on the latent cache, and its extra projections and norms
-  cost ``mla_layer_us`` per layer.
+  cost ``mla_layer_us`` per layer. MLA prefill runs as multi-head attention with QK over the
+  ``nope + rope`` head dims and PV over ``v_head_dim``: its width is their mean per head.
 * A pass with prefill work carries ``prefill_overhead_ms`` (scheduling, and for client-side TTFT
-  the request's HTTP/tokenisation path) and runs without CUDA graphs, so its small kernels cost
-  ``prefill_kernel_factor`` times more; a decode-only step carries ``step_overhead_ms``.
+  the request's HTTP/tokenisation path); a decode-only step carries ``step_overhead_ms``. Engines
+  that launch a prefill op by op from Python (vLLM, SGLang, TensorRT-LLM's PyTorch backend:
+  ``HOST_LAUNCHED_PREFILL``; also the default when the engine is not given) pay
+  ``prefill_kernel_factor`` times the small-kernel cost in such a pass (decode steps replay CUDA
+  graphs); a TensorRT engine (TensorRT-LLM's TensorRT path, NIM) runs its prefill as one enqueued
+  engine and pays the decode step's.
+* The TP all-reduces cost ``comm_scale`` times the link table's time: the table is the best of
+  nccl-tests and the custom all-reduce with CUDA graphs, measured alone; inside a forward pass the
+  engines reach less (fitted on the published anchors: the TP4/TP8 TensorRT-LLM rows over NVLink).
+  PCIe-only links are not scaled: the one PCIe anchor with TP > 1 (L40S TP4) is compared with a
+  derived PCIe curve and wants it faster, not slower. Network and two-level links are scaled like
+  NVLink (no anchor measures them in an engine; a TP group across nodes must not come out cheaper
+  than one inside an NVLink domain).
 * Engines chunk prefill: with ``max_batched_tokens`` the TTFT of a batch is the sum of budget-sized
   passes, each attending to the chunks before it.
 
@@ -74,7 +87,8 @@ class PerfConfig(BaseModel):
     eta_attn: float = Field(0.5, ge=0.1, le=1.0)
     """Achievable fraction of BF16 peak of the attention kernels' FLOPs (FlashAttention-style fused
     softmax: FA2 reaches 50-73 % of A100 peak forward, FA3 up to 75 % of H100's; below the GEMMs'
-    fraction at the head dims and prompt lengths of serving)."""
+    fraction at the head dims and prompt lengths of serving). Not fitted by default: only two
+    published prompts are long enough to inform it (calibrate.DEFAULT_FIELDS)."""
     roofline_p: float = Field(2.0, ge=1.0, le=16.0)
     """Smooth-roofline exponent: 1 adds memory and compute time, large ``p`` takes their max."""
     moe_tile_m: float = Field(16.0, ge=1.0, le=256.0)
@@ -88,13 +102,16 @@ class PerfConfig(BaseModel):
     kernels_per_layer: int = Field(6, ge=0, le=64)
     """Small kernels per layer (norms, RoPE, activation, residual): 5-8 (perf-anchors §3.4)."""
     prefill_kernel_factor: float = Field(1.0, ge=1.0, le=20.0)
-    """Small-kernel cost of a pass with prefill work relative to a decode step: decode steps replay
-    CUDA graphs, prefill passes launch every kernel from the host (TensorRT-LLM's context phase,
-    vLLM's eager prefill of varying shapes)."""
+    """Small-kernel cost of a pass with prefill work relative to a decode step, on engines that
+    launch a prefill op by op from Python (``HOST_LAUNCHED_PREFILL``): decode steps replay CUDA
+    graphs, such prefill passes launch every kernel from the host."""
     step_overhead_ms: float = Field(2.6, ge=0.0, le=100.0)
     """Per decode step engine/host overhead (perf-anchors §3.4: "0-5 ms ... calibrate it per engine")."""
     prefill_overhead_ms: float = Field(2.6, ge=0.0, le=500.0)
     """Per pass with prefill work: no CUDA graph, scheduling; client-side TTFT adds its HTTP path."""
+    comm_scale: float = Field(1.0, ge=0.5, le=4.0)
+    """TP all-reduce time inside an engine's forward pass relative to the link table's curve (the best
+    of nccl-tests and a CUDA-graph custom all-reduce, run alone); not applied over PCIe-only links."""
 
     def gemm_eta(self, weight_dtype: str, gpu: GpuSpec) -> float:
         """GEMM efficiency for weights of ``weight_dtype`` on ``gpu`` (FP8 only where it runs FP8)."""
@@ -155,6 +172,29 @@ class LatencyEstimate:
     is the first of them."""
 
 
+HOST_LAUNCHED_PREFILL = ("vllm", "sglang", "tensorrt-llm-pytorch")
+"""Engines whose prefill passes are launched op by op from Python (no CUDA graph for a prefill of
+varying shape): they pay ``prefill_kernel_factor``. The others named in ``TENSORRT_ENGINES`` run a
+built TensorRT engine."""
+TENSORRT_ENGINES = ("tensorrt-llm", "nvidia-nim")
+"""TensorRT-LLM's TensorRT-engine path (``trtllm-build`` / ``trtllm-bench build``) and NVIDIA NIM's
+TensorRT-LLM profiles: a prefill is one enqueued engine, its small kernels cost what a decode's do."""
+
+
+def prefill_launched_from_host(engine: str | None) -> bool:
+    """Whether ``engine`` launches a prefill op by op from Python (True for an unknown or unnamed
+    engine: toposched launches vLLM and SGLang)."""
+    name = (engine or "").strip().lower()
+    return name in HOST_LAUNCHED_PREFILL or name not in TENSORRT_ENGINES
+
+
+def _comm_scaled(link: LinkSpec) -> bool:
+    """Whether ``comm_scale`` applies to the link's all-reduces: every kind but the PCIe-only boxes
+    (NVLink, and the network and two-level links, whose in-engine cost no anchor measures: scaled
+    like NVLink so that a TP group across nodes never costs less than one inside an NVLink domain)."""
+    return not link.name.startswith("pcie")
+
+
 def _touched_experts(num_experts: int, per_token: int, tokens: int) -> float:
     """Expected distinct experts hit when ``tokens`` tokens each pick ``per_token`` of them."""
     return num_experts * (1.0 - (1.0 - per_token / num_experts) ** tokens)
@@ -164,9 +204,20 @@ class PassModel:
     """The batch-independent part of the cost model for one placement; ``step`` times one pass."""
 
     def __init__(
-        self, spec: ModelSpec, gpu: GpuSpec, *, tp: int, pp: int, link: LinkSpec, pp_link: LinkSpec, cfg: PerfConfig
+        self,
+        spec: ModelSpec,
+        gpu: GpuSpec,
+        *,
+        tp: int,
+        pp: int,
+        link: LinkSpec,
+        pp_link: LinkSpec,
+        cfg: PerfConfig,
+        engine: str | None = None,
     ) -> None:
         self.spec, self.tp, self.pp, self.link, self.pp_link, self.cfg = spec, tp, pp, link, pp_link, cfg
+        self._prefill_factor = cfg.prefill_kernel_factor if prefill_launched_from_host(engine) else 1.0
+        self._comm_scale = cfg.comm_scale if _comm_scaled(link) else 1.0
         wb = weight_format(spec.weight_dtype).bytes_per_param
         ab = activation_bytes(spec.activation_dtype)
         a = spec.attention_params()
@@ -197,7 +248,11 @@ class PassModel:
         self._moe = spec.moe
         self._expert_flops_per_row = 2.0 * spec.expert_params() / tp * moe_layers  # one token through one expert
         self._ar_bytes_per_token = spec.hidden_size * ab
-        self._width = spec.attention_width
+        if spec.mla is not None:  # MLA prefill: QK over nope + rope dims, PV over v_head_dim
+            m = spec.mla
+            self._width = spec.num_heads * (m.qk_nope_head_dim + m.qk_rope_head_dim + m.v_head_dim) / 2
+        else:
+            self._width = spec.attention_width
         # decode attention FLOPs = 2 (per MAC) x context x _decode_width per token and layer
         if spec.mla is not None:  # absorbed MLA decode: QK over latent + rope dims, PV over the latent
             self._decode_width = spec.num_heads * (2 * spec.mla.kv_lora_rank + spec.mla.qk_rope_head_dim)
@@ -219,7 +274,8 @@ class PassModel:
 
     def allreduce_ms(self, tokens: int) -> float:
         """The TP all-reduces of one pass over ``tokens`` tokens (two per layer)."""
-        return 2 * self.layers * self.link.allreduce_us(tokens * self._ar_bytes_per_token, self.tp) * 1e-3
+        us = self.link.allreduce_us(tokens * self._ar_bytes_per_token, self.tp)
+        return 2 * self.layers * us * self._comm_scale * 1e-3
 
     def p2p_ms(self, tokens: int) -> float:
         """Stage-to-stage hand-offs of one pass."""
@@ -251,7 +307,7 @@ class PassModel:
             rows = touched * max(per_expert, self.cfg.moe_tile_m)
             cmp += rows * self._expert_flops_per_row / self._flops_w
         overhead = self.cfg.prefill_overhead_ms if chunks else self.cfg.step_overhead_ms
-        small = self._small_ms * (self.cfg.prefill_kernel_factor if chunks else 1.0)
+        small = self._small_ms * (self._prefill_factor if chunks else 1.0)
         return StepTime(
             memory_ms=mem * 1e3,
             compute_ms=cmp * 1e3,
@@ -309,6 +365,7 @@ def predict_latency(
     output_len: int = 128,
     config: PerfConfig | None = None,
     max_batched_tokens: int | None = None,
+    engine: str | None = None,
 ) -> LatencyEstimate:
     """TTFT, TPOT and throughput of ``batch`` sequences of ``input_len`` in, ``output_len`` out.
 
@@ -316,7 +373,9 @@ def predict_latency(
     (defaults to ``link``). TTFT is the prefill of all ``batch x input_len`` tokens: one pass, or
     with ``max_batched_tokens`` (the engine's batched-token limit) the sum of budget-sized passes.
     TPOT is the decode step at the mean context ``input_len + output_len / 2``. ``config`` defaults
-    to the active calibration profile's coefficients for this GPU and weight dtype.
+    to the active calibration profile's coefficients for this GPU and weight dtype; ``engine``
+    (``vllm``, ``sglang``, ``tensorrt-llm``, ...) decides whether a prefill pays the host-launch cost
+    (``prefill_launched_from_host``).
     """
     check_degrees(spec, tp, pp)
     if batch < 1 or input_len < 1 or output_len < 1:
@@ -324,7 +383,7 @@ def predict_latency(
     if max_batched_tokens is not None and max_batched_tokens < 1:
         raise InputError(f"max_batched_tokens must be positive, got {max_batched_tokens}")
     cfg = resolve_config(spec, gpu, config)
-    model = PassModel(spec, gpu, tp=tp, pp=pp, link=link, pp_link=pp_link or link, cfg=cfg)
+    model = PassModel(spec, gpu, tp=tp, pp=pp, link=link, pp_link=pp_link or link, cfg=cfg, engine=engine)
     passes = [model.step(chunks=c) for c in prefill_chunks(batch, input_len, max_batched_tokens)]
     steps = [p for p in passes if p is not None]
     context = input_len + output_len / 2

@@ -7,16 +7,21 @@ Formats (``read_samples(path, fmt=...)``; ``auto`` picks by content):
   ``num_prompts`` and the ``--metadata KEY=VALUE`` pairs at the top level and writes it with
   ``json.dump``; ``--append-result`` writes several such objects, one per line). Read: ``model_id``,
   ``completed``, ``total_input_tokens``, ``total_output_tokens`` (mean lengths per request),
-  ``max_concurrency`` (else the measured ``max_concurrent_requests``), ``mean_ttft_ms``,
-  ``mean_tpot_ms``, ``output_throughput``. vLLM does not record the GPU or the degrees: give them
+  ``max_concurrency`` (else, for a run at a finite ``request_rate``, the mean concurrency by Little's
+  law, ``request_throughput x mean_e2el_ms``; else the measured ``max_concurrent_requests``),
+  ``request_rate`` (a number, or ``"inf"``: all requests at once; ignored with a
+  ``ramp_up_strategy``), ``mean_ttft_ms``, ``mean_tpot_ms``, ``output_throughput``; ``completed`` is
+  the run's request count (``Sample.num_requests``). vLLM does not record the GPU or the degrees: give them
   as options, or as ``--metadata gpu=H100-SXM tp=2`` when running the benchmark (keys ``gpu``,
   ``tp``, ``pp``, ``ep``, ``weight_dtype``, ``kv_dtype``, ``link`` are read from the top level).
 * ``sglang``: SGLang 0.5.23 ``python -m sglang.bench_serving --output-file F`` JSONL
   (``sglang/benchmark/serving.py``: ``benchmark()`` appends ``json.dumps(result)`` per run). Read:
   ``server_info`` (the server's ``/server_info``: ``model_path``, ``tp_size``, ``pp_size``,
-  ``ep_size``, ``dtype``, ``quantization``, ``kv_cache_dtype``), ``completed``, ``total_input_tokens``,
-  ``total_output_tokens``, ``max_concurrency`` (else the measured mean ``concurrency``),
-  ``mean_ttft_ms``, ``mean_tpot_ms``, ``output_throughput``.
+  ``ep_size``, ``dtype``, ``quantization``, ``kv_cache_dtype``), ``completed`` (the request count),
+  ``total_input_tokens``, ``total_output_tokens``, ``max_concurrency`` (else the measured mean
+  ``concurrency``), ``request_rate`` (a number; ``inf`` or ``"trace"``: none), ``mean_ttft_ms``,
+  ``mean_tpot_ms``, ``output_throughput``. SGLang writes its default rate with ``json.dumps``, as
+  ``Infinity``, which is not JSON: that one key's ``Infinity`` is read as ``"inf"``.
 * ``csv``: a header line and one sample a row. Columns (``CSV_COLUMNS``): model, gpu, tp, pp,
   weight_dtype, batch, input_len, output_len, ttft_ms, tpot_ms, tokens_per_s; optional engine,
   kv_dtype, link, ep. An empty measurement cell means not measured.
@@ -202,8 +207,12 @@ def _mean_lengths(obj: Mapping[str, Any], where: str) -> tuple[int, int]:
     return lengths[0], lengths[1]
 
 
+_INFINITE_RATE = re.compile(r'("request_rate"\s*:\s*)Infinity\b')
+
+
 def _records(text: str, source: str) -> list[tuple[str, dict[str, Any]]]:
     """One JSON object, or one per non-blank line (JSONL; vLLM ``--append-result``)."""
+    text = _INFINITE_RATE.sub(r'\1"inf"', text)  # SGLang's json.dumps(float("inf")); nothing else
     stripped = text.strip()
     if not stripped:
         raise InputError(f"{source}: the file is empty", fix="pass the benchmark's result file")
@@ -257,6 +266,25 @@ def _int(value: Any, key: str, where: str) -> int | None:
         raise InputError(f"{where}: key {key!r} is {value!r:.60}, not a whole number") from None
 
 
+def _rate(obj: Mapping[str, Any], where: str) -> float | None:
+    """The offered request rate of an open-loop run; None for ``inf`` (all requests at once) or a trace."""
+    value = obj.get("request_rate")
+    if value is None or (isinstance(value, str) and value.strip().lower() in ("inf", "infinity", "trace")):
+        return None
+    if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value) or value <= 0:
+        raise InputError(
+            f"{where}: key 'request_rate' is {value!r:.60}, not a positive number or 'inf'",
+            fix="is this the benchmark's own result file?",
+        )
+    return float(value)
+
+
+def _requests(obj: Mapping[str, Any], where: str) -> int | None:
+    """The run's request count: the requests that completed (their tokens make the throughput)."""
+    completed = _number(obj, "completed", where)
+    return max(1, round(completed)) if completed else None
+
+
 # ------------------------------------------------------------------------------------------------ vLLM
 
 _METADATA_KEYS = ("gpu", "weight_dtype", "kv_dtype", "link")
@@ -265,13 +293,21 @@ _METADATA_KEYS = ("gpu", "weight_dtype", "kv_dtype", "link")
 def vllm_sample(obj: Mapping[str, Any], setup: Setup, *, where: str) -> Sample:
     """One ``vllm bench serve --save-result`` result (vLLM 0.33.0 ``vllm/benchmarks/serve.py``)."""
     input_len, output_len = _mean_lengths(obj, where)
+    rate = None if obj.get("ramp_up_strategy") is not None else _rate(obj, where)
     batch = _int(obj.get("max_concurrency"), "max_concurrency", where)
+    if batch is None and rate is not None:  # open loop, no cap: the mean concurrency (Little's law)
+        throughput = _number(obj, "request_throughput", where)
+        e2e_ms = _number(obj, "mean_e2el_ms", where)
+        if throughput and e2e_ms:
+            batch = max(1, round(throughput * e2e_ms / 1e3))
     if batch is None:  # no --max-concurrency: the peak the benchmark measured
         batch = _int(obj.get("max_concurrent_requests"), "max_concurrent_requests", where)
     fields: dict[str, Any] = {
         "model": _str(obj, "model_id", where),
         "engine": "vllm",
         "batch": batch,
+        "request_rate": rate,
+        "num_requests": _requests(obj, where),
         "input_len": input_len,
         "output_len": output_len,
         "ttft_ms": _positive(_number(obj, "mean_ttft_ms", where)),
@@ -323,6 +359,8 @@ def sglang_sample(obj: Mapping[str, Any], setup: Setup, *, where: str) -> Sample
         "weight_dtype": weight,
         "kv_dtype": kv if kv and kv != "auto" else None,
         "batch": batch,
+        "request_rate": _rate(obj, where),
+        "num_requests": _requests(obj, where),
         "input_len": input_len,
         "output_len": output_len,
         "ttft_ms": _positive(_number(obj, "mean_ttft_ms", where)),

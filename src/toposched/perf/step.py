@@ -13,13 +13,15 @@ For a step with ``T`` new tokens (decode tokens plus prefill chunk tokens) of ``
     memory    = weights read(T) / (eta_mem x HBM bandwidth)
     compute   = dense, grouped-expert and lm_head GEMM FLOPs at their efficiencies (latency.py)
     attention = KV read / (eta_mem x HBM bandwidth) + attention FLOPs / (eta_attn x BF16 peak)
-    comm      = 2 x layers x all-reduce(T x hidden x 2 B, tp)   (x compression, - overlap when the class allows)
+    comm      = 2 x layers x all-reduce(T x hidden x 2 B, tp) x comm_scale (not over PCIe)
+                (x compression, - overlap when the class allows)
     step      = (memory^p + compute^p)^(1/p) + attention + comm + small kernels + (pp - 1) P2P + overhead
 
 Attention FLOPs per layer: a decode token at context ``c`` costs ``4 c w`` (QK^T and PV, 2 FLOPs per
 MAC), a prefill chunk of ``n`` tokens after ``o`` already prefilled costs ``2 w ((o + n)^2 - o^2)``
 (the causal square; ``latency.predict_latency`` charges ``2 w S^2`` for a whole prompt), where ``w``
-is ``ModelSpec.attention_width`` (MLA decode uses its absorbed width, see latency.py). A chunk also
+is ``ModelSpec.attention_width`` (MLA: the mean of its QK and V head dims in prefill, its absorbed
+width in decode; see latency.py). A chunk also
 reads the KV of its ``o`` earlier tokens. A step with prefill work carries the prefill overhead.
 """
 
@@ -40,7 +42,10 @@ COMPRESSION_US_PER_ALLREDUCE = 10.0
 
 
 class StepCost:
-    """Time of one engine step for one placement (degrees, GPU, links, compression and overlap)."""
+    """Time of one engine step for one placement (degrees, GPU, links, compression and overlap).
+
+    ``engine`` (None: vLLM/SGLang-like) decides whether prefill work pays the host-launch cost
+    (``latency.prefill_launched_from_host``)."""
 
     def __init__(
         self,
@@ -54,6 +59,7 @@ class StepCost:
         config: PerfConfig | None = None,
         compression: bool = False,
         overlap: float = 0.0,
+        engine: str | None = None,
     ) -> None:
         check_degrees(spec, tp, pp)
         if not 0.0 <= overlap < 1.0:
@@ -62,7 +68,9 @@ class StepCost:
         self.spec, self.gpu, self.tp, self.pp = spec, gpu, tp, pp
         self.link, self.pp_link = link, pp_link or link
         self.compression, self.overlap = compression, overlap
-        self.model = PassModel(spec, gpu, tp=tp, pp=pp, link=self.link, pp_link=self.pp_link, cfg=self.config)
+        self.model = PassModel(
+            spec, gpu, tp=tp, pp=pp, link=self.link, pp_link=self.pp_link, cfg=self.config, engine=engine
+        )
         self._layers = spec.num_layers
         self._comm_cache: dict[int, float] = {}
 
