@@ -125,7 +125,7 @@ def check(argv: list[str]) -> dict[str, Any]:
         "kv_dtype": cache.cache_dtype,
         "kv_connector": kv.kv_connector if kv is not None else None,
         "kv_role": kv.kv_role if kv is not None else None,
-        "kv_devices": kv.get_from_extra_config("device_name", "") if kv is not None else "",
+        "kv_devices": _kv_devices(kv),
     }
     summary = (
         f"{mode}: tp {resolved['tp']} x pp {resolved['pp']} ({parallel.distributed_executor_backend},"
@@ -138,3 +138,17 @@ def check(argv: list[str]) -> dict[str, Any]:
 
 if __name__ == "__main__":
     sys.exit(case_runner.run("vllm", CASES, RESULTS, ("vllm",), check, ("vllm",)))
+
+
+def _kv_devices(kv: Any) -> str:
+    """The ``device_name`` the KV transfer uses: the config's own, or, under ``MultiConnector``, that of the
+    connector among ``kv_connector_extra_config["connectors"]`` that names one (the P2P MooncakeConnector)."""
+    if kv is None:
+        return ""
+    if kv.kv_connector != "MultiConnector":
+        return str(kv.get_from_extra_config("device_name", ""))
+    for child in kv.get_from_extra_config("connectors", []) or []:
+        name = (child.get("kv_connector_extra_config") or {}).get("device_name")
+        if name:
+            return str(name)
+    return ""

@@ -338,7 +338,7 @@ def build(root: Path) -> Corpus:
                     doc.cluster,
                     engine,
                     disaggregation=doc.disaggregation,
-                    stores=doc.stores if engine == "sglang" else (),
+                    stores=doc.stores,
                 )
             except ToposchedError as exc:
                 corpus.refusals.append((f"{plan.name}/{engine}", str(exc)))

@@ -40,7 +40,7 @@ from checks.engines import corpus as corpus_mod
 from checks.engines.case_runner import numactl_rest
 from checks.engines.corpus import Corpus, EngineCase
 from checks.engines.static_checks import Finding, check_k8s, check_scripts, port_findings
-from toposched.binding.engines import VLLM_KV_CONNECTOR, VLLM_KV_ROLES
+from toposched.binding.engines import VLLM_KV_CONNECTOR, VLLM_KV_ROLES, VLLM_MULTI_CONNECTOR
 from toposched.binding.plan_doc import PlanDoc
 from toposched.errors import ToposchedError
 
@@ -289,7 +289,8 @@ def disagreements(case: EngineCase, doc: PlanDoc, resolved: dict[str, Any]) -> l
         differ("KV transfer devices", _ib_devices(resolved.get("ib_device")), nics)
     if case.engine == "vllm" and not ray:
         differ("KV transfer role", resolved.get("kv_role"), VLLM_KV_ROLES.get(placement.role or ""))
-        differ("KV connector", resolved.get("kv_connector"), VLLM_KV_CONNECTOR if placement.role else None)
+        connector = VLLM_MULTI_CONNECTOR if doc.stores else VLLM_KV_CONNECTOR  # with a store: P2P + store
+        differ("KV connector", resolved.get("kv_connector"), connector if placement.role else None)
         devices = {d for d in str(resolved.get("kv_devices") or "").split(",") if d}
         differ("KV transfer devices", devices, nics)
     kv = str(resolved.get("kv_dtype") or "auto")

@@ -8,6 +8,7 @@ import dataclasses
 import io
 import json
 import shlex
+import subprocess
 from pathlib import Path
 from typing import Any
 
@@ -338,3 +339,154 @@ def test_launch_k8s_emits_the_group(run_cli: RunCli, pd_files: dict[str, Path]) 
     assert refused.exit_code != 0 and "pass --engine sglang" in refused.stderr and "Traceback" not in refused.stderr
     bad = run_cli("launch", "k8s", "--plan", plan, "--engine", "sglang", "--image", IMAGE, "--rdma-resource", "x y")
     assert bad.exit_code != 0 and "--rdma-resource" in bad.stderr
+
+
+# --- instances over several nodes: RBG's leaderWorkerPattern ---------------------------------------
+
+# A 405B model at TP8 x PP2: the prefill and the decode instance each span two HGX nodes; one store.
+MULTI_NODE_ARGS = ["-m", "llama-3.1-405b", "--preset", "cluster-32x-hgx-h100", "--slo-tpot-ms", "60"]
+MULTI_NODE_ARGS += ["--pd-prefill", "1", "--pd-decode", "1", "--kv-store", "mooncake"]
+
+
+@pytest.fixture(scope="module")
+def multi_file(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    from toposched.cli.main import main
+
+    path = tmp_path_factory.mktemp("pd-multi") / "405b.json"
+    buf = io.StringIO()
+    with contextlib.redirect_stdout(buf), contextlib.suppress(SystemExit):
+        main(["plan", *MULTI_NODE_ARGS, "--json"])
+    path.write_text(buf.getvalue())
+    return path
+
+
+@pytest.fixture(scope="module")
+def multi(multi_file: Path) -> PlanDoc:
+    doc = load_plan(multi_file)
+    assert all(len({r.node for r in p.ranks}) == 2 for p in doc.placements), "the case needs two-node instances"
+    return doc
+
+
+def merge_patch(base: Any, patch: Any) -> Any:
+    """RFC 7386 JSON merge patch (maps merge, anything else is replaced): how a template patch applies."""
+    if not isinstance(patch, dict):
+        return copy.deepcopy(patch)
+    out = dict(base) if isinstance(base, dict) else {}
+    for key, value in patch.items():
+        if value is None:
+            out.pop(key, None)
+        else:
+            out[key] = merge_patch(out.get(key), value)
+    return out
+
+
+def lw_templates(role: dict[str, Any]) -> tuple[dict[str, Any], dict[str, Any]]:
+    """The leader's and the workers' pod templates of a leader/worker role, patches applied."""
+    lw = role["leaderWorkerPattern"]
+    return merge_patch(lw["template"], lw["leaderTemplatePatch"]), merge_patch(
+        lw["template"], lw["workerTemplatePatch"]
+    )
+
+
+def planned_argv(launch: NodeLaunch, store: str, leader: str) -> list[str]:
+    """``build_launches``' argv with the two addresses a pod cannot use rewritten: the store's master and the
+    rendezvous at their Services (both as launch sglang writes them otherwise)."""
+    argv = list(launch.argv)
+    flag = "--hicache-storage-backend-extra-config"
+    config = json.loads(argv[argv.index(flag) + 1])
+    config["master_server_address"] = f"{store}:{config['master_server_address'].rsplit(':', 1)[1]}"
+    argv[argv.index(flag) + 1] = json.dumps(config, separators=(",", ":"))
+    at = argv.index("--dist-init-addr") + 1
+    argv[at] = f"{leader}:{argv[at].rsplit(':', 1)[1]}"
+    return argv
+
+
+@pytest.mark.parametrize("pinned", [False, True], ids=["device-plugin", "dra"])
+def test_a_multi_node_instance_is_a_leader_worker_role_pinned_node_by_node(multi: PlanDoc, pinned: bool) -> None:
+    doc = probed(multi) if pinned else multi
+    out = render_pd(doc, "pd", SGLANG)
+    for obj in out.objects:
+        assert object_problems(obj) == [], obj["kind"]
+    assert not any("request no RDMA device" in w for w in out.warnings)  # every pod here asks for one
+    roles = roles_of(out.objects)
+    claims = {c["metadata"]["name"]: c for c in of_kind(out.objects, "ResourceClaimTemplate")}
+    assert len(claims) == (2 * len(doc.placements) if pinned else 0)
+    for p in doc.placements:
+        role = roles[str(p.role)]
+        assert "standalonePattern" not in role
+        lw = role["leaderWorkerPattern"]
+        nodes = list(dict.fromkeys(r.node for r in p.ranks))
+        assert lw["size"] == len(nodes) == 2 and lw["restartPolicy"] == "RecreateRoleInstanceOnPodRestart"
+        leader, worker = lw_templates(role)
+        for pod in (leader, worker):  # what the pods are made from: kubernetes-validate's core schemas
+            assert object_problems({"apiVersion": "v1", "kind": "PodTemplate", "metadata": {"name": "t"},
+                                    "template": pod}) == []  # fmt: skip
+            (term,) = pod["spec"]["affinity"]["podAntiAffinity"]["requiredDuringSchedulingIgnoredDuringExecution"]
+            assert term["topologyKey"] == HOSTNAME  # two pods of the instance never share a node
+            assert pod["spec"]["containers"][0]["resources"]["limits"][RDMA] == "1"
+        assert expressions(leader)[HOSTNAME]["values"] == nodes[:1]
+        assert expressions(worker)[HOSTNAME]["values"] == nodes[1:]
+        rack = {n.name: n.rack for n in doc.cluster.nodes}
+        assert expressions(leader)[RACK]["values"] == [rack[nodes[0]]]
+        assert leader["metadata"]["labels"]["toposched.io/leader"] == "true"
+        assert "toposched.io/leader" not in worker["metadata"]["labels"]
+        if pinned:  # each side claims its own node's planned GPUs
+            for pod, node in ((leader, nodes[0]), (worker, nodes[1])):
+                (ref,) = pod["spec"]["resourceClaims"]
+                claim = claims[ref["resourceClaimTemplateName"]]
+                uuids = {g.uuid for g in doc.cluster.node(node).gpus if g.index in {r.gpu for r in p.ranks}}
+                selectors = " ".join(
+                    s["cel"]["expression"] for r in claim["spec"]["spec"]["devices"]["requests"]
+                    for s in r["exactly"]["selectors"]
+                )  # fmt: skip
+                assert all(str(u) in selectors for u in uuids)
+        if p.role == "decode":  # the store's rack, for the leader (and here the worker: same rack)
+            for pod in (leader, worker):
+                (term,) = pod["spec"]["affinity"]["podAffinity"]["requiredDuringSchedulingIgnoredDuringExecution"]
+                assert term["topologyKey"] == RACK
+
+
+def test_each_pod_of_a_multi_node_instance_runs_its_nodes_planned_command(multi: PlanDoc, tmp_path: Path) -> None:
+    objects = render_pd(multi, "pd", dataclasses.replace(SGLANG, namespace="llm")).objects
+    roles = roles_of(objects)
+    services = {s["metadata"]["name"]: s for s in of_kind(objects, "Service")}
+    (tmp_path / "bin").mkdir()
+    (tmp_path / "bin/python3").write_text(FAKE_PYTHON)
+    (tmp_path / "bin/python3").chmod(0o755)
+    store = "toposched-pd-store.llm.svc"
+    for launch in launches(multi, stores=True):
+        if launch.role not in ("prefill", "decode"):
+            continue
+        role = roles[launch.role]
+        leader, worker = lw_templates(role)
+        pod = leader if launch.node_rank == 0 else worker
+        assert launch.node in expressions(pod)[HOSTNAME]["values"]
+        script = script_of(pod)
+        subprocess.run(["sh", "-n"], input=script, text=True, check=True)
+        checked = subprocess.run(["shellcheck", "--shell=sh", "--norc", "-"], input=script, capture_output=True,
+                                 text=True, check=False)  # fmt: skip
+        assert checked.returncode == 0, checked.stdout
+        result = run_entrypoint(tmp_path, pod, launch.node, ["00000000:AF:00.0, GPU-x"] * 8)
+        assert result.returncode == 0, result.stderr
+        recorded = (tmp_path / "rec/python3").read_text().splitlines()
+        want = planned_argv(launch, store, f"toposched-pd-{launch.role}.llm.svc")
+        assert recorded == want[want.index("python3") + 1 :]
+        assert recorded[recorded.index("--node-rank") + 1] == str(launch.node_rank)
+        # the rendezvous names the instance's headless Service, which selects the leader pod only
+        service = services[f"toposched-pd-{launch.role}"]["spec"]
+        assert service["clusterIP"] == "None" and service["publishNotReadyAddresses"] is True
+        assert service["selector"].items() <= leader["metadata"]["labels"].items()
+        assert not service["selector"].items() <= worker["metadata"]["labels"].items()
+        assert {q["name"]: q["port"] for q in service["ports"]}["rendezvous"] == launch.dist_port
+
+
+def test_the_router_reaches_a_multi_node_instance_at_its_leader(multi: PlanDoc) -> None:
+    objects = render_pd(multi, "pd", SGLANG).objects
+    argv = exec_argv(roles_of(objects)["router"])
+    planned = launches(multi)[-1].argv
+    heads = {f"http://{x.node}:{x.port}": x for x in launches(multi) if x.node_rank == 0 and x.role != "router"}
+    urls = [a for a in planned if a.startswith("http://")]
+    assert sorted(urls) == sorted(heads) and len(urls) == 2
+    for url in urls:
+        got = argv[planned.index(url)]
+        assert got == f"http://toposched-pd-{heads[url].role}.default.svc:{heads[url].port}"

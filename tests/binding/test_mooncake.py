@@ -129,10 +129,12 @@ def test_a_prefill_without_a_store_in_its_rack_uses_the_store_of_its_decode() ->
         mooncake.store_for(prefill, [], cluster, {}, {})
 
 
-def test_stores_are_left_out_of_vllm_and_refused_without_disaggregation() -> None:
+def test_vllm_runs_the_same_stores_and_stores_need_disaggregation() -> None:
     doc = _pd_doc(prefill=1, decode=1, kv_store="mooncake")
-    vllm = _launch(doc, "vllm")
-    assert not any(x.role == "store" or "hicache" in " ".join(x.argv) for x in vllm)
+    vllm, sglang = _launch(doc, "vllm"), _launch(doc)
+    stores = [(x.placement, x.node, x.argv, x.env) for x in vllm if x.role == "store"]
+    assert stores and stores == [(x.placement, x.node, x.argv, x.env) for x in sglang if x.role == "store"]
+    assert not any("hicache" in " ".join(x.argv) for x in vllm)  # vLLM reads its store from a file instead
     with pytest.raises(InputError, match="stores were given for a plan without prefill/decode disaggregation"):
         plain = [p.model_copy(update={"role": None, "kv_nics": (), "host_numa": ()}) for p in doc.placements]
         build_launches(plain, doc.request, doc.cluster, "sglang", stores=doc.stores)
@@ -206,10 +208,30 @@ assert prefill.put("toposched-kv", b"kv" * 2048) == 0
 print(json.dumps({"got": len(decode.get("toposched-kv"))}))
 prefill.close(); decode.close()
 """
+# A client as vLLM 0.33.0's MooncakeStoreConnector sets itself up from the file MOONCAKE_CONFIG_PATH names
+# (vllm/distributed/mooncake_store.py: MooncakeStoreConfig.from_file, then setup_mooncake_store:
+# store.setup(local_hostname, metadata_server, global_segment_size, local_buffer_size, protocol, device_name,
+# master_server_address)); local_hostname is vLLM's get_ip(), here the loopback. The file leaves
+# local_buffer_size to vLLM's default (4 GiB); the client takes 16 MiB, as above.
+_VLLM_CLIENT = """
+import json, os, sys
+from mooncake.store import MooncakeDistributedStore
+with open(os.environ["MOONCAKE_CONFIG_PATH"]) as f:
+    config = json.load(f)
+assert config["mode"] == "standalone-store" and config["global_segment_size"] == 0
+store = MooncakeDistributedStore()
+rc = store.setup("127.0.0.1", config["metadata_server"], config["global_segment_size"], 16 << 20,
+                 config["protocol"], config["device_name"], config["master_server_address"])
+assert rc == 0, rc
+got = len(store.get("toposched-kv"))  # what the SGLang-configured instance wrote
+assert store.put("toposched-vllm-kv", b"v" * 1024) == 0
+print(json.dumps({"got": got, "mine": len(store.get("toposched-vllm-kv"))}))
+store.close()
+"""
 
 
 def test_the_real_mooncake_master_and_store_service_take_the_emitted_configuration(
-    processes: list[subprocess.Popen[bytes]],
+    processes: list[subprocess.Popen[bytes]], tmp_path: Path
 ) -> None:
     binary = _master_binary()
     if binary is None:
@@ -242,4 +264,12 @@ def test_the_real_mooncake_master_and_store_service_take_the_emitted_configurati
     assert client.returncode == 0, client.stderr[-2000:]
     assert json.loads(client.stdout.strip().splitlines()[-1]) == {"got": 4096}
     assert _metrics(metrics)["master_allocated_bytes"] == 4096  # the bytes sit in the store's segment
+    # a vLLM instance reaches the same store through the JSON file its launch writes
+    config = tmp_path / "plan-decode.mooncake.json"
+    config.write_text(mooncake.vllm_store_config("", endpoint, settings))
+    env = {**os.environ, "MOONCAKE_CONFIG_PATH": str(config)}
+    client = subprocess.run([sys.executable, "-c", _VLLM_CLIENT], env=env, capture_output=True, text=True, timeout=60)
+    assert client.returncode == 0, client.stderr[-2000:]
+    assert json.loads(client.stdout.strip().splitlines()[-1]) == {"got": 4096, "mine": 1024}
+    assert _metrics(metrics)["master_allocated_bytes"] == 4096 + 1024
     assert processes[0].poll() is None and processes[1].poll() is None

@@ -3,14 +3,18 @@
 from __future__ import annotations
 
 import json
+import os
 import shlex
+import subprocess
 from collections import Counter
+from pathlib import Path
 from typing import Any
 
 import pytest
 
 from tests.binding.test_pd_launch import _flags, _pd_doc, _value
 from tests.conftest import RunCli
+from toposched.binding import mooncake
 from toposched.binding.engines import (
     ENV_VARS,
     KV_ENV_SOURCES,
@@ -105,7 +109,7 @@ def test_the_config_is_json_in_one_shell_word() -> None:
 def test_shared_nics_are_listed_once() -> None:
     p = _pd_doc(prefill=1, decode=1).placements[0]
     node, gpus = p.ranks[0].node, [r.gpu for r in p.ranks]
-    shared = p.model_copy(update={"kv_nics": ("mlx5_0", "mlx5_0", "mlx5_1", "mlx5_1")[: len(p.ranks)]})
+    shared = p.model_copy(update={"kv_nics": tuple(f"mlx5_{i // 2}" for i in range(len(p.ranks)))})  # pairs share
     config = json.loads(vllm_kv_transfer_config(shared, node, gpus))
     assert config["kv_connector_extra_config"]["device_name"] == ",".join(dict.fromkeys(shared.kv_nics))
 
@@ -130,3 +134,93 @@ def test_launch_vllm_writes_a_script_per_instance_and_says_there_is_no_router(ru
     assert len(names) == 3 and not any("router" in n for n in names)
     assert "no router" in result.stderr and "vLLM 0.33.0 ships no prefill/decode proxy" in result.stderr
     assert all("--kv-transfer-config" in (out / n).read_text() for n in names)
+
+
+# --- the Mooncake store through vLLM's MooncakeStoreConnector ---------------------------------------
+
+
+def _launch_with_stores(doc: PlanDoc, engine: str = "vllm") -> list[NodeLaunch]:
+    return build_launches(
+        doc.placements, doc.request, doc.cluster, engine,  # type: ignore[arg-type]
+        disaggregation=doc.disaggregation, stores=doc.stores,
+    )  # fmt: skip
+
+
+def test_with_a_store_each_instance_adds_the_store_connector_and_its_config_file() -> None:
+    doc = _pd_doc(prefill=3, decode=4, kv_store="mooncake")
+    launches = _launch_with_stores(doc)
+    sglang = {(x.placement, x.node): x for x in _launch_with_stores(doc, "sglang")}
+    by_id = {p.id: p for p in doc.placements}
+    instances = [x for x in launches if x.role in ("prefill", "decode")]
+    assert len(instances) == 7
+    for launch in instances:
+        p, role = by_id[launch.placement], {"prefill": "kv_producer", "decode": "kv_consumer"}[str(launch.role)]
+        config = _kv_config(launch)
+        assert (config["kv_connector"], config["kv_role"]) == ("MultiConnector", role)
+        children = config["kv_connector_extra_config"]["connectors"]
+        names = [c["kv_connector"] for c in children]
+        # prefill: a prefix in the store first; decode: the prefill's KV first, then the store keeps what it made
+        want = ["MooncakeStoreConnector", "MooncakeConnector"]
+        assert names == (want if launch.role == "prefill" else want[::-1])
+        assert {c["kv_role"] for c in children} == {role}
+        (p2p,) = [c for c in children if c["kv_connector"] == "MooncakeConnector"]
+        (store,) = [c for c in children if c["kv_connector"] == "MooncakeStoreConnector"]
+        assert store.get("kv_connector_extra_config", {}) == ({"save_decode_cache": True} if p.role == "decode" else {})
+        # the store's settings: a file of the launch, named by MOONCAKE_CONFIG_PATH
+        (name,) = launch.files
+        assert launch.env["MOONCAKE_CONFIG_PATH"] == name == f"{p.id}-{launch.node}.mooncake.json"
+        assert set(launch.env) <= ENV_VARS | set(KV_ENV_SOURCES)
+        written = json.loads(launch.files[name])
+        assert set(written) <= mooncake.VLLM_STORE_CONFIG_FIELDS
+        assert written["mode"] == "standalone-store" and written["global_segment_size"] == 0
+        assert (written["metadata_server"], written["protocol"]) == ("P2PHANDSHAKE", "rdma")
+        assert written["device_name"] == p2p["kv_connector_extra_config"]["device_name"]
+        # the same store as SGLang's HiCache on that instance: the one of its rack
+        hicache = json.loads(
+            _value(sglang[(launch.placement, launch.node)].argv, "--hicache-storage-backend-extra-config")
+        )
+        assert written["master_server_address"] == hicache["master_server_address"]
+    stores = [x for x in launches if x.role == "store"]
+    assert [x.argv for x in stores] == [x.argv for x in sglang.values() if x.role == "store"] and stores
+    assert {x.engine for x in stores} == {"vllm"}
+    assert not any(x.role == "router" for x in launches)  # still no PD proxy in vLLM 0.33.0
+
+
+FAKE_NUMACTL = """#!/bin/sh
+while [ "${1#--}" != "$1" ]; do shift; done
+exec "$@"
+"""
+FAKE_VLLM = """#!/bin/sh
+printf '%s\\n' "$MOONCAKE_CONFIG_PATH" > "$REC"
+cat "$MOONCAKE_CONFIG_PATH" >> "$REC"
+"""
+
+
+def test_launch_vllm_writes_the_store_config_beside_each_script(run_cli: RunCli, tmp_path: Any) -> None:
+    made = run_cli("plan", "--model", "llama-3.1-70b", "--preset", "cluster-32x-hgx-h100", "--pd-prefill", "1",
+                   "--pd-decode", "2", "--kv-store", "mooncake", "--json")  # fmt: skip
+    assert made.exit_code == 0, made.stderr
+    plan = tmp_path / "pd.json"
+    plan.write_text(made.stdout)
+    out = tmp_path / "scripts"
+    result = run_cli("launch", "vllm", "--plan", str(plan), "--out", str(out))
+    assert result.exit_code == 0, result.stderr
+    assert "stores were not launched" not in result.stderr
+    configs = sorted(p.name for p in out.glob("*.mooncake.json"))
+    scripts = sorted(p.name for p in out.glob("*.sh"))
+    assert len(configs) == 3 and len(scripts) == 3 + 2  # an instance's script per node, the store's two
+    (tmp_path / "bin").mkdir()
+    for tool, body in (("vllm", FAKE_VLLM), ("numactl", FAKE_NUMACTL)):
+        (tmp_path / "bin" / tool).write_text(body)
+        (tmp_path / "bin" / tool).chmod(0o755)
+    env = {"PATH": f"{tmp_path / 'bin'}:{os.environ['PATH']}", "REC": str(tmp_path / "rec")}
+    for config in configs:
+        script = out / config.replace(".mooncake.json", ".sh")
+        checked = subprocess.run(["shellcheck", "--norc", str(script)], capture_output=True, text=True, check=False)
+        assert checked.returncode == 0, checked.stdout
+        # run from elsewhere: the script finds its config beside itself, whatever the working directory
+        ran = subprocess.run(["bash", str(script)], cwd=tmp_path, env=env, capture_output=True, text=True, check=False)
+        assert ran.returncode == 0, ran.stderr
+        path, text = (tmp_path / "rec").read_text().split("\n", 1)
+        assert Path(path).resolve() == (out / config).resolve()
+        assert json.loads(text) == json.loads((out / config).read_text())

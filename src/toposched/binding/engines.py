@@ -47,10 +47,14 @@ NCCL 2.30 are set (``ENV_VARS``, each in ../shared/reference/engines.md).
   instance's bootstrap server port is ``VLLM_MOONCAKE_BOOTSTRAP_PORT`` (from vLLM's 8998, unique per
   node). vLLM 0.33.0 ships no PD proxy, so no router is emitted: the proxy that hands the decode
   instances each prefill's ``remote_bootstrap_addr`` is the deployer's (the ports are in the launches).
-* **KV-cache stores** (a plan with ``stores``, SGLang): each store runs Mooncake's master and store service
-  on its node (two launches, role ``store``, after the router), and every prefill and decode instance gets
-  SGLang's HiCache flags with the Mooncake backend pointing at the store of its rack, its KV NICs as the
-  device (``mooncake.py``). vLLM's launches leave the stores out (its store connector is not emitted yet).
+* **KV-cache stores** (a plan with ``stores``): each store runs Mooncake's master and store service on its
+  node (two launches, role ``store``, after the router), and every prefill and decode instance uses the store
+  of its rack (``mooncake.py``). SGLang: HiCache with the Mooncake backend, its KV NICs as the device. vLLM:
+  ``--kv-transfer-config`` becomes vLLM's ``MultiConnector`` over the ``MooncakeConnector`` above and
+  ``MooncakeStoreConnector`` (prefill: the store first, so a prefix found there is loaded; decode: the
+  prefill's KV first, and ``save_decode_cache`` writes finished requests into the store, as SGLang's decode
+  offload does), and the store's settings go into a JSON file beside the script
+  (``PLACEMENT-NODE.mooncake.json``, a file of the launch) named by ``MOONCAKE_CONFIG_PATH``.
 
 Scripts are safe to run whatever the plan said: ids and node names are checked by the rules of
 ``toposched.names`` (the plan reader and the topology model check them first; ``NodeLaunch`` checks
@@ -109,6 +113,7 @@ ENV_VARS = frozenset(
 KV_ENV_SOURCES: dict[str, str] = {
     "VLLM_MOONCAKE_BOOTSTRAP_PORT": "vllm 0.33.0 vllm/envs.py (default 8998), read by "
     "kv_connector/v1/mooncake/mooncake_connector.py get_mooncake_bootstrap_addr",
+    "MOONCAKE_CONFIG_PATH": "vllm 0.33.0 vllm/distributed/mooncake_store.py MooncakeStoreConfig.load_from_config",
     **mooncake.STORE_ENV_SOURCES,
 }
 """Variables of the disaggregated launches that ../shared/reference/engines.md does not list, and the file
@@ -122,6 +127,10 @@ SGLANG_BOOTSTRAP_PORT = 8998  # SGLang 0.5.23 --disaggregation-bootstrap-port de
 SGLANG_TRANSFER_BACKEND = "mooncake"  # SGLang's default KV transfer backend, and the one that takes IB devices
 VLLM_KV_CONNECTOR = "MooncakeConnector"  # vLLM 0.33.0 kv_connector/factory.py: Mooncake's RDMA transfer engine
 VLLM_KV_ROLES = {"prefill": "kv_producer", "decode": "kv_consumer"}  # vllm/config/kv_transfer.py KVRole
+VLLM_STORE_CONNECTOR = "MooncakeStoreConnector"  # vLLM 0.33.0 kv_connector/factory.py: the Mooncake store
+VLLM_MULTI_CONNECTOR = "MultiConnector"  # vLLM 0.33.0 kv_connector/v1/multi_connector.py: several connectors
+FILE_ENV = frozenset({"MOONCAKE_CONFIG_PATH"})
+"""Variables whose value may be a file of the launch (its name; the script exports its path beside itself)."""
 ROUTER_PORT = 30000  # sglang-router 0.3.2 --port default (sglang_router/router_args.py)
 ROUTER_COMMAND = ("python3", "-m", "sglang_router.launch_router")
 MAX_PORT = 65535
@@ -322,7 +331,7 @@ def build_launches(
 
     A plan whose placements have roles launches only with its ``disaggregation`` (the plan document's)
     and with SGLang or vLLM: otherwise each instance would start as a plain server that never hands its KV on.
-    ``stores`` (the plan document's) are launched with SGLang only, and their instances use them.
+    ``stores`` (the plan document's) are launched too, and their instances use them.
     """
     if not 1 <= base_port <= MAX_PORT:
         raise InputError(f"--port {base_port} is not a port (1 to {MAX_PORT})")
@@ -337,7 +346,7 @@ def build_launches(
     if stores and disaggregation is None:
         raise InputError("KV-cache stores were given for a plan without prefill/decode disaggregation")
     # booked first, so a store's ports do not depend on the instances (k8s_pd builds the same launches)
-    endpoints = mooncake.book_stores(stores, ports) if engine == "sglang" else []
+    endpoints = mooncake.book_stores(stores, ports)
     by_id = {p.id: p for p in doc_placements}
     for p in doc_placements:
         groups = _node_groups(p)
@@ -373,26 +382,33 @@ def build_launches(
             elif dist_port is not None:
                 argv += ["--nnodes", str(len(groups)), "--node-rank", str(node_rank)]
                 argv += ["--dist-init-addr", f"{head}:{dist_port}"]
-            env = setup.env
+            env, files = setup.env, {}
             if p.role is not None and engine == "sglang":
                 argv += _sglang_pd_args(p, setup, bootstrap)
                 if store is not None:
                     argv += mooncake.hicache_args(p, setup.node, store, store_settings)
             elif p.role is not None:
-                argv += ["--kv-transfer-config", vllm_kv_transfer_config(p, setup.node, setup.gpus)]
+                config = vllm_kv_transfer_config(p, setup.node, setup.gpus, store=store is not None)
+                argv += ["--kv-transfer-config", config]
                 if bootstrap is not None:
                     env = {**env, "VLLM_MOONCAKE_BOOTSTRAP_PORT": str(bootstrap)}
+                if store is not None:
+                    name = plain_file_name(f"{p.id}-{setup.node}", ".mooncake.json")
+                    devices = ",".join(dict.fromkeys(_node_kv_nics(p, setup.node, setup.gpus)))
+                    files = {name: mooncake.vllm_store_config(devices, store, store_settings)}
+                    env = {**env, "MOONCAKE_CONFIG_PATH": name}
             argv += ["--host", "0.0.0.0", "--port", str(port)]
             launches.append(
                 NodeLaunch(
                     placement=p.id, node=setup.node, engine=engine, role=p.role, node_rank=node_rank,
                     nnodes=len(groups), env=env, argv=setup.prefix + argv, gpus=setup.gpus, gpu_ids=setup.ids,
                     numa_nodes=setup.numa_nodes, port=port, dist_port=dist_port, bootstrap_port=bootstrap,
+                    files=files,
                 )
             )  # fmt: skip
     if disaggregation is not None and engine == "sglang":  # vLLM 0.33.0 ships no PD proxy (module docstring)
         launches.append(_router_launch(request.id, launches, ports))
-    launches += mooncake.store_launches(request.id, endpoints, store_settings)
+    launches += mooncake.store_launches(request.id, endpoints, store_settings, "vllm" if engine == "vllm" else "sglang")
     return launches
 
 
@@ -443,21 +459,39 @@ def _sglang_pd_args(p: Placement, setup: _NodeSetup, bootstrap: int | None) -> l
     return argv
 
 
-def vllm_kv_transfer_config(p: Placement, node: str, gpus: Sequence[int]) -> str:
+def vllm_kv_transfer_config(p: Placement, node: str, gpus: Sequence[int], *, store: bool = False) -> str:
     """``--kv-transfer-config`` (vllm/config/kv_transfer.py ``KVTransferConfig``) for the ranks of ``p`` on ``node``.
 
     vLLM's MooncakeConnector reads ``mooncake_protocol`` and ``device_name`` from ``kv_connector_extra_config``
     and hands them to Mooncake's ``TransferEngine.initialize``. One vLLM process takes one config for all its
     workers, so the node's ranks' distinct KV NICs are listed (rank order) rather than one per rank.
+
+    With ``store``, vLLM's ``MultiConnector`` runs it beside ``MooncakeStoreConnector`` (which reads its store
+    from ``MOONCAKE_CONFIG_PATH``), each in the instance's role. MultiConnector loads a request's KV from the
+    first connector that has it and saves to all: a prefill instance lists the store first (a prefix found
+    there is loaded, the P2P producer never loads), a decode instance the prefill's KV first, and its store
+    connector saves finished requests' KV (``save_decode_cache``) for the rack's prefill instances.
     """
     if p.role not in VLLM_KV_ROLES:
         raise InputError(f"placement {p.id} has role {p.role!r}, not prefill or decode")
     devices = ",".join(dict.fromkeys(_node_kv_nics(p, node, gpus)))
-    config = {
+    role = VLLM_KV_ROLES[p.role]
+    p2p = {
         "kv_connector": VLLM_KV_CONNECTOR,
-        "kv_role": VLLM_KV_ROLES[p.role],
+        "kv_role": role,
         "kv_connector_extra_config": {"mooncake_protocol": "rdma", "device_name": devices},
     }
+    config: dict[str, Any] = p2p
+    if store:
+        kept: dict[str, Any] = {"kv_connector": VLLM_STORE_CONNECTOR, "kv_role": role}
+        if p.role == "decode":
+            kept["kv_connector_extra_config"] = {"save_decode_cache": True}
+        connectors = [kept, p2p] if p.role == "prefill" else [p2p, kept]
+        config = {
+            "kv_connector": VLLM_MULTI_CONNECTOR,
+            "kv_role": role,
+            "kv_connector_extra_config": {"connectors": connectors},
+        }
     return json.dumps(config, separators=(",", ":"))
 
 
@@ -553,7 +587,12 @@ def shell_script(launch: NodeLaunch, argv: Sequence[str] | None = None) -> str:
     ]
     if launch.files:
         lines.append('here=$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)')
-    lines += [f"export {k}={_quoted(v)}" for k, v in launch.env.items()]
+    for k, v in launch.env.items():  # a file of the launch as its path beside the script
+        lines.append(
+            f'export {k}="$here"/{shlex.quote(v)}'
+            if k in FILE_ENV and v in launch.files
+            else f"export {k}={_quoted(v)}"
+        )
     words = [_arg(a, command[i - 1] if i else "", launch.files) for i, a in enumerate(command)]
     lines.append("exec " + " ".join(words))
     return "\n".join(lines) + "\n"

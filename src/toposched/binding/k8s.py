@@ -789,8 +789,11 @@ def claim_for(doc: PlanDoc, opts: K8sOptions, name: str, pods: Sequence[GpuIds])
     return claim_template(name, object_metadata(name, opts, doc), pods, pcie_root=root)
 
 
-def placement_warnings(doc: PlanDoc, placement: Placement, pods: Sequence[GpuIds], mode: str) -> list[str]:
-    """Device-plugin pods that do not take a whole node; multi-node pods without RDMA."""
+def placement_warnings(
+    doc: PlanDoc, placement: Placement, pods: Sequence[GpuIds], mode: str, *, rdma: bool = False
+) -> list[str]:
+    """Device-plugin pods that do not take a whole node; multi-node pods without RDMA (``rdma``: the caller's
+    pods request an RDMA device whatever the fabric says, as a disaggregated plan's do)."""
     warnings: list[str] = []
     partial = [x for x in pods if x.pinned and len(x.gpus) < len(doc.cluster.node(x.node).gpus)]
     if mode == "device-plugin" and partial:
@@ -804,7 +807,9 @@ def placement_warnings(doc: PlanDoc, placement: Placement, pods: Sequence[GpuIds
     fabric = doc.cluster.fabric
     nodes = {r.node for r in placement.ranks}
     one_clique = any(nodes <= set(c.nodes) for c in doc.cluster.cliques)
-    rdma = fabric is not None and (fabric.kind == "ETHERNET" or fabric.rdma_resource or fabric.host_network)
+    rdma = rdma or (
+        fabric is not None and bool(fabric.kind == "ETHERNET" or fabric.rdma_resource or fabric.host_network)
+    )
     if len(nodes) > 1 and not one_clique and not rdma:
         warnings.append(
             f"placement {placement.id} spans {len(nodes)} nodes but its pods request no RDMA device: set "

@@ -37,8 +37,22 @@ devices it allocates (Topology Manager ``single-numa-node`` with the Memory Mana
 policy); it cannot be told which NUMA node, and GPUs claimed through DRA give it no NUMA hint. A
 warning says so when ``--cpu``/``--memory`` are not given (the pods are then not Guaranteed).
 
-Only single-node instances are supported: a multi-node one would need RBG's ``leaderWorkerPattern``
-with the rendezvous address rewritten to the leader, which is not written yet.
+An instance that spans nodes (a 405B model at TP8 x PP2, say) is a role with RBG's ``leaderWorkerPattern``
+(``size`` = its nodes; ``restartPolicy: RecreateRoleInstanceOnPodRestart``: its ranks cannot outlive one
+pod). Every pod of it runs the one entrypoint of a multi-node LeaderWorkerSet pod (``k8s.pod_template``): it
+finds its node (``$NODE_NAME``) among the instance's and runs that node's SGLang command from
+``build_launches``, with its ``--nnodes`` and ``--node-rank``. The two patches pin the pods: the leader
+(``leaderTemplatePatch``, labelled ``toposched.io/leader``) to the node of rank 0, the workers
+(``workerTemplatePatch``) to the other nodes, with a pod anti-affinity that keeps two pods of the instance off
+one node; with DRA each side has its own claim template, as a LeaderWorkerSet's leader and workers do. Both
+patches hold only maps and whole lists (node selector terms, resource claims), so they read the same as a
+JSON merge patch or a strategic merge patch. The instance's Service is headless
+(``clusterIP: None``, ``publishNotReadyAddresses``) and selects the leader only, so its name resolves to the
+leader pod's own address before the server is up: ``--dist-init-addr`` names it (SGLang binds its
+rendezvous and scheduler sockets and runs a prefill instance's bootstrap server at that host, and the
+workers connect there), and so does the router. RBG's own variables for the leader's address are not used:
+the RBG source was not at hand to say what it injects (``checks/engines/crd_schemas.py`` transcribes its
+types, not its controller).
 """
 
 from __future__ import annotations
@@ -64,6 +78,7 @@ from toposched.binding.k8s import (
     exec_line,
     kubelet_escape,
     label_value,
+    node_requirements,
     object_metadata,
     ordered_launches,
     placement_warnings,
@@ -71,7 +86,7 @@ from toposched.binding.k8s import (
     role_based_group_object,
     standalone_role,
 )
-from toposched.binding.k8s_dra import GpuIds, choose_gpu_request
+from toposched.binding.k8s_dra import CLAIM, GpuIds, choose_gpu_request, claim_warning
 from toposched.binding.plan_doc import PlanDoc
 from toposched.errors import InputError
 from toposched.solver.request import Placement
@@ -80,8 +95,11 @@ DEFAULT_RDMA_RESOURCE = "rdma/hca_shared_devices_a"
 """The resource name of the k8s-rdma-shared-dev-plugin's example config; ``--rdma-resource`` overrides it."""
 MASTER_CONTAINER = "mooncake-master"
 EXTRA_CONFIG_FLAG = "--hicache-storage-backend-extra-config"
+DIST_INIT_FLAG = "--dist-init-addr"
 
 LABEL_ROLE = "toposched.io/role"
+LABEL_LEADER = "toposched.io/leader"
+"""On the leader pod of a multi-node instance (node rank 0), which its Service selects."""
 ANNOTATION_KV_NICS = "toposched.io/kv-nics"
 ANNOTATION_HOST_NUMA = "toposched.io/host-numa"
 
@@ -117,19 +135,21 @@ def _role_names(prefix: str, count: int) -> list[str]:
     return [prefix] if count == 1 else [f"{prefix}-{i}" for i in range(count)]
 
 
-def _service(name: str, ports: Sequence[tuple[str, int]], opts: K8sOptions, doc: PlanDoc) -> Obj:
-    """A ClusterIP Service named as the pod it selects (by its ``toposched.io/placement`` label)."""
+def _service(
+    name: str, ports: Sequence[tuple[str, int]], opts: K8sOptions, doc: PlanDoc, *, leader: bool = False
+) -> Obj:
+    """A ClusterIP Service named as the pod it selects (by its ``toposched.io/placement`` label); with ``leader``,
+    a headless one for the leader pod of a multi-node instance: its name resolves to that pod's address, ready
+    or not, which SGLang binds its rendezvous sockets to."""
     if not name[0].isalpha():  # a Service name is a DNS-1035 label
         raise InputError(f"Service name {name!r} must start with a letter", fix="use a --name-prefix that does")
-    return {
-        "apiVersion": "v1",
-        "kind": "Service",
-        "metadata": object_metadata(name, opts, doc),
-        "spec": {
-            "selector": {LABEL_PLACEMENT: name},
-            "ports": [{"name": n, "port": p, "targetPort": p, "protocol": "TCP"} for n, p in ports],
-        },
+    spec: Obj = {
+        "selector": {LABEL_PLACEMENT: name, **({LABEL_LEADER: "true"} if leader else {})},
+        "ports": [{"name": n, "port": p, "targetPort": p, "protocol": "TCP"} for n, p in ports],
     }
+    if leader:
+        spec = {"clusterIP": "None", "publishNotReadyAddresses": True, **spec}
+    return {"apiVersion": "v1", "kind": "Service", "metadata": object_metadata(name, opts, doc), "spec": spec}
 
 
 def _annotate_kv(template: Obj, p: Placement) -> None:
@@ -257,21 +277,23 @@ def render_pd(doc: PlanDoc, group_name: str = "pd", opts: K8sOptions | None = No
         services.append(_service(pod, ports, opts, doc))
     for p in doc.placements:
         launches, ids = launched[p.id]
-        launches = [_via_services(x, masters) for x in launches]
-        if len(launches) > 1:
-            raise InputError(
-                f"placement {p.id} spans {len(launches)} nodes; the RoleBasedGroup of a disaggregated plan covers "
-                "single-node instances only",
-                fix="plan a model whose instances fit one node, or launch it with `toposched launch sglang`",
-            )
         role = names[p.id]
         pod = dns_name(group, role, limit=63)
+        address = f"{pod}.{opts.namespace}.svc"
+        multi = len(launches) > 1
+        launches = [_via_services(x, masters) for x in launches]
+        if multi:
+            launches = [_rendezvous_at(x, launches[0].node, address) for x in launches]
+            warning = claim_warning(p.id, ids[1:]) if mode == "dra" else None
+            warnings += [warning] if warning else []
         roles.append(_gpu_role(doc, p, launches, ids, group, role, opts, mode, rdma, claims, stores))
-        warnings += placement_warnings(doc, p, ids, mode)
-        (head,) = launches
+        # every pod here asks for an RDMA device (``rdma``), whatever the fabric says: not the plain plan's warning
+        warnings += placement_warnings(doc, p, ids, mode, rdma=True)  # every pod here asks for an RDMA device
+        head = launches[0]
         ports = [("http", head.port)] + ([("bootstrap", head.bootstrap_port)] if head.bootstrap_port else [])
-        services.append(_service(pod, ports, opts, doc))
-        urls[f"http://{head.node}:{head.port}"] = f"http://{pod}.{opts.namespace}.svc:{head.port}"
+        ports += [("rendezvous", head.dist_port)] if multi and head.dist_port else []
+        services.append(_service(pod, ports, opts, doc, leader=multi))
+        urls[f"http://{head.node}:{head.port}"] = f"http://{address}:{head.port}"
     runs = mooncake.store_launches(doc.request.id, endpoints)
     for i, e in enumerate(endpoints):
         roles.append(_store_role(doc, e, runs[2 * i : 2 * i + 2], stores[i], group, opts, rdma, masters))
@@ -306,11 +328,13 @@ def _gpu_role(
     claims: list[Obj],
     stores: list[str],
 ) -> Obj:
-    """The role of one prefill or decode instance; a decode pod needs its rack's store (pod affinity)."""
+    """The role of one prefill or decode instance; a decode pod needs its rack's store (pod affinity). An
+    instance over several nodes is a leader/worker role (:func:`_leader_worker_role`)."""
     pod = dns_name(group, role, limit=63)
-    claim = f"{pod}-gpus" if mode == "dra" else None
+    multi = len(launches) > 1
+    claim = (f"{pod}-leader-gpus" if multi else f"{pod}-gpus") if mode == "dra" else None
     if claim:
-        claims.append(claim_for(doc, opts, claim, ids))
+        claims.append(claim_for(doc, opts, claim, ids[:1] if multi else ids))
     template = pod_template(doc, p, launches, pod, opts, lws=False, claim=claim, ids=ids, rdma=rdma)
     template["metadata"]["labels"][LABEL_ROLE] = str(p.role)
     if any(EXTRA_CONFIG_FLAG in x.argv for x in launches):
@@ -318,19 +342,100 @@ def _gpu_role(
     _annotate_kv(template, p)
     node = launches[0].node
     key, value = _rack_key(doc, node, opts)
+    store = stores[_store_of(doc, node, opts)] if p.role == "decode" and doc.stores else None
+    near = None
+    if store is not None:
+        near = {
+            "requiredDuringSchedulingIgnoredDuringExecution": [
+                {
+                    "labelSelector": {"matchLabels": {LABEL_PLACEMENT: dns_name(group, store, limit=63)}},
+                    "topologyKey": key,
+                }
+            ]
+        }
+    dependencies = [store] if store is not None else []
+    if multi:
+        worker_claim = f"{pod}-worker-gpus" if mode == "dra" else None
+        if worker_claim:
+            claims.append(claim_for(doc, opts, worker_claim, ids[1:]))
+        return _leader_worker_role(
+            doc, p, launches, role, template, opts, near, (key, value), worker_claim, dependencies
+        )
     _require(template, key, value)
-    if p.role != "decode" or not doc.stores:
-        return standalone_role(role, template)
-    store = stores[_store_of(doc, node, opts)]
-    template["spec"]["affinity"]["podAffinity"] = {
-        "requiredDuringSchedulingIgnoredDuringExecution": [
-            {
-                "labelSelector": {"matchLabels": {LABEL_PLACEMENT: dns_name(group, store, limit=63)}},
-                "topologyKey": key,
-            }
-        ]
+    if near is not None:
+        template["spec"]["affinity"]["podAffinity"] = near
+    return standalone_role(role, template, dependencies=dependencies)
+
+
+def _node_affinity(doc: PlanDoc, p: Placement, nodes: Sequence[str], opts: K8sOptions) -> Obj:
+    """Required node affinity for pods of ``p`` on ``nodes``: ``k8s.node_requirements`` and their racks."""
+    expressions = [r.expression() for r in node_requirements(doc, p, nodes, opts)]
+    racks = [doc.cluster.node(n).rack for n in nodes]
+    if all(racks) and not any(e["key"] == opts.rack_label for e in expressions):
+        expressions.append(Requirement(opts.rack_label, "In", tuple(sorted({str(r) for r in racks}))).expression())
+    return {
+        "requiredDuringSchedulingIgnoredDuringExecution": {"nodeSelectorTerms": [{"matchExpressions": expressions}]}
     }
-    return standalone_role(role, template, dependencies=[store])
+
+
+def _leader_worker_role(
+    doc: PlanDoc,
+    p: Placement,
+    launches: Sequence[NodeLaunch],
+    role: str,
+    template: Obj,
+    opts: K8sOptions,
+    near: Obj | None,
+    rack: tuple[str, str],
+    worker_claim: str | None,
+    dependencies: Sequence[str],
+) -> Obj:
+    """A role of RBG's ``leaderWorkerPattern``: ``template`` (every node's command, chosen by ``$NODE_NAME``) and
+    patches that pin the leader to the node of rank 0 and the workers to the others. The store's pod affinity
+    (``near``) goes to each side whose nodes all share the store's rack (the leader's always does)."""
+    nodes = [x.node for x in launches]
+    labels = template["metadata"]["labels"]
+    template["spec"]["affinity"].setdefault(  # no two pods of the instance on one node
+        "podAntiAffinity",
+        {
+            "requiredDuringSchedulingIgnoredDuringExecution": [
+                {"labelSelector": {"matchLabels": {LABEL_PLACEMENT: labels[LABEL_PLACEMENT]}}, "topologyKey": HOSTNAME}
+            ]
+        },
+    )
+    leader: Obj = {"nodeAffinity": _node_affinity(doc, p, nodes[:1], opts)}
+    worker: Obj = {"nodeAffinity": _node_affinity(doc, p, nodes[1:], opts)}
+    if near is not None:
+        leader["podAffinity"] = json.loads(json.dumps(near))  # a copy: YAML output must not need anchors
+        if all(_rack_key(doc, n, opts) == rack for n in nodes[1:]):
+            worker["podAffinity"] = json.loads(json.dumps(near))
+    worker_spec: Obj = {"affinity": worker}
+    if worker_claim is not None:
+        worker_spec["resourceClaims"] = [{"name": CLAIM, "resourceClaimTemplateName": worker_claim}]
+    out = standalone_role(role, template, dependencies=dependencies)
+    del out["standalonePattern"]
+    out["leaderWorkerPattern"] = {
+        "size": len(launches),
+        "restartPolicy": "RecreateRoleInstanceOnPodRestart",
+        "template": template,
+        "leaderTemplatePatch": {"metadata": {"labels": {LABEL_LEADER: "true"}}, "spec": {"affinity": leader}},
+        "workerTemplatePatch": {"spec": worker_spec},
+    }
+    return out
+
+
+def _rendezvous_at(launch: NodeLaunch, head: str, address: str) -> NodeLaunch:
+    """One node of a multi-node instance with ``--dist-init-addr`` at the leader's Service instead of the head
+    node's name (pods on the pod network cannot reach each other by node name)."""
+    argv = list(launch.argv)
+    if DIST_INIT_FLAG not in argv[:-1]:
+        raise InputError(f"placement {launch.placement}: the node {launch.node} launch has no {DIST_INIT_FLAG}")
+    i = argv.index(DIST_INIT_FLAG) + 1
+    host, _, port = argv[i].rpartition(":")
+    if host != head:
+        raise InputError(f"placement {launch.placement}: {DIST_INIT_FLAG} {argv[i]} is not its head node {head}")
+    argv[i] = f"{address}:{port}"
+    return launch.model_copy(update={"argv": argv})
 
 
 def _via_services(launch: NodeLaunch, masters: Mapping[str, str]) -> NodeLaunch:

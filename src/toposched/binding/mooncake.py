@@ -29,8 +29,12 @@ reads (sglang/srt/mem_cache/storage/mooncake_store/mooncake_store.py): the maste
 Ports are booked in the plan's ``PortBook`` before any instance's, so they are Mooncake's defaults unless
 two stores share a node, and the store launches are the same whoever builds them (``store_launches``).
 
-vLLM 0.33.0's store connector (``MooncakeStoreConnector``, vllm/distributed/mooncake_store.py) reads a JSON
-file named by ``MOONCAKE_CONFIG_PATH`` instead; it is not emitted yet (docs/pd.md).
+vLLM 0.33.0 instances use the same stores through ``MooncakeStoreConnector``
+(``kv_connector/v1/mooncake/store/connector.py``), which reads a JSON file named by ``MOONCAKE_CONFIG_PATH``
+(``vllm/distributed/mooncake_store.py`` ``MooncakeStoreConfig.from_file``; ``vllm_store_config`` writes it):
+the master's address, ``P2PHANDSHAKE``, the protocol, the node's KV NICs, and vLLM's ``standalone-store`` mode
+with a ``global_segment_size`` of 0 (as for SGLang: the store's node holds the pool; vLLM refuses any other size
+in that mode). The connector finds its own address (``get_ip``), so no hostname is written.
 """
 
 from __future__ import annotations
@@ -53,7 +57,7 @@ if TYPE_CHECKING:
 __all__ = [
     "HICACHE_FLAG_SOURCES", "MASTER_COMMAND", "MASTER_FLAG_SOURCES", "STORE_ENV_SOURCES", "STORE_SERVICE_COMMAND",
     "MooncakeSettings", "StoreEndpoint", "book_stores", "hicache_args", "instance_extra_config", "master_argv",
-    "store_env", "store_for", "store_launches",
+    "store_env", "store_for", "store_launches", "vllm_store_config",
 ]  # fmt: skip
 
 MASTER_COMMAND = ("mooncake_master",)
@@ -92,6 +96,16 @@ HICACHE_FLAG_SOURCES: dict[str, str] = {
 }
 """SGLang 0.5.23 flags of an instance that uses a store (to join ``engine_args.FLAG_SOURCES['sglang']``)."""
 HICACHE_FLAGS = frozenset(HICACHE_FLAG_SOURCES)
+VLLM_STORE_CONFIG_SOURCE = "vllm 0.33.0 vllm/distributed/mooncake_store.py MooncakeStoreConfig.from_file"
+VLLM_STORE_CONFIG_FIELDS = frozenset(
+    {
+        "metadata_server", "master_server_address", "protocol", "device_name", "mode", "global_segment_size",
+        "local_buffer_size", "enable_offload", "tenant_id",
+    }
+)  # fmt: skip
+"""Every key ``VLLM_STORE_CONFIG_SOURCE`` reads from the file (others are ignored); ``vllm_store_config`` writes
+no other."""
+VLLM_STORE_MODE = "standalone-store"  # mooncake_store.py MooncakeMode: an outside process owns the pool
 
 
 class MooncakeSettings(BaseModel):
@@ -163,14 +177,18 @@ def store_env(endpoint: StoreEndpoint, settings: MooncakeSettings | None = None)
 
 
 def store_launches(
-    request_id: str, endpoints: Sequence[StoreEndpoint], settings: MooncakeSettings | None = None
+    request_id: str,
+    endpoints: Sequence[StoreEndpoint],
+    settings: MooncakeSettings | None = None,
+    engine: Literal["sglang", "vllm"] = "sglang",
 ) -> list[NodeLaunch]:
-    """Two launches per store, its master (``ID-store-N-master``) and its store service (``ID-store-N``)."""
+    """Two launches per store, its master (``ID-store-N-master``) and its store service (``ID-store-N``); the
+    same commands whichever ``engine`` the instances run (it is only what the launches say they belong to)."""
     from toposched.binding.engines import NodeLaunch  # engines imports this module
 
     def launch(placement: str, argv: list[str], env: dict[str, str], port: int, node: str) -> NodeLaunch:
         return NodeLaunch(
-            placement=placement, node=node, engine="sglang", role="store", node_rank=0, nnodes=1, env=env,
+            placement=placement, node=node, engine=engine, role="store", node_rank=0, nnodes=1, env=env,
             argv=argv, gpus=[], gpu_ids=[], numa_nodes=[], port=port,
         )  # fmt: skip
 
@@ -251,3 +269,18 @@ def hicache_args(
         raise InputError(f"placement {p.id} has role {p.role!r}, not prefill or decode")
     extra = instance_extra_config(p, node, endpoint, settings)
     return [*argv, "--hicache-storage-backend", "mooncake", "--hicache-storage-backend-extra-config", extra]
+
+
+def vllm_store_config(devices: str, endpoint: StoreEndpoint, settings: MooncakeSettings | None = None) -> str:
+    """The JSON file vLLM's ``MooncakeStoreConnector`` reads (``MOONCAKE_CONFIG_PATH``) for one node of an instance
+    that uses ``endpoint``'s store; ``devices`` are the node's KV NICs (a comma list: one config per process)."""
+    settings = settings or MooncakeSettings()
+    config = {
+        "metadata_server": METADATA_SERVER,
+        "master_server_address": endpoint.master_address,
+        "protocol": settings.protocol,
+        "device_name": devices if settings.protocol == "rdma" else "",
+        "mode": VLLM_STORE_MODE,
+        "global_segment_size": 0,
+    }
+    return json.dumps(config, indent=2) + "\n"

@@ -18,7 +18,10 @@ sglang``: one script per instance and node with its disaggregation flags, and on
 master (``PLAN-store-N-master-NODE.sh``) and its store service (``PLAN-store-N-NODE.sh``), and its
 instances run HiCache on the store of their rack (``binding/mooncake.py``). Or with ``launch vllm``:
 one script per instance and node with its ``--kv-transfer-config`` (MooncakeConnector) and no router,
-since vLLM 0.33.0 ships no PD proxy, and no store. ``launch trtllm`` refuses it in one line.
+since vLLM 0.33.0 ships no PD proxy; with stores, the same store scripts, and each instance's script
+exports ``MOONCAKE_CONFIG_PATH`` naming its ``PLACEMENT-NODE.mooncake.json`` beside it (the store's settings
+for ``MooncakeStoreConnector``, which its ``--kv-transfer-config`` adds through ``MultiConnector``).
+``launch trtllm`` refuses it in one line.
 """
 
 from __future__ import annotations
@@ -40,10 +43,6 @@ VLLM_NO_ROUTER = (
     "note: no router was written: vLLM 0.33.0 ships no prefill/decode proxy; put one in front that sends each "
     "request to a prefill instance, then to a decode instance with kv_transfer_params naming the prefill's "
     "remote_bootstrap_addr (http://NODE:PORT, PORT its VLLM_MOONCAKE_BOOTSTRAP_PORT)"
-)
-VLLM_NO_STORE = (
-    "note: the plan's KV-cache stores were not launched: toposched writes Mooncake stores for SGLang only so far "
-    "(launch sglang)"
 )
 """Said on stderr after a vLLM launch of a disaggregated plan."""
 
@@ -163,8 +162,6 @@ def _engine_command(engine: Engine) -> None:
         _emit(launches, fmt, json_out, out)
         if engine == "vllm" and doc.disaggregation is not None:
             err_console.print(VLLM_NO_ROUTER, markup=False, soft_wrap=True)
-            if doc.stores:
-                err_console.print(VLLM_NO_STORE, markup=False, soft_wrap=True)
 
     command.__doc__ = (
         f"Commands and environment to run each placement with {engine}, one per node."
