@@ -6,13 +6,17 @@ cluster with 8 free GPUs but no node with 8; node h2 is freed by moving two TP2 
 
 from __future__ import annotations
 
-from collections.abc import Iterator
+from collections.abc import Iterator, Mapping
 from pathlib import Path
 from typing import Any
 
 import pytest
 from fastapi.testclient import TestClient
 
+from toposched.errors import StateError
+from toposched.ledger.base import ReserveResult
+from toposched.ledger.memory import MemoryLedger
+from toposched.service import state as state_module
 from toposched.service.app import create_app
 from toposched.service.config import ServiceConfig
 from toposched.service.records import Decision
@@ -189,3 +193,122 @@ def test_openapi_documents_the_defrag_routes(client: TestClient) -> None:
     assert "Retry-After" in plan["429"]["headers"]
     assert plan["200"]["content"]["application/json"]["schema"]["$ref"].endswith("/DefragOut")
     assert {"200", "404", "409", "422"} <= set(paths["/v1/defrag/finish"]["post"]["responses"])
+
+
+# ------------------------------------------------------------------ disaggregated instances and all or none
+
+PD_SPEC = (
+    "name: racks\nnodes:\n"
+    "  - name: 'a{i}'\n    count: 2\n    preset: hgx-h100\n    rack: ra\n"
+    "  - name: 'b{i}'\n    count: 1\n    preset: hgx-h100\n    rack: rb\n"
+)
+
+
+def on_gpu(state: ServiceState, ref: str) -> str:
+    """The request holding GPU ``ref``."""
+    return next(p.request_id for p in state.scheduler.placements.values() if ref in p.gpu_refs)
+
+
+def pd_state(tmp_path: Path, clock: Clock, free_on_a1: int) -> ServiceState:
+    """Rack ra (a0, a1) and rb (b0) full of one-GPU requests; then a TP2 prefill and decode instance on
+    a0/0-3, a0/4-7 free, ``free_on_a1`` GPUs free on a1 (from a1/7 down) and b0/6-7 free. Freeing a0 for a
+    TP8 group takes the two pd instances' moves (freeing a1 or b0 takes at least 4)."""
+    spec = tmp_path / "cluster.yaml"
+    spec.write_text(PD_SPEC)
+    source = SourceRef(kind="cluster", ref=str(spec))
+    config = ServiceConfig.model_validate({"state": "memory", "source": source, "auth": False})
+    state = ServiceState(config, clock=clock)
+    state.open()
+    for n in range(24):
+        body = {"model": "llama-3.1-8b", "id": f"f{n}", "allowed_tp": [1], "racks": ["ra" if n < 16 else "rb"]}
+        assert state.place(PlaceBody.model_validate(body)).status == "placed"
+    for g in range(4):
+        assert state.release(on_gpu(state, f"a0/{g}"))
+    pd = {"model": "llama-3.1-8b", "id": "pd", "allowed_tp": [2], "racks": ["ra"], "pd": {"prefill": 1, "decode": 1}}
+    assert state.place(PlaceBody.model_validate(pd)).status == "placed"
+    freed = [f"a0/{g}" for g in range(4, 8)] + [f"a1/{7 - g}" for g in range(free_on_a1)] + ["b0/6", "b0/7"]
+    for ref in freed:
+        assert state.release(on_gpu(state, ref))
+    assert {r for p in state.scheduler.placements.values() if p.role for r in p.gpu_refs} == {
+        f"a0/{g}" for g in range(4)
+    }
+    return state
+
+
+def test_a_pd_instance_moves_within_its_rack_with_the_kv_nics_of_its_new_gpus(tmp_path: Path, clock: Clock) -> None:
+    from toposched.solver.pd import kv_nics
+
+    state = pd_state(tmp_path, clock, free_on_a1=4)
+    scheduler = state.scheduler
+    old = {p.id: p for p in scheduler.placements.values() if p.role}
+    with TestClient(create_app(state.config, state)) as client:
+        answer = client.post("/v1/defrag", json={"need_gpus": 8, "dry_run": False})
+        assert answer.status_code == 200, answer.text
+        doc = answer.json()
+        assert doc["group"] == "a0/nv0" and sorted(doc["booked"]) == ["pd-decode.m1", "pd-prefill.m1"]
+        assert {g for m in doc["moves"] for g in m["to_gpus"]} == {f"a1/{g}" for g in range(4, 8)}  # ra, not b0
+        for move in doc["moves"]:
+            done = client.post("/v1/defrag/finish", json={k: move[k] for k in ("placement_id", "replacement_id")})
+            assert done.status_code == 200, done.text
+        placed = client.get("/v1/placements/pd").json()
+    nodes = {n.name: n for n in scheduler.cluster.nodes}
+    by_id = {i["id"]: i for i in placed["instances"]}
+    assert sorted(by_id) == ["pd-decode.m1", "pd-prefill.m1"]
+    assert placed["pd"]["pairs"] == {"pd-decode.m1": "pd-prefill.m1"}  # the serving ids
+    for pid, instance in by_id.items():
+        new = scheduler.placements[pid]
+        assert instance["kv_nics"] == list(kv_nics(new, nodes, scheduler.index.dmap))
+        assert instance["host_numa"] == [nodes[r.node].gpu(r.gpu).numa_node for r in new.ranks] == [1, 1]
+        was = old[pid.removesuffix(".m1")]
+        assert instance["kv_nics"] != list(was.kv_nics) and list(was.host_numa) == [0, 0]
+        assert new.role == was.role and new.request_id == was.request_id
+    assert by_id["pd-decode.m1"]["constraints"][-1]["name"] == "near"
+    assert by_id["pd-decode.m1"]["constraints"][-1]["held"]
+    assert [s["rack"] for s in placed["stores"]] == []  # no store asked
+
+
+def test_a_pd_instance_with_room_only_outside_its_rack_is_not_moved(tmp_path: Path, clock: Clock) -> None:
+    state = pd_state(tmp_path, clock, free_on_a1=2)  # a1 and b0 hold one TP2 group each: ra has one
+    with TestClient(create_app(state.config, state)) as client:
+        before = held(client)
+        refused = client.post("/v1/defrag", json={"need_gpus": 8, "dry_run": False})
+        assert refused.status_code == 409, refused.text
+        assert "of a disaggregated instance, which moves only within its rack" in refused.json()["detail"]
+        assert held(client) == before
+
+
+class CrashingLedger(MemoryLedger):
+    """Fails the ``nth`` booking of a defrag replacement (``.m`` ids) with ``exc``; ``commit``: after booking it."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.nth, self.exc, self.commit, self.seen = 0, Exception(), False, 0
+
+    def reserve(self, rid: str, gpus: Mapping[str, int], **kw: Any) -> ReserveResult:
+        if ".m" in rid:
+            self.seen += 1
+            if self.seen == self.nth:
+                if self.commit:
+                    super().reserve(rid, gpus, **kw)
+                raise self.exc
+        return super().reserve(rid, gpus, **kw)
+
+
+@pytest.mark.parametrize(
+    ("exc", "commit", "status"),
+    [(RuntimeError("bug (test)"), False, 500), (StateError("answer lost (test)"), True, 409)],
+)
+def test_a_failure_while_booking_moves_leaves_no_replacement_booked(
+    tmp_path: Path, clock: Clock, monkeypatch: pytest.MonkeyPatch, exc: Exception, commit: bool, status: int
+) -> None:
+    ledger = CrashingLedger()
+    monkeypatch.setattr(state_module, "open_ledger", lambda url, clock: ledger)
+    state = make_state(tmp_path, clock)
+    before = {r.id for r in ledger.reservations()}
+    ledger.nth, ledger.exc, ledger.commit = 2, exc, commit  # the first move books, the second fails
+    with TestClient(create_app(state.config, state), raise_server_exceptions=False) as client:
+        answer = client.post("/v1/defrag", json={"need_gpus": 8, "dry_run": False})
+        assert answer.status_code == status, answer.text
+    assert ledger.seen == 2
+    assert {r.id for r in ledger.reservations()} == before  # n2i0.m1 was booked, then released
+    assert not {p for p in state.scheduler.placements if ".m" in p}

@@ -19,8 +19,10 @@ from toposched.ledger.memory import MemoryLedger
 from toposched.service import state as state_module
 from toposched.service.app import create_app
 from toposched.service.config import ServiceConfig
-from toposched.service.request import ServiceRequest
+from toposched.service.request import PdSpec, ServiceRequest
 from toposched.service.state import ServiceState
+from toposched.solver.pd import place_pd
+from toposched.solver.scheduler import Scheduler
 from toposched.topology.sources import SourceRef
 
 SPEC = (
@@ -88,6 +90,25 @@ def test_every_role_is_booked_with_its_kv_nics_pairs_and_stores(client: TestClie
     assert client.get("/v1/placements/pd").json() == answer
     (listed,) = client.get("/v1/placements").json()["placements"]
     assert listed == answer
+
+
+def test_decode_instances_carry_the_near_check_of_the_plan(client: TestClient) -> None:
+    """The answer's decode instances have the constraint checks ``toposched plan --pd-*`` gives them,
+    ``near`` included, and so does the ledger record another replica rebuilds them from."""
+    answer = client.post("/v1/placements", json=BODY).json()
+    cluster = state_of(client).scheduler.cluster
+    planned = place_pd(Scheduler(cluster), ServiceRequest.model_validate(BODY).request("pd"), PdSpec(**PD).layout())
+    plan = {p.id: [c.model_dump(mode="json") for c in p.constraints] for p in planned.outcome.placements}
+    for instance in answer["instances"]:
+        assert instance["constraints"] == plan[instance["id"]], instance["id"]
+        near = [c for c in instance["constraints"] if c["name"] == "near"]
+        if instance["role"] == "decode":
+            (check,) = near
+            assert check["held"] and check["detail"].endswith("the same rack as prefill pd-prefill")
+        else:
+            assert near == []
+    record = state_of(client).ledger.get("pd-decode-0")
+    assert record is not None and '"name":"near"' in record.meta["placement"]
 
 
 def test_another_replica_rebuilds_the_request_from_the_ledger(client: TestClient, tmp_path: Path) -> None:
@@ -181,7 +202,6 @@ def test_a_ledger_refusal_after_some_roles_are_booked_releases_them(
     ("body", "says"),
     [
         ({**BODY, "replicas": 2}, "replicas goes without pd"),
-        ({**BODY, "wait_s": 5}, "not queued"),
         ({**BODY, "near": "x"}, "near goes without pd"),
         ({**BODY, "pd": {**PD, "prefill": 0}}, "greater than or equal to 1"),
         ({**BODY, "pd": {**PD, "kv_store": "redis"}}, "mooncake"),

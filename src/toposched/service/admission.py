@@ -4,6 +4,8 @@ The queue is ``solver.queue.FairQueue`` (weighted fair queueing by SLO class); t
 replica does with it: each waiter's answer is delivered through a callback (the HTTP layer's future), the
 queue is served on every release and every background sync (``drain``), and a head that still finds no
 room for its TP group gets a defragmentation plan (``service.defrag.plan_head``), shown, never run.
+A disaggregated request (``pd``) waits as one request: its cost is the GPUs of all its instances, and
+each decision books every instance or none (``Deciding._place``).
 
 Headroom (``ServiceConfig.keep_whole_domains``, off by default): a waiting request is decided with that
 ``keep_whole_domains`` for its first ``keep_whole_wait_s`` (at most half its ``wait_s``), so an instance
@@ -11,6 +13,7 @@ smaller than an NVLink domain does not break one of the last wholly free domains
 instance may need; after the hold it may. A head held only by the headroom lets the waiters behind it
 that place *within* the headroom (a TP group that fills a domain, or one that fits in partly used ones)
 be served first: the only overtaking the queue allows, and it cannot starve the head, whose hold ends.
+A disaggregated request is never held; behind a held head it is tried within the headroom like any waiter.
 The simulator measured the rule on churn-128 (docs/simulator.md).
 """
 
@@ -62,7 +65,9 @@ class Admission(Deciding):
     def enqueue(self, body: ServiceRequest, deliver: Callable[[Decision], None], hold_s: float = 0.0) -> str | None:
         """Queue a request that found no capacity; returns its id, or None when the queue is full.
 
-        ``hold_s``: seconds from now during which it is decided with the service's headroom."""
+        ``hold_s``: seconds from now during which it is decided with the service's headroom. A
+        disaggregated request queues as one, all or none, with the GPUs of all its instances as its cost."""
+        self.check_size(body)
         rid = body.id or self.new_id()
         with self.lock:
             if len(self.queue) >= self.config.max_queue:
@@ -70,16 +75,23 @@ class Admission(Deciding):
                 return None
             if rid in self.queue:
                 raise InputError(f"id: {rid} is already waiting in the queue")
-            request = body.request(rid)
-            cands, _dropped = self.scheduler.candidates(request)
-            gpus = cands[0].option.gpus * body.replicas if cands else body.replicas
+            gpus = self.queue_gpus(body, rid)
             largest = max(self.scheduler.index.levels["nvlink"].largest_group(), 1)
             occupancy = min(1.0, gpus / largest)
             now = self.clock()
-            self.queue.push(rid, request.slo_class, float(gpus), occupancy, enqueued_at=now)
+            self.queue.push(rid, body.slo_class, float(gpus), occupancy, enqueued_at=now)
             self.waiting[rid] = Waiting(body, rid, deliver, now + hold_s if hold_s > 0 else 0.0)
         self.drain()
         return rid
+
+    def queue_gpus(self, body: ServiceRequest, rid: str) -> int:
+        """The GPUs a request costs in the fair queue: every instance's, at the degree the ``slo`` policy
+        tries first (per role for a disaggregated request: ``ServiceRequest.roles``)."""
+        gpus = 0
+        for request, count in body.roles(rid):
+            cands, _dropped = self.scheduler.candidates(request)
+            gpus += (cands[0].option.gpus if cands else 1) * count
+        return gpus
 
     def cancel(self, rid: str) -> bool:
         """A waiter gave up (its timeout): take it out of the queue; False when it was served already."""

@@ -107,7 +107,12 @@ def pd_json(group: list[Instance], cluster: Cluster) -> dict[str, Any]:
     decodes = [i.placement for i in group if i.placement.role == "decode"]
     nodes = {n.name: n for n in cluster.nodes}
     stores = place_stores(decodes, nodes) if spec.get("kv_store") and decodes else []
-    pairs = {i.placement.id: i.pair for i in group if i.placement.role == "decode"}
+    serving_id = {i.slot: i.placement.id for i in group}  # a moved instance lives under its replacement's id
+    pairs = {
+        i.placement.id: serving_id.get(i.pair, i.pair) if i.pair else None
+        for i in group
+        if i.placement.role == "decode"
+    }
     return {"pd": {**spec, "pairs": pairs}, "stores": [s.model_dump(mode="json") for s in stores]}
 
 

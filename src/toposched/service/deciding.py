@@ -52,12 +52,8 @@ class Deciding(Following):
         ``headroom``: decide with at least this ``keep_whole_domains`` (the service's headroom for a
         request that may wait, ``ServiceConfig.keep_whole_domains``); the request's key is unchanged.
         """
+        self.check_size(body)
         rid = body.id or self.new_id()
-        if body.pd is not None and body.pd.prefill + body.pd.decode > self.config.max_replicas:
-            count = body.pd.prefill + body.pd.decode
-            raise InputError(f"pd: at most {self.config.max_replicas} instances per request (got {count})")
-        if body.replicas > self.config.max_replicas:
-            raise InputError(f"replicas: at most {self.config.max_replicas} per request (got {body.replicas})")
         with self.lock:
             self.follow()
             decision = self._place(body, rid, headroom=headroom)
@@ -65,6 +61,14 @@ class Deciding(Following):
                 return decision  # the caller queues it: counted when the queue answers
             self.counters.decisions[decision.status] += 1
             return decision
+
+    def check_size(self, body: ServiceRequest) -> None:
+        """``InputError`` when ``body`` asks for more instances than ``ServiceConfig.max_replicas``."""
+        if body.pd is not None and body.pd.prefill + body.pd.decode > self.config.max_replicas:
+            count = body.pd.prefill + body.pd.decode
+            raise InputError(f"pd: at most {self.config.max_replicas} instances per request (got {count})")
+        if body.replicas > self.config.max_replicas:
+            raise InputError(f"replicas: at most {self.config.max_replicas} per request (got {body.replicas})")
 
     def _place(self, body: ServiceRequest, rid: str, *, cross_domain: bool = False, headroom: int = 0) -> Decision:
         """Decide with retries; all or none: when the answer is no instance, none of ours stays booked.
@@ -178,9 +182,10 @@ class Deciding(Following):
     ) -> Outcome:
         """Book a disaggregated request's prefill and decode instances (``solver.pd.place_pd``), as booked.
 
-        The outcome's placements are those the scheduler booked (role, KV NICs and host NUMA nodes in
-        their ledger records: ``ServiceScheduler.booking_pd``), so this answer and any replica's rebuilt
-        one are the same. ``place_pd`` leaves booked what it placed when a later role finds no room (its
+        The outcome's placements are those the scheduler booked (role, KV NICs, host NUMA nodes and a
+        decode instance's ``near`` check in their ledger records: ``ServiceScheduler.booking_pd``), so this
+        answer, any replica's rebuilt one and ``toposched plan --pd-*``'s placements carry the same checks.
+        ``place_pd`` leaves booked what it placed when a later role finds no room (its
         ``unplaced``); the caller releases it, as for plain requests.
         """
         assert body.pd is not None

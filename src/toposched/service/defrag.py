@@ -11,13 +11,25 @@ Each function takes the replica (``ServiceState``) and runs where the state live
 
 from __future__ import annotations
 
+import logging
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Literal
 
 from toposched.errors import InputError, LedgerConflict, StateError
-from toposched.solver.defrag import DefragPlan, Move, defrag_need, finish_move, room_for, search_defrag, start_move
+from toposched.solver.defrag import (
+    MOVED_FROM,
+    DefragPlan,
+    Move,
+    defrag_need,
+    finish_move,
+    room_for,
+    search_defrag,
+    start_move,
+)
 from toposched.solver.queue import QueuedItem
 from toposched.solver.request import PlacementRequest
+
+log = logging.getLogger("toposched.service")
 
 if TYPE_CHECKING:
     from toposched.service.admission import Waiting
@@ -83,7 +95,7 @@ def plan_head(state: ReplicaCore, head: QueuedItem, waiting: Waiting) -> None:
         return
     state.head_plan = None
     try:
-        need, level = defrag_need(state.scheduler, waiting.body.request(waiting.request_id))
+        need, level = max(defrag_need(state.scheduler, r) for r, _n in waiting.body.roles(waiting.request_id))
     except InputError:
         return
     if level not in ("nvlink", "node") or room_for(state.scheduler, need, level):
@@ -150,10 +162,11 @@ def defrag(
                 start_move(scheduler, move, ttl_s=ttl, owner=state.owner, meta={"owner": state.owner})
                 state.ledger.booked.pop(move.replacement_id, None)
                 booked.append(move)
-        except (LedgerConflict, StateError) as exc:
-            for move in booked:
-                if not scheduler.release(move.replacement_id):
-                    state.ledger.release(move.replacement_id)
+        except BaseException as exc:  # all or none: whatever failed, no replacement stays booked
+            failed = plan.moves[len(booked)] if len(booked) < len(plan.moves) else None
+            unbook(state, booked, failed if not isinstance(exc, LedgerConflict) else None)
+            if not isinstance(exc, LedgerConflict | StateError):
+                raise
             state.counters.ledger_refusals += isinstance(exc, LedgerConflict)
             state.resync()
             return DefragAnswer("conflict", need, group, plan, f"{exc.message}; nothing was booked")
@@ -162,6 +175,23 @@ def defrag(
         state.counters.decisions["defrag-move"] += len(booked)
         state.resync()
         return DefragAnswer("booked", need, group, plan)
+
+
+def unbook(state: Following, moves: list[Move], failed: Move | None = None) -> None:
+    """Release the replacements of ``moves``, and ``failed``'s when the ledger holds it as this replica's copy
+    of that instance (the failure came after the ledger booked it). When a release fails too, the error goes
+    to the log and the copy stays until its lease ends or the operator releases it."""
+    for move in [*moves, *([failed] if failed is not None else [])]:
+        state.ledger.booked.pop(move.replacement_id, None)
+        try:
+            if move is failed:
+                held = state.ledger.get(move.replacement_id)
+                if held is None or held.owner != state.owner or held.meta.get(MOVED_FROM) != move.placement_id:
+                    continue  # not booked, or another's: not ours to release
+            if not state.scheduler.release(move.replacement_id):
+                state.ledger.release(move.replacement_id)
+        except Exception:
+            log.warning("defrag: could not release replacement %s after a failed booking", move.replacement_id)
 
 
 def finish(state: Following, placement_id: str, replacement_id: str) -> FinishAnswer:

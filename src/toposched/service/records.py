@@ -20,7 +20,7 @@ from toposched.ledger.base import Ledger, Reservation
 from toposched.service.ledger_guard import GuardedLedger
 from toposched.service.request import PdSpec, slot_ids
 from toposched.solver.defrag import INSTANCE, MOVED_FROM
-from toposched.solver.pd import role_ids, role_request_id, with_role
+from toposched.solver.pd import near_check, role_ids, role_request_id, with_role
 from toposched.solver.place import Assessment
 from toposched.solver.request import Placement, PlacementRequest, Role
 from toposched.solver.scheduler import DEFAULT_BUDGET_GBPS, Outcome, Scheduler
@@ -86,13 +86,19 @@ class ServiceScheduler(Scheduler):
         return super().place(request, policy, ttl_s=booking.ttl_s if ttl_s is None else ttl_s, meta=record)
 
     def commit(self, chosen: Assessment, *, ttl_s: float | None = None, meta: dict[str, str] | None = None) -> None:
-        """``Scheduler.commit``; an instance of the request in ``pd_booking`` is booked with its role."""
+        """``Scheduler.commit``; an instance of the request in ``pd_booking`` is booked with its role, KV NICs
+        and host NUMA nodes, and a decode instance with the ``near`` check of its pair (as ``place_pd`` adds
+        it to a plan's decode placements: after booking, so only the plan's copy had it before)."""
         booking = self.pd_booking
         role = booking.role_of(chosen.placement.id) if booking is not None else None
         if booking is not None and role is not None:
             nodes = {n.name: n for n in self.cluster.nodes}
             rid = role_request_id(booking.request_id, role)
             placed = with_role(chosen.placement, role, rid, nodes, self.index.dmap)
+            prefill = self.placements.get((meta or {}).get(PD_PAIR, ""))
+            if role == "decode" and prefill is not None:  # the plan's ``near`` check, booked with it
+                near = near_check(placed, prefill, nodes)
+                placed = placed.model_copy(update={"constraints": (*placed.constraints, near)})
             chosen = dataclasses.replace(chosen, placement=placed)
         super().commit(chosen, ttl_s=ttl_s, meta=meta)
 

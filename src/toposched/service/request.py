@@ -13,7 +13,14 @@ from pydantic import BaseModel, ConfigDict, Field, model_validator
 
 from toposched.names import ID_PATTERN
 from toposched.service.config import PolicyName
-from toposched.solver.pd import Disaggregation, KvStoreKind, role_ids
+from toposched.solver.pd import (
+    Disaggregation,
+    KvStoreKind,
+    decode_request,
+    prefill_request,
+    role_ids,
+    role_request_id,
+)
 from toposched.solver.request import PlacementRequest, instance_ids
 
 SOLVER_FIELDS = frozenset(PlacementRequest.model_fields)
@@ -84,6 +91,19 @@ class ServiceRequest(PlacementRequest):
         data = self.model_dump(include=set(SOLVER_FIELDS))
         data["id"] = rid
         return PlacementRequest.model_validate(data)
+
+    def roles(self, rid: str) -> list[tuple[PlacementRequest, int]]:
+        """The solver's requests for this request's instances and how many of each: its own request and
+        ``replicas``, or, disaggregated, its prefill (sized by TTFT) and decode (sized by TPOT) requests
+        and their counts. What the admission queue costs it at, and what a defrag plan makes room for."""
+        request = self.request(rid)
+        if self.pd is None:
+            return [(request, self.replicas)]
+        prefill_id, decode_id = role_request_id(rid, "prefill"), role_request_id(rid, "decode")
+        return [
+            (prefill_request(request, 1), self.pd.prefill),
+            (decode_request(request, decode_id, prefill_id, required=False), self.pd.decode),
+        ]
 
     def key(self) -> str:
         """Canonical JSON of what was asked (without the id): equal keys are one request.

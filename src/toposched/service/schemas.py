@@ -41,16 +41,6 @@ class PlaceBody(ServiceRequest):
         except UnknownNameError as exc:  # its message lists the close names
             raise ValueError(exc.message) from None
 
-    @model_validator(mode="after")
-    def _pd_not_queued(self) -> PlaceBody:
-        """The admission queue sizes and retries plain requests only; a disaggregated one is decided now."""
-        if self.pd is not None and self.wait_s > 0:
-            raise ValueError(
-                f"wait_s: a disaggregated request (pd) is not queued (got wait_s {self.wait_s:g}); "
-                "send wait_s 0 and retry on 409"
-            )
-        return self
-
 
 class DefragBody(BaseModel):
     """What to make room for: ``need_gpus`` free GPUs in one group, or the TP group of ``model`` (at ``tp``)."""

@@ -20,7 +20,11 @@ each instance in the way goes:
 Not moved: instances with pipeline stages (pp > 1), instances whose GPUs are not all inside the
 group (a cross-domain fallback, a blind policy's spread), instances already moving (a replacement
 booked and the old copy still held), and those ``movable`` refuses. GPUs that no tracked placement
-holds but are not free (failed, booked by something else) cannot be freed.
+holds but are not free (failed, booked by something else) cannot be freed. An instance of a
+disaggregated deployment (its placement has a ``role``) moves only within its rack (its node, when the
+node has no rack), so a decode instance stays near its prefill instance and a prefill instance near its
+decode instances at the level ``solver/pd.py`` paired them; its replacement gets the KV NICs and host
+NUMA nodes of its new GPUs.
 
 Executing a move (``start_move`` then ``finish_move``): the replacement is booked first, under
 ``Move.replacement_id``, while the old copy keeps serving (the ledger holds both); once the new engine
@@ -41,6 +45,7 @@ from toposched.errors import InfeasibleError, InputError, LedgerConflict, StateE
 from toposched.ledger.base import GpuAccount
 from toposched.names import placement_id_problem
 from toposched.solver.index import LEVELS, Group
+from toposched.solver.pd import with_role
 from toposched.solver.place import find_stages, stage_links
 from toposched.solver.request import ConstraintCheck, Placement, PlacementRequest, Rank
 from toposched.solver.scheduler import Scheduler
@@ -190,7 +195,8 @@ class _Search:
                 self.moving.update((old, r.id))
         self._accounts: dict[str, GpuAccount] | None = None
         self.trials = 0
-        self.why = {"blocked": 0, "too-many": 0, "no-room": 0}
+        self.why = {"blocked": 0, "too-many": 0, "no-room": 0, "rack": 0}
+        self.home = {n.name: n.rack or f"node:{n.name}" for n in scheduler.cluster.nodes}
 
     def run(self, groups: list[Group], candidates: list[int]) -> tuple[DefragPlan | None, str]:
         index = self.s.index
@@ -227,10 +233,11 @@ class _Search:
 
     def _counts(self) -> str:
         why = self.why
+        rack = f" ({why['rack']} of a disaggregated instance, which moves only within its rack)" if why["rack"] else ""
         return (
             f"{why['blocked']} group(s) hold too few GPUs that could be freed (instances with pp > 1, spanning "
             f"groups or with a move in flight stay), {why['too-many']} need more moves, "
-            f"{why['no-room']} tried move(s) found no room elsewhere"
+            f"{why['no-room']} tried move(s) found no room elsewhere{rack}"
         )
 
     def _movable_occupants(self, group: Group) -> list[Placement]:
@@ -263,6 +270,7 @@ class _Search:
                     targets = self._target(p, forbidden)
                     if targets is None:
                         self.why["no-room"] += 1
+                        self.why["rack"] += p.role is not None
                         return None
                     index.take(targets)
                     taken.append(targets)
@@ -275,8 +283,13 @@ class _Search:
         return tuple(moves)
 
     def _target(self, p: Placement, forbidden: set[str]) -> tuple[str, ...] | None:
-        """GPUs for one instance's replacement: same GPU type, level and link, HBM room, not in ``forbidden``."""
+        """GPUs for one instance's replacement: same GPU type, level and link, HBM room, not in ``forbidden``.
+
+        An instance of a disaggregated deployment (``role`` set) stays in its rack (its node, for nodes
+        without one), so its pairing's ``near`` level holds, and needs an RDMA NIC on each new GPU's NUMA
+        node for its KV transfers (``_remapped`` recomputes its ``kv_nics`` and ``host_numa``)."""
         s = self.s
+        homes = {self.home[r.node] for r in p.ranks} if p.role is not None else None
         gpu = s.gpu_of_node[p.ranks[0].node]
         need_bytes = p.hbm_per_gpu.total
         if self._accounts is None:  # read once, and only when a trial needs it (the largest cost on big clusters)
@@ -285,6 +298,8 @@ class _Search:
 
         def allowed(ref: str) -> bool:
             account = accounts.get(ref)
+            if homes is not None and self.home[s.index.info[ref].node] not in homes:
+                return False
             return ref not in forbidden and account is not None and account.free_bytes >= need_bytes
 
         def accept(group: Group) -> bool:
@@ -298,6 +313,11 @@ class _Search:
         link, _in_domain, _pp_link = stage_links(s.index, [list(targets)], gpu)
         if link != p.link:
             return None  # another link would change the predicted latency: not a like-for-like move
+        if p.role is not None:
+            try:
+                _remapped(s, p, Move(p.id, p.id, p.gpu_refs, targets))
+            except InputError:  # a new GPU has no RDMA NIC on its NUMA node: no KV transfer from there
+                return None
         return targets
 
 
@@ -322,7 +342,10 @@ def replacement_id(placement_id: str, taken: Collection[str]) -> str:
 
 
 def _remapped(scheduler: Scheduler, old: Placement, move: Move) -> Placement:
-    """The old placement on the move's GPUs: the same ranks in the same order, under the new id."""
+    """The old placement on the move's GPUs: the same ranks in the same order, under the new id.
+
+    An instance of a disaggregated deployment gets the KV NICs and host NUMA nodes of its new GPUs
+    (``solver.pd.with_role``; ``InputError`` when a new GPU has no RDMA NIC on its NUMA node)."""
     index = scheduler.index
     ranks = []
     for rank, ref in zip(old.ranks, move.to_gpus, strict=True):
@@ -335,7 +358,7 @@ def _remapped(scheduler: Scheduler, old: Placement, move: Move) -> Placement:
         else c
         for c in old.constraints
     )
-    return old.model_copy(
+    new = old.model_copy(
         update={
             "id": move.replacement_id,
             "ranks": tuple(ranks),
@@ -344,6 +367,10 @@ def _remapped(scheduler: Scheduler, old: Placement, move: Move) -> Placement:
             "constraints": constraints,
         }
     )
+    if old.role is None:
+        return new
+    nodes = {n.name: n for n in scheduler.cluster.nodes}
+    return with_role(new, old.role, old.request_id, nodes, index.dmap)
 
 
 def start_move(

@@ -250,7 +250,7 @@ def _level(placement: Placement, nodes: dict[str, Node]) -> Literal["rack", "nod
     return "rack" if all(nodes[r.node].rack is not None for r in placement.ranks) else "node"
 
 
-def _near_check(decode: Placement, prefill: Placement, nodes: dict[str, Node]) -> ConstraintCheck:
+def near_check(decode: Placement, prefill: Placement, nodes: dict[str, Node]) -> ConstraintCheck:
     level = _level(prefill, nodes)
     held = all(near_node(prefill, nodes[r.node], nodes, level) for r in decode.ranks)
     where = sorted({str(nodes[r.node].rack if level == "rack" else r.node) for r in decode.ranks})
@@ -367,7 +367,7 @@ def place_pd(scheduler: Scheduler, base: PlacementRequest, spec: Disaggregation,
         if did in planner.decodes:
             decode, pid = planner.decodes[did]
             decode = with_role(decode, "decode", decode_rid, nodes, dmap)
-            near = _near_check(decode, prefills[pid], nodes)
+            near = near_check(decode, prefills[pid], nodes)
             decodes.append(decode.model_copy(update={"constraints": (*decode.constraints, near)}))
     outcome = Outcome(
         placements=[*(prefills[pid] for pid in prefill_ids if pid in prefills), *decodes],
@@ -389,6 +389,7 @@ __all__ = [
     "cluster_kv_links",
     "decode_request",
     "kv_nics",
+    "near_check",
     "place_pd",
     "place_stores",
     "placement_lanes",
