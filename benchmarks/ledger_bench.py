@@ -8,8 +8,10 @@ stress``: 55 % reserve, 35 % release, 10 % renew on 8 GPUs, with the independent
 ``reservations/s`` counts successful bookings; ``ops/s`` every call. CPU per operation, in ms:
 ``client`` is the client processes and the checker together (their rusage), ``etcd`` the etcd
 server's (from ``/proc``; only when the script started it). On a machine with few cores the wall
-figures are bounded by the sum of the two. Without ``--endpoint`` an etcd (``/usr/bin/etcd``) is
-started on free loopback ports in a temporary folder and stopped afterwards.
+figures are bounded by the sum of the two. Every run books in a new ledger (a new SQLite file, a new etcd
+namespace): etcd's ``audit()``, which the checker calls in a loop, reads its namespace's whole log.
+Without ``--endpoint`` an etcd (``/usr/bin/etcd``) is started on free loopback ports in a temporary
+folder and stopped afterwards.
 """
 
 from __future__ import annotations
@@ -23,6 +25,7 @@ import statistics
 import subprocess
 import tempfile
 import time
+import uuid
 from pathlib import Path
 from typing import Any
 
@@ -109,7 +112,9 @@ def main() -> None:
                 for clients in counts:
                     runs = []
                     for i in range(args.repeat):
-                        url = f"sqlite:{tmp}/{clients}-{i}.sqlite3" if backend == "sqlite" else f"etcd:{endpoint}/b{i}"
+                        # a fresh ledger per run: etcd's audit() reads the whole log of its namespace
+                        name = f"{clients}-{i}-{uuid.uuid4().hex[:6]}"
+                        url = f"sqlite:{tmp}/{name}.sqlite3" if backend == "sqlite" else f"etcd:{endpoint}/b{name}"
                         cfg = StressConfig(url=url, clients=clients, ops=args.ops, seed=i)
                         runs.append(measured_run(cfg, server))
                     res = statistics.median(r["reservations_per_s"] for r in runs)

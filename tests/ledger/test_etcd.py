@@ -207,18 +207,76 @@ def _count_posts(ledger: EtcdLedger) -> list[str]:
 
 
 def test_round_trips_per_change(etcd_url: str) -> None:
-    """A reserve reads once and commits once; leases are shared, never revoked; a release or renew of a
-    reservation this ledger booked is one transaction."""
+    """A reserve on GPUs this ledger object has not seen reads once and commits once; on GPUs whose keys
+    it remembers (from its reads and its own commits) it commits at once. Leases are shared, never
+    revoked; a release or renew of a reservation this ledger booked is one transaction."""
     ledger = EtcdLedger(etcd_url)
     ledger.set_capacity({f"n/{i}": 80 * GIB for i in range(4)})
     calls = _count_posts(ledger)
-    for k in range(10):
+    for k in range(10):  # k = 0, 1, 2 each bring one GPU not seen before; from k = 3 on all are known
         assert ledger.reserve(f"r{k}", {f"n/{k % 4}": GIB, f"n/{(k + 1) % 4}": GIB}, ttl_s=30).ok
-    assert calls.count("/v3/lease/grant") == 1 and calls.count("/v3/kv/txn") == 20
+    assert calls.count("/v3/lease/grant") == 1 and calls.count("/v3/kv/txn") == 3 * 2 + 7
     calls.clear()
     assert ledger.renew("r0", 30) is not None and ledger.release("r1") and ledger.release("r0")
     assert calls == ["/v3/kv/txn"] * 3
-    assert sorted(r.id for r in ledger.reservations()) == [f"r{k}" for k in range(2, 10)]
+    calls.clear()
+    assert ledger.reserve("again", {"n/0": 60 * GIB, "n/1": 60 * GIB}, ttl_s=30).ok  # fits once r0, r1 are gone
+    assert calls == ["/v3/kv/txn"]
+    assert sorted(r.id for r in ledger.reservations()) == ["again"] + [f"r{k}" for k in range(2, 10)]
+
+
+def test_a_reserve_from_memory_sees_what_others_did(etcd_url: str) -> None:
+    """A remembers n/0 and n/1; B then books most of n/0 and frees n/1. A's commit from memory fails its
+    compare (the failure branch reads afresh) and A refuses n/0; a booking that memory says does not fit
+    (n/1, freed by B) is read afresh before it is refused, and goes through."""
+    a, b = EtcdLedger(etcd_url), EtcdLedger(etcd_url)
+    a.set_capacity({"n/0": 80 * GIB, "n/1": 80 * GIB})
+    assert a.reserve("a1", {"n/0": 10 * GIB, "n/1": 10 * GIB}, ttl_s=30).ok
+    assert b.reserve("b1", {"n/1": 60 * GIB}, ttl_s=30).ok
+    assert a.reserve("a2", {"n/1": 5 * GIB}, ttl_s=30).ok  # a's memory of n/1 is stale: one retry, booked
+    assert b.reserve("b2", {"n/0": 65 * GIB}, ttl_s=30).ok and b.release("b1")
+    calls = _count_posts(a)
+    result = a.reserve("a3", {"n/0": 10 * GIB}, ttl_s=30)  # memory: 70 GiB free on n/0; now 5
+    assert result.status == "insufficient" and set(result.reasons) == {"n/0"}
+    assert calls == ["/v3/kv/txn"]  # the commit that failed: its failure branch read n/0 afresh
+    calls.clear()
+    assert a.reserve("a4", {"n/1": 60 * GIB}, ttl_s=30).ok  # memory: 5 GiB free on n/1 (b1 is gone since)
+    assert calls.count("/v3/kv/txn") == 2  # refused from memory only after a fresh read: a read and a commit
+    sums = {ref: acc.reserved_bytes for ref, acc in b.accounts().items()}
+    assert sums == {"n/0": 75 * GIB, "n/1": 75 * GIB}
+    replay = Replay({"n/0": 80 * GIB, "n/1": 80 * GIB})
+    replay.apply(a.audit())
+    assert replay.violations == 0
+
+
+def test_threads_sharing_one_ledger_object_and_its_memory_never_double_book(etcd_url: str) -> None:
+    """Four threads of one process book and release on three GPUs through one ledger object (one memory of
+    the ranges, commits from it racing each other and another replica); the log never puts a GPU over."""
+    caps = {f"n/{i}": 80 * GIB for i in range(3)}
+    shared, other = EtcdLedger(etcd_url), EtcdLedger(etcd_url)
+    shared.set_capacity(caps)
+    booked: list[str] = []
+
+    def work(seed: int, ledger: EtcdLedger) -> None:
+        rng = random.Random(seed)
+        mine: list[str] = []
+        for k in range(12):
+            if mine and rng.random() < 0.35:
+                assert ledger.release(mine.pop(rng.randrange(len(mine))))
+                continue
+            gpus = {ref: rng.randint(10, 40) * GIB for ref in rng.sample(sorted(caps), rng.randint(1, 2))}
+            if ledger.reserve(f"t{seed}-{k}", gpus, ttl_s=30).ok:
+                mine.append(f"t{seed}-{k}")
+        booked.extend(mine)
+
+    with ThreadPoolExecutor(5) as pool:
+        for future in [pool.submit(work, n, shared if n < 4 else other) for n in range(5)]:
+            future.result()
+    replay = Replay(caps)
+    replay.apply(shared.audit())
+    assert replay.violations == 0 and replay.entries >= 12  # how many commits win the races varies
+    assert replay.held.keys() == set(booked) == {r.id for r in other.reservations()}
+    assert all(a.reserved_bytes <= a.capacity_bytes for a in other.accounts().values())
 
 
 def test_a_change_from_stale_memory_acts_on_the_reservation_as_it_is_now(etcd_url: str) -> None:

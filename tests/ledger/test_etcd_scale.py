@@ -76,14 +76,17 @@ def test_capacity_and_reservations_of_any_size(etcd_url: str, gpus: int) -> None
     assert [t.puts for t in sent] == [0]
 
     refs = sorted(caps)
+    seen: set[str] = set()  # buckets this ledger object has read (it remembers them)
     for size in sorted({72, 128, 256, gpus}):
         booked = spread(refs, size)
+        buckets = {bucket_of(ref) for ref in booked}
         sent.clear()
         result = ledger.reserve(f"r{size}", dict.fromkeys(booked, 70 * GIB), ttl_s=30)
         assert result.status == "reserved", result.reasons
-        # one read and one commit, whose size is bounded by the buckets, not the GPUs
-        assert len(sent) == 2 and within_defaults(sent)
-        assert sent[1].compares <= 2 + BUCKETS and sent[1].ops <= 3 + BUCKETS
+        # a read (unless it remembers every bucket) and a commit, whose size is bounded by the buckets
+        assert len(sent) == (1 if buckets <= seen else 2) and within_defaults(sent)
+        seen |= buckets
+        assert sent[-1].compares <= 2 + BUCKETS and sent[-1].ops <= 3 + BUCKETS
         accounts = ledger.accounts()
         assert sum(a.reserved_bytes for a in accounts.values()) == size * 70 * GIB
         assert all(accounts[ref].reserved_bytes == 70 * GIB for ref in booked)

@@ -17,19 +17,28 @@ size. A small reservation reads, compares and writes per GPU (2 + 2 x 32 compare
 one per bucket it touches (2 + 64). ``set_capacity`` writes in chunks of 100 GPUs, only the GPUs
 whose capacity changed, so it is idempotent and simply redone after a crash half-way.
 
-Why it is exact: ``reserve`` reads the capacity and holds of the GPUs it books at one revision R,
-checks the fit, then commits a transaction whose compares say "``res/ID`` and ``index/ID`` do not
-exist" and "nothing under the keys I read was written after R": per GPU (``b/BB/g/REF/``) and per
-bucket (``b/BB/all/``) for a small reservation, per bucket (``b/BB/``, which holds both) for a large
-one. Any booking on those GPUs, or capacity change, after R fails the compare; the reserve reads
-again and retries. Deletes (release, logged expiry) only free bytes, so missing one between the read
-and the commit can refuse too much, never book too much.
+Why it is exact: ``reserve`` knows the capacity and holds of the GPUs it books, each key range as of
+a revision R (one read at one revision, or ranges it remembers, each at its own), checks the fit, then
+commits a transaction whose compares say "``res/ID`` and ``index/ID`` do not exist" and, per range,
+"nothing under these keys was written after R": per GPU (``b/BB/g/REF/``) and per bucket
+(``b/BB/all/``) for a small reservation, per bucket (``b/BB/``, which holds both) for a large one. Any
+booking on those GPUs, or capacity change, after R fails the compare; the reserve reads again and
+retries. Deletes (release, logged expiry) only free bytes, so missing one between the read and the
+commit can refuse too much, never book too much; that is also why a remembered range stays usable after
+this object's own deletes, and is updated after its own commits only when it was known as of the revision
+the commit was checked against.
 
-Round trips: a reserve reads once and commits once; the commit's failure branch reads the same keys
-again, so a lost race costs one more round trip, not two. A release or renew of a reservation this
-ledger object booked (or read) commits in one round trip: it compares the ``mod_revision`` of
-``res/ID`` and ``index/ID`` it remembers, which proves that what it remembers is current; when the
-compare fails, the failure branch brings the keys as they are now.
+Round trips: a reserve on GPUs whose key ranges this ledger object remembers (from its earlier reads
+and commits: each range with the revision it was known at) commits at once when the booking fits in
+what it remembers, with each range's compare against that range's own revision; when another replica
+wrote there since, the commit fails and its failure branch reads everything afresh, which is the read it
+would otherwise have made first, so this never costs more round trips. Otherwise a reserve reads once
+and commits once. A refusal is only ever decided on a fresh read (remembered keys may hold bytes freed
+since). Every read also counts ``index/`` and ``res/`` keys, so a refusal knows without another round
+trip whether a lease ran out unlogged. A release or renew of a reservation this ledger object booked
+(or read) commits in one round trip: it compares the ``mod_revision`` of ``res/ID`` and ``index/ID`` it
+remembers, which proves that what it remembers is current; when the compare fails, the failure branch
+brings the keys as they are now.
 
 Leases are shared: reservations booked within about a second with the same TTL (in whole seconds)
 hang their ``res/ID`` on one etcd lease, granted ``LEASE_SPARE_S`` longer than asked, so a reserve
@@ -110,6 +119,7 @@ MAX_ATTEMPTS = 200
 FRESH_READS_AFTER = 3  # lost races answered from the failure branch; later ones back off and read again
 LEASE_SPARE_S = 1  # a shared lease is granted this much longer than asked, and shared while it has it to spare
 KNOWN_MAX = 4096  # reservations remembered per ledger object, for one-round-trip releases and renewals
+RANGES_MAX = 16384  # guarded key ranges remembered per ledger object, for reserves that commit without a read
 
 
 def split_url(url: str) -> tuple[str, str]:
@@ -124,6 +134,12 @@ def split_url(url: str) -> tuple[str, str]:
 def _q(text: str) -> str:
     """A ref or id, percent-encoded for a key (cached: every call builds the same few keys again)."""
     return quote(text, safe="")
+
+
+@functools.lru_cache(maxsize=1 << 16)
+def _unq(text: str) -> str:
+    """A ref or id from a key (cached: a large reservation's read brings thousands of capacity keys)."""
+    return unquote(text)
 
 
 @functools.lru_cache(maxsize=1 << 16)
@@ -150,6 +166,16 @@ class _Holds:
 
     def holders(self, refs: set[str]) -> set[str]:
         return {rid for rid, h in self.by_id.items() if refs & h.keys()}
+
+
+@dataclass(frozen=True)
+class _Seen:
+    """The keys under one guarded range as this ledger object last knew them, at ``revision``: every key
+    in the range now is among ``kvs`` as long as none was written after ``revision`` (deletes only drop
+    keys), which is what a commit's compare on the range checks."""
+
+    revision: int
+    kvs: tuple[KeyValue, ...]
 
 
 @dataclass(frozen=True)
@@ -194,6 +220,8 @@ class EtcdLedger:
         self._leases: dict[int, _SharedLease] = {}  # by the TTL asked for, in whole seconds
         self._lease_lock = threading.Lock()
         self._known: dict[str, tuple[KeyValue, KeyValue]] = {}  # id -> (res/ID, index/ID) as last seen
+        self._ranges: dict[str, _Seen] = {}  # guarded range (a key prefix) -> its keys as last seen
+        self._ranges_lock = threading.Lock()
 
     # ------------------------------------------------------------------------------ keys
 
@@ -252,12 +280,12 @@ class EtcdLedger:
             parts = kv.key[len(self.prefix) :].split("/")  # b, BB, g, REF, cap | b, BB, g, REF, h, ID | b, BB, all, ID
             try:
                 if parts[2] == "g" and parts[4] == "cap":
-                    out.caps[unquote(parts[3])] = int(kv.value)
+                    out.caps[_unq(parts[3])] = int(kv.value)
                 elif parts[2] == "g":
-                    out.by_id.setdefault(unquote(parts[5]), {})[unquote(parts[3])] = int(kv.value)
+                    out.by_id.setdefault(_unq(parts[5]), {})[_unq(parts[3])] = int(kv.value)
                 else:
                     part = {str(ref): int(b) for ref, b in json.loads(kv.value).items()}
-                    out.by_id.setdefault(unquote(parts[3]), {}).update(part)
+                    out.by_id.setdefault(_unq(parts[3]), {}).update(part)
             except (ValueError, IndexError, AttributeError) as exc:
                 raise self._damaged(kv.key, exc) from exc
         return out
@@ -296,6 +324,7 @@ class EtcdLedger:
                 f"`etcdctl del --prefix {self.prefix}`",
             )
         existing = self._holds(current).caps
+        self._ranges.clear()  # capacities change below: read the ranges again
         changed = [(ref, cap) for ref, cap in capacities.items() if existing.get(ref) != cap]
         ops = [] if fmt else [put_op(f"{self.prefix}format", LAYOUT)]
         for ref, cap in changed:  # chunks by count and bytes: each one a transaction, redone safely
@@ -358,6 +387,66 @@ class EtcdLedger:
             pair.append(KeyValue(key, unb64(put["value"]), create or at, at, int(put.get("lease", 0))))
         self._remember(rid, pair[0], pair[1])
 
+    def _see(self, key: str, seen: _Seen) -> None:
+        with self._ranges_lock:
+            self._ranges.pop(key, None)
+            self._ranges[key] = seen
+            while len(self._ranges) > RANGES_MAX:  # forget the oldest: they are read again when needed
+                self._ranges.pop(next(iter(self._ranges)), None)
+
+    def _remembered(self, watched: Sequence[tuple[str, bool]]) -> list[_Seen] | None:
+        """What this object knows of every range in ``watched``, or None when it lacks one."""
+        seen = [self._ranges.get(key) for key, _prefix in watched]
+        return None if any(s is None for s in seen) else [s for s in seen if s is not None]
+
+    def _ranges_of(self, key: str) -> tuple[str, ...]:
+        """The guarded ranges that hold ``key`` (a ``b/`` key): its bucket, and its GPU's range or its
+        bucket's range of large reservations."""
+        parts = key[len(self.prefix) :].split("/")  # b, BB, g, REF, ... | b, BB, all, ID
+        if len(parts) < 4 or parts[0] != "b":
+            return ()
+        bucket = self._bucket(parts[1])
+        return (bucket, f"{bucket}all/" if parts[2] == "all" else f"{bucket}g/{parts[3]}/")
+
+    def _after_commit(self, at: int, success: Sequence[Json], guarded: Mapping[str, int] | None = None) -> None:
+        """Keep the remembered ranges true after a transaction committed at revision ``at``. ``guarded``:
+        the ranges its compares checked, with the revision each was checked against. Such a range was
+        unchanged up to ``at``, so when it is still remembered as of that revision it is now that plus the
+        transaction's puts, less its deletes. A range remembered from before ``at`` where it only deleted
+        loses those keys and keeps its revision (deletes cannot add bytes). Any other range it put a key in
+        is forgotten, to be read again. (Another thread may have stored a range in between: only a range
+        known as of the revision the change was made against is changed, so no key written in between is
+        lost.)"""
+        puts: dict[str, KeyValue] = {}
+        deleted: set[str] = set()
+        for op in success:
+            if "requestPut" in op:
+                put = op["requestPut"]
+                key = unb64(put["key"]).decode()
+                if key.startswith(self.prefix + "b/"):
+                    puts[key] = KeyValue(key, unb64(put["value"]), at, at, int(put.get("lease", 0)))
+            elif "requestDeleteRange" in op:
+                deleted.add(unb64(op["requestDeleteRange"]["key"]).decode())
+        touched: dict[str, list[KeyValue]] = {}
+        for key, kv in puts.items():
+            for rng in self._ranges_of(key):
+                touched.setdefault(rng, []).append(kv)
+        for key in deleted:
+            for rng in self._ranges_of(key):
+                touched.setdefault(rng, [])
+        guarded = guarded or {}
+        for rng, added in touched.items():
+            seen = self._ranges.get(rng)
+            if seen is None:
+                continue
+            if rng in guarded and seen.revision == guarded[rng]:
+                kept = tuple(kv for kv in seen.kvs if kv.key not in deleted and kv.key not in puts)
+                self._see(rng, _Seen(at, kept + tuple(added)))
+            elif added or rng in guarded:
+                self._ranges.pop(rng, None)
+            elif seen.revision < at and deleted & {kv.key for kv in seen.kvs}:
+                self._see(rng, _Seen(seen.revision, tuple(kv for kv in seen.kvs if kv.key not in deleted)))
+
     def _last_seen(self, rid: str) -> tuple[KeyValue | None, KeyValue | None]:
         """What this object last saw of ``rid`` (a commit's compares check it is current), else a read."""
         known = self._known.get(rid)
@@ -407,7 +496,10 @@ class EtcdLedger:
         compare = [absent(self._res(old.id)), mod_equals(index.key, index.mod_revision)]
         success = [delete_op(index.key), *(delete_op(key) for key in self._hold_keys(old.id, old.gpus))]
         success.append(self._audit_op("expire", old, at=old.expires_at or self._clock()))
-        return self.client.txn(compare, success)[0]
+        committed, data = self.client.txn(compare, success)
+        if committed:
+            self._after_commit(int(data["header"]["revision"]), success)
+        return committed
 
     def _sweep_ids(self, ids: set[str]) -> int:
         """Log the expiry of those of ``ids`` whose lease is gone; how many were logged."""
@@ -470,25 +562,49 @@ class EtcdLedger:
         draft = Reservation(
             id=rid, gpus=dict(gpus), owner=owner, created_at=self._clock(), expires_at=None, meta=dict(meta or {})
         )
-        size = op_bytes([op for ops in self._booking(draft, 0, 0) for op in ops])
+        watched = self._watched(gpus)
+        base = self._find_ops(rid) + [range_op(key, prefix=prefix) for key, prefix in watched]
+        booking = self._booking(draft, 0, [0] * len(watched))
+        size = op_bytes([*booking[0], *booking[1], *base])
         if size > self.max_request_bytes - 4096:
             reason = (
                 f"{len(gpus)} GPUs in one reservation make a {size}-byte etcd transaction, over etcd's request "
                 f"limit ({self.max_request_bytes} bytes, --max-request-bytes)"
             )
             return ReserveResult(status="invalid", reasons={"request": reason})
-        reads = self._find_ops(rid) + [range_op(key, prefix=prefix) for key, prefix in self._watched(gpus)]
-        _ok, data = self.client.txn([], reads)
+        # Every read, and a commit's failure branch, also counts the ``index/`` and ``res/`` keys (equal
+        # when no lease ran out unlogged), so a refusal knows without another round trip whether bytes of
+        # a holder whose lease ran out are in its way.
+        reads = base + self._sweep_reads()
+        # When this object remembers every range and the booking fits in them, it commits at once: one round
+        # trip when they are current; when not, the failed commit's failure branch was the read it would
+        # have made first, so it never costs more round trips than reading first. It refuses only on a
+        # fresh read (remembered keys may hold bytes freed since).
+        remembered = self._remembered(watched)
+        in_memory = None if remembered is None else self._holds([kv for seen in remembered for kv in seen.kvs])
+        data: Json | None = None
+        if in_memory is None or not self._fits(in_memory, gpus):
+            _ok, data = self.client.txn([], reads)
         for attempt in range(MAX_ATTEMPTS):
-            revision = int(data["header"]["revision"])
-            found, index = self._found(rid, data)
-            if found is not None and index is None:
-                raise self._damaged(found.key, KeyError(f"no {self._index(rid)} next to it"))
-            if index is not None and found is None:  # an expired reservation under this id whose end is not logged
-                self._log_expiry(index)
-                _ok, data = self.client.txn([], reads)
-                continue
-            holds = self._holds([kv for r in data["responses"][2:] for kv in kvs_of(r)])
+            index: KeyValue | None = None
+            if data is None:  # remembered: whether the id is taken is left to the commit's compares
+                assert remembered is not None and in_memory is not None
+                revisions = [seen.revision for seen in remembered]
+                holds = in_memory
+            else:
+                revision = int(data["header"]["revision"])
+                found, index = self._found(rid, data)
+                if found is not None and index is None:
+                    raise self._damaged(found.key, KeyError(f"no {self._index(rid)} next to it"))
+                if index is not None and found is None:  # an expired reservation under this id, end not logged
+                    self._log_expiry(index)
+                    _ok, data = self.client.txn([], reads)
+                    continue
+                ranges = [kvs_of(r) for r in data["responses"][2 : len(base)]]
+                for (key, _prefix), kvs in zip(watched, ranges, strict=True):
+                    self._see(key, _Seen(revision, tuple(kvs)))
+                revisions = [revision] * len(watched)
+                holds = self._holds([kv for kvs in ranges for kv in kvs])
             touched = {
                 ref: GpuAccount(ref=ref, capacity_bytes=holds.caps[ref], reserved_bytes=holds.used(ref))
                 for ref in gpus
@@ -496,8 +612,12 @@ class EtcdLedger:
             }
             refusal = judge(rid, gpus, self._reservation(index) if index is not None else None, touched)
             if refusal is not None:
+                if data is None:  # remembered keys may hold bytes freed since: refuse only on a fresh read
+                    _ok, data = self.client.txn([], reads)
+                    continue
                 # bytes of reservations whose lease ran out count until their expiry is logged
-                if refusal.status == "insufficient" and self._sweep_ids(holds.holders(set(refusal.reasons))):
+                counts = {"responses": data["responses"][len(base) :]}
+                if refusal.status == "insufficient" and self._sweep_answer(counts):
                     _ok, data = self.client.txn([], reads)
                     continue
                 return refusal
@@ -505,7 +625,7 @@ class EtcdLedger:
             now = self._clock()
             expires_at = None if lease is None or ttl_s is None else lease.expires_at(now, ttl_s)
             reservation = draft.model_copy(update={"created_at": now, "expires_at": expires_at})
-            compare, success = self._booking(reservation, 0 if lease is None else lease.id, revision)
+            compare, success = self._booking(reservation, 0 if lease is None else lease.id, revisions)
             try:
                 committed, data = self.client.txn(compare, success, reads)  # lost: the failure branch reads again
             except EtcdError as exc:
@@ -515,7 +635,9 @@ class EtcdLedger:
                 _ok, data = self.client.txn([], reads)
                 continue
             if committed:
-                self._remember_commit(rid, success, int(data["header"]["revision"]), (0, 0))
+                at = int(data["header"]["revision"])
+                self._remember_commit(rid, success, at, (0, 0))
+                self._after_commit(at, success, {key: rev for (key, _p), rev in zip(watched, revisions, strict=True)})
                 return ReserveResult(status="reserved", reservation=reservation)
             if attempt >= FRESH_READS_AFTER:  # many lost races: let the others through, then read afresh
                 self._backoff(attempt)
@@ -525,11 +647,20 @@ class EtcdLedger:
             fix="too many replicas booking the same GPUs at once; retry with the same id",
         )
 
-    def _booking(self, reservation: Reservation, lease: int, revision: int) -> tuple[list[Json], list[Json]]:
-        """The compares and writes that book ``reservation``, read at ``revision``."""
+    @staticmethod
+    def _fits(holds: _Holds, gpus: Mapping[str, int]) -> bool:
+        return all(ref in holds.caps and holds.caps[ref] - holds.used(ref) >= b for ref, b in gpus.items())
+
+    def _booking(self, reservation: Reservation, lease: int, revisions: Sequence[int]) -> tuple[list[Json], list[Json]]:
+        """The compares and writes that book ``reservation``; its guarded ranges (``_watched``) were read
+        at ``revisions``."""
         rid = reservation.id
         compare = [absent(self._res(rid)), absent(self._index(rid))]
-        compare += [unchanged_since(key, revision, prefix=prefix) for key, prefix in self._watched(reservation.gpus)]
+        watched = self._watched(reservation.gpus)
+        compare += [
+            unchanged_since(key, revision, prefix=prefix)
+            for (key, prefix), revision in zip(watched, revisions, strict=True)
+        ]
         success = [put_op(key, value) for key, value in self._hold_keys(rid, reservation.gpus).items()]
         success += [
             put_op(self._res(rid), json.dumps({"lease": lease}), lease=lease),
@@ -557,7 +688,9 @@ class EtcdLedger:
             success, changed = write(res, index)
             committed, data = self.client.txn(compare, success, self._find_ops(rid))
             if committed:
-                self._remember_commit(rid, success, int(data["header"]["revision"]), created)
+                at = int(data["header"]["revision"])
+                self._remember_commit(rid, success, at, created)
+                self._after_commit(at, success)
                 return True, changed
             res, index = self._found(rid, data)
             if attempt >= FRESH_READS_AFTER:

@@ -9,11 +9,13 @@ Errors are translated here, in one place: a connection that fails or times out i
 ``EtcdUnreachable``; an answer with an error status is ``EtcdError`` with etcd's code and message.
 Both are ``StateError``s, defined in ``toposched.errors`` with the rest of the tree.
 
-The transport is the standard library's ``http.client`` on a small pool of keep-alive connections
-(one per thread that calls at the same time), opened lazily and again after a fork: a small
-transaction costs about 0.2 ms of client CPU against about 0.57 ms through httpx, which was most of
-a ledger operation's CPU (docs/ledger.md). An idle connection that etcd closed (a restart) is
-noticed before it is reused, so a request is never sent twice.
+The transport is a small pool of keep-alive HTTP/1.1 connections on plain sockets (one per thread
+that calls at the same time), opened lazily and again after a fork; a request is one ``sendall`` with
+``TCP_NODELAY`` and the answer is parsed here (``Content-Length`` or chunked). httpx cost about
+0.57 ms of client CPU per small transaction and ``http.client`` about 0.2 ms (it sends the head and
+the body apart and parses headers with the ``email`` package); see docs/ledger.md for the figures.
+An idle connection that etcd closed (a restart) is noticed before it is reused, so a request is
+never sent twice. Watches, which stream, still use ``http.client``.
 """
 
 from __future__ import annotations
@@ -25,6 +27,7 @@ import json
 import os
 import select
 import socket
+import ssl
 import threading
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
@@ -179,6 +182,77 @@ def _readable(sock: socket.socket) -> bool:
     return bool(poller.poll(0))
 
 
+class _BrokenAnswer(OSError):
+    """etcd's answer ended early or was not HTTP."""
+
+
+class _Conn:
+    """One keep-alive HTTP/1.1 connection: a request is one ``sendall`` (head and body together, with
+    ``TCP_NODELAY``), the answer is read through a buffered reader. ``http.client`` sends the head and
+    the body apart and parses headers with the ``email`` package: about 0.1 ms of CPU per call more."""
+
+    __slots__ = ("reader", "sock")
+
+    def __init__(self, sock: socket.socket) -> None:
+        sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+        self.sock = sock
+        self.reader = sock.makefile("rb")
+
+    def close(self) -> None:
+        self.reader.close()
+        self.sock.close()
+
+    def _line(self) -> bytes:
+        line = self.reader.readline(65537)
+        if not line.endswith(b"\n"):
+            raise _BrokenAnswer("the connection closed in the middle of an answer")
+        return line
+
+    def exchange(self, request: bytes) -> tuple[int, bytes, bool]:
+        """Send ``request``; (status, body, whether the server keeps the connection open)."""
+        self.sock.sendall(request)
+        status_line = self._line()
+        parts = status_line.split(None, 2)
+        if len(parts) < 2 or not parts[0].startswith(b"HTTP/1.") or not parts[1].isdigit():
+            raise _BrokenAnswer(f"not an HTTP answer: {status_line[:80]!r}")
+        keep = parts[0] == b"HTTP/1.1"
+        length, chunked = -1, False
+        while True:
+            line = self._line()
+            if line in (b"\r\n", b"\n"):
+                break
+            name, _, value = line.partition(b":")
+            name, value = name.strip().lower(), value.strip().lower()
+            if name == b"content-length":
+                length = int(value)
+            elif name == b"transfer-encoding":
+                chunked = b"chunked" in value
+            elif name == b"connection":
+                keep = keep and value != b"close"
+        if chunked:
+            pieces = []
+            while True:
+                size = int(self._line().split(b";", 1)[0], 16)
+                if size == 0:
+                    while self._line() not in (b"\r\n", b"\n"):  # trailers
+                        pass
+                    break
+                pieces.append(self._exactly(size))
+                self._line()
+            body = b"".join(pieces)
+        elif length >= 0:
+            body = self._exactly(length)
+        else:  # no length: the body runs to the close
+            body, keep = self.reader.read(), False
+        return int(parts[1]), body, keep
+
+    def _exactly(self, size: int) -> bytes:
+        data = self.reader.read(size)
+        if len(data) != size:
+            raise _BrokenAnswer("the connection closed in the middle of an answer")
+        return data
+
+
 class EtcdClient:
     """Calls to one etcd endpoint (``http://HOST:PORT``). The constructor does no I/O; it is safe to
     share between threads."""
@@ -190,40 +264,58 @@ class EtcdClient:
         self._https = parts.scheme == "https"
         self._host = parts.hostname or "127.0.0.1"
         self._port = parts.port or (443 if self._https else 80)
+        self._head_host = parts.netloc.rpartition("@")[2].encode()
         self._lock = threading.Lock()
-        self._idle: list[http.client.HTTPConnection] = []
+        self._idle: list[_Conn] = []
         self._watching: set[http.client.HTTPConnection] = set()
         self._pid = os.getpid()
 
     def _connect(self) -> http.client.HTTPConnection:
+        """A connection of ``http.client``, for a watch's stream."""
         kind = http.client.HTTPSConnection if self._https else http.client.HTTPConnection
         return kind(self._host, self._port, timeout=self.timeout_s)
 
-    def _take(self) -> http.client.HTTPConnection:
-        """An idle keep-alive connection that is still open, else a new one (connected on first use)."""
+    def _open(self) -> _Conn:
+        sock = socket.create_connection((self._host, self._port), timeout=self.timeout_s)
+        if self._https:
+            sock = ssl.create_default_context().wrap_socket(sock, server_hostname=self._host)
+        return _Conn(sock)
+
+    def _take(self) -> _Conn:
+        """An idle keep-alive connection that is still open, else a new one."""
         with self._lock:
             if self._pid != os.getpid():  # a forked child: the parent's sockets are not ours to use
                 self._idle, self._watching, self._pid = [], set(), os.getpid()
             while self._idle:
                 conn = self._idle.pop()
-                if conn.sock is not None and not _readable(conn.sock):
+                if not _readable(conn.sock):
                     return conn
                 conn.close()
-        return self._connect()
+        return self._open()
 
     def _unreachable(self, exc: Exception) -> EtcdUnreachable:
         return EtcdUnreachable(f"etcd at {self.endpoint} is unreachable ({type(exc).__name__}: {exc})")
 
     def post(self, path: str, body: Json) -> Json:
-        conn = self._take()
+        payload = json.dumps(body, separators=(",", ":")).encode()
+        head = (
+            b"POST "
+            + path.encode()
+            + b" HTTP/1.1\r\nHost: "
+            + self._head_host
+            + b"\r\nContent-Type: application/json\r\nContent-Length: "
+            + str(len(payload)).encode()
+            + b"\r\n\r\n"
+        )
+        conn: _Conn | None = None
         try:
-            conn.request("POST", path, json.dumps(body).encode(), {"Content-Type": "application/json"})
-            answer = conn.getresponse()
-            raw = answer.read()
-        except (OSError, http.client.HTTPException) as exc:
-            conn.close()
+            conn = self._take()
+            status, raw, keep = conn.exchange(head + payload)
+        except (OSError, ValueError) as exc:  # ValueError: a length or chunk size that is not a number
+            if conn is not None:
+                conn.close()
             raise self._unreachable(exc) from exc
-        if answer.will_close:
+        if not keep:
             conn.close()
         else:
             with self._lock:
@@ -233,9 +325,9 @@ class EtcdClient:
             data: Json = json.loads(raw)
         except ValueError:
             data = {"message": raw[:200].decode(errors="replace")}
-        if answer.status >= 400 or "error" in data:
+        if status >= 400 or "error" in data:
             code = int(data.get("code", 0))
-            message = data.get("message") or data.get("error") or f"HTTP {answer.status}"
+            message = data.get("message") or data.get("error") or f"HTTP {status}"
             raise EtcdError(f"etcd at {self.endpoint} refused {path}: {message}", code=code)
         return data
 
@@ -299,8 +391,8 @@ class EtcdClient:
             mine = self._pid == os.getpid()
         if not mine:
             return
-        for conn in idle:
-            conn.close()
+        for idle_conn in idle:
+            idle_conn.close()
         for conn in watching:  # wakes a thread blocked reading the stream
             if conn.sock is not None:
                 with contextlib.suppress(OSError):
