@@ -136,10 +136,6 @@ def check(argv: list[str]) -> dict[str, Any]:
     return {"summary": summary, **resolved}
 
 
-if __name__ == "__main__":
-    sys.exit(case_runner.run("vllm", CASES, RESULTS, ("vllm",), check, ("vllm",)))
-
-
 def _kv_devices(kv: Any) -> str:
     """The ``device_name`` the KV transfer uses: the config's own, or, under ``MultiConnector``, that of the
     connector among ``kv_connector_extra_config["connectors"]`` that names one (the P2P MooncakeConnector)."""
@@ -152,3 +148,7 @@ def _kv_devices(kv: Any) -> str:
         if name:
             return str(name)
     return ""
+
+
+if __name__ == "__main__":
+    sys.exit(case_runner.run("vllm", CASES, RESULTS, ("vllm",), check, ("vllm",)))
