@@ -48,6 +48,40 @@ class GpuInfo:
     order: int  # position in cluster order (node order, then index)
 
 
+class FreeCounts:
+    """A Fenwick tree over groups' free-GPU counts (group order): the group that holds the k-th free GPU in
+    O(log groups), so the blind policies pick GPUs without a scan of every node (issue 17)."""
+
+    def __init__(self, counts: list[int]) -> None:
+        n = len(counts)
+        tree = [0, *counts]
+        for i in range(1, n + 1):
+            parent = i + (i & -i)
+            if parent <= n:
+                tree[parent] += tree[i]
+        self.tree = tree
+        self.total = sum(counts)
+        self.top = 1 << max(n.bit_length() - 1, 0) if n else 0
+
+    def add(self, group: int, delta: int) -> None:
+        self.total += delta
+        tree, i, n = self.tree, group + 1, len(self.tree) - 1
+        while i <= n:
+            tree[i] += delta
+            i += i & -i
+
+    def find(self, k: int) -> int:
+        """The group holding the ``k``-th free GPU (1-based, in group order); ``1 <= k <= total``."""
+        tree, pos, step, n = self.tree, 0, self.top, len(self.tree) - 1
+        while step:
+            nxt = pos + step
+            if nxt <= n and tree[nxt] < k:
+                pos = nxt
+                k -= tree[nxt]
+            step >>= 1
+        return pos  # 0-based: the group after the prefix ``pos``
+
+
 class LevelIndex:
     """Groups of one affinity level with free-GPU counts in buckets."""
 
@@ -71,6 +105,8 @@ class LevelIndex:
         self.whole: list[dict[int, None]] = [{} for _ in range(self.max_size + 1)]
         for i in range(len(groups)):
             self._bucket(i)[i] = None
+        self.counts: FreeCounts | None = FreeCounts(self.free_count) if level == "node" else None
+        """The node level's free counts in cluster order, for ``index-order`` and ``random``."""
 
     def _bucket(self, group: int) -> dict[int, None]:
         count = self.free_count[group]
@@ -80,6 +116,8 @@ class LevelIndex:
         del self._bucket(group)[group]
         self.free_count[group] += delta
         self._bucket(group)[group] = None
+        if self.counts is not None:
+            self.counts.add(group, delta)
 
     def take(self, ref: str) -> None:
         for g in self.of_gpu.get(ref, ()):

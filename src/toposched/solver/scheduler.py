@@ -657,12 +657,16 @@ def _blind(
     pid: str,
     replica_nodes: set[str],
     pick: Callable[[list[tuple[Group, int]], int], list[str]],
+    pick_any: Callable[[int], list[str]],
     policy: str,
 ) -> Assessment | Unplaced:
     """Topology-blind baselines: the degrees slo would choose on an empty machine, any free GPUs.
 
     ``pick`` gets the nodes that may be used, in cluster order, with their free-GPU counts (from the
-    node-level index, so no scan of every GPU) and returns the GPUs in rank order.
+    node-level index, so no scan of every GPU) and returns the GPUs in rank order. When every node may
+    be used, ``pick_any`` chooses among all free GPUs through the node level's ``FreeCounts`` instead,
+    in O(log nodes) per GPU: no list of the nodes with room (issue 17: the blind policies within 1.5x of
+    ``slo`` at any size).
     """
     cands, dropped = s.candidates(request)
     nodes = s.index.levels["node"]
@@ -671,15 +675,16 @@ def _blind(
         est = cand.options.latency(option, cand.options.gpu.native_link)
         if not cand.options.meets_slo(est) and cand is not cands[-1]:
             continue
-        accept = s.group_filter(request, cand.nodes, replica_nodes)
-        ids = nodes.with_free()
-        if s.filters_nothing(request, cand.nodes):  # every node may be used: no filter to call
-            usable = [(nodes.groups[i], nodes.free_count[i]) for i in ids]
+        if s.filters_nothing(request, cand.nodes) and nodes.counts is not None:
+            if nodes.counts.total < option.gpus:
+                continue
+            chosen = pick_any(option.gpus)
         else:
-            usable = [(nodes.groups[i], nodes.free_count[i]) for i in ids if accept(nodes.groups[i])]
-        if sum(count for _, count in usable) < option.gpus:
-            continue
-        chosen = pick(usable, option.gpus)
+            accept = s.group_filter(request, cand.nodes, replica_nodes)
+            usable = [(nodes.groups[i], nodes.free_count[i]) for i in nodes.with_free() if accept(nodes.groups[i])]
+            if sum(count for _, count in usable) < option.gpus:
+                continue
+            chosen = pick(usable, option.gpus)
         stages = [chosen[i * option.tp : (i + 1) * option.tp] for i in range(option.pp)]
         return assess(
             s.index, cand.options, option, stages, placement_id=pid, request_id=request.id, policy=policy,
@@ -713,12 +718,50 @@ def _random_gpus(s: Scheduler, usable: list[tuple[Group, int]], n: int) -> list[
     return chosen
 
 
+def _lowest_free(s: Scheduler, n: int) -> list[str]:
+    """``_lowest_indices`` over every node: the nodes holding the first ``n`` free GPUs, found by count."""
+    nodes = s.index.levels["node"]
+    counts, free = nodes.counts, s.index.free
+    assert counts is not None
+    chosen: list[str] = []
+    while len(chosen) < n:
+        group = counts.find(len(chosen) + 1)
+        chosen.extend(r for r in nodes.groups[group].gpus if r in free)
+    return chosen[:n]
+
+
+def _random_free(s: Scheduler, n: int) -> list[str]:
+    """``_random_gpus`` over every node: each GPU uniformly at random among the free ones left (seeded)."""
+    nodes = s.index.levels["node"]
+    counts, free = nodes.counts, s.index.free
+    assert counts is not None
+    chosen: list[str] = []
+    taken: list[int] = []
+    try:
+        for _ in range(n):
+            group = counts.find(s.rng.randrange(counts.total) + 1)
+            ref = s.rng.choice([r for r in nodes.groups[group].gpus if r in free and r not in chosen])
+            counts.add(group, -1)  # not offered again in this pick
+            taken.append(group)
+            chosen.append(ref)
+    finally:
+        for group in taken:
+            counts.add(group, +1)
+    return chosen
+
+
 def _index_order(s: Scheduler, request: PlacementRequest, pid: str, replica_nodes: set[str]) -> Assessment | Unplaced:
-    return _blind(s, request, pid, replica_nodes, lambda usable, n: _lowest_indices(s, usable, n), "index-order")
+    return _blind(
+        s, request, pid, replica_nodes, lambda usable, n: _lowest_indices(s, usable, n),
+        lambda n: _lowest_free(s, n), "index-order",
+    )  # fmt: skip
 
 
 def _random(s: Scheduler, request: PlacementRequest, pid: str, replica_nodes: set[str]) -> Assessment | Unplaced:
-    return _blind(s, request, pid, replica_nodes, lambda usable, n: _random_gpus(s, usable, n), "random")
+    return _blind(
+        s, request, pid, replica_nodes, lambda usable, n: _random_gpus(s, usable, n),
+        lambda n: _random_free(s, n), "random",
+    )  # fmt: skip
 
 
 def _exact(s: Scheduler, request: PlacementRequest, pid: str, replica_nodes: set[str]) -> Assessment | Unplaced:
