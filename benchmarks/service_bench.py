@@ -4,6 +4,7 @@
         [--pairs 600] [--repeat 3] [--gpus 256] [--live-gpus 1280] [--live 1000] [--json]
     .venv/bin/python benchmarks/service_bench.py --tick [--backend ...] [--live-gpus 1280] [--live 1000]
         [--ticks 30]
+    .venv/bin/python benchmarks/service_bench.py --concurrency 8 --live 0 --healthz 2000 --profile serve.prof
 
 Starts one server (``toposched serve``: uvicorn, a process of its own) per backend and cluster on a free
 loopback port, on a cluster spec of HGX H100 nodes (SQLite state in a temporary folder; etcd: Debian's
@@ -20,6 +21,14 @@ Rows: the ``--gpus`` cluster with no other placement at each concurrency, then t
 cluster with no other placement and with ``--live`` placements held (booked before the measured runs)
 at the middle concurrency, so the CPU per pair can be compared as live placements grow. Each figure is
 the median of ``--repeat`` runs of ``--pairs`` pairs on the same server, after a warm-up run.
+
+``--healthz N``: one more row per server, ``N`` requests of ``GET /healthz`` (no token, no state work) at the
+middle concurrency, with the server's CPU per request: what uvicorn, the guards and FastAPI cost on their own.
+
+``--profile FILE``: run each server under cProfile with a CPU-time clock (``time.process_time``; the main
+thread, where the SQLite state's work runs) and write its statistics to ``FILE`` (``FILE.2``, ... for the
+later servers) when it stops; read them with ``python -m pstats FILE``. The profiler slows the server
+down several times: its CPU figures are not the service's.
 
 ``--tick``: the background tick, in process (``ServiceState`` without HTTP), on the ``--live-gpus``
 cluster with no placement and with ``--live`` placements held. Each round: the replica makes one change of
@@ -111,12 +120,31 @@ def cluster_spec(folder: Path, gpus: int) -> Path:
     return path
 
 
-def start_server(state: str, spec: Path, folder: Path) -> tuple[subprocess.Popen[bytes], str]:
+PROFILED_SERVER = """
+import cProfile, signal, sys, time
+from toposched.cli.main import main
+out, sys.argv = sys.argv[1], ["toposched", *sys.argv[2:]]
+signal.signal(signal.SIGTERM, lambda *_: sys.exit(0))  # uvicorn raises it again once it has stopped
+profiler = cProfile.Profile(time.process_time)
+try:
+    profiler.runcall(main)
+except SystemExit:
+    pass
+finally:
+    profiler.dump_stats(out)
+"""
+
+
+def start_server(
+    state: str, spec: Path, folder: Path, *, profile: str | None = None
+) -> tuple[subprocess.Popen[bytes], str]:
+    """``toposched serve`` on a free port (under cProfile, writing ``profile``, when given)."""
     exe = Path(sys.executable).parent / "toposched"
     port = free_port()
     log = open(folder / f"serve-{port}.log", "wb")  # noqa: SIM115 (lives as long as the process)
+    command = [str(exe)] if profile is None else [sys.executable, "-c", PROFILED_SERVER, profile]
     proc = subprocess.Popen(
-        [str(exe), "serve", "--port", str(port), "--cluster", str(spec), "--state", state],
+        [*command, "serve", "--port", str(port), "--cluster", str(spec), "--state", state],
         env={**os.environ, "TOPOSCHED_API_TOKEN": TOKEN},
         stdout=log,
         stderr=subprocess.STDOUT,
@@ -167,6 +195,36 @@ async def load(url: str, prefix: str, pairs: int, concurrency: int, *, hold: boo
     return bad
 
 
+async def _gets(url: str, path: str, count: int, concurrency: int) -> list[str]:
+    """``count`` GETs of ``path`` by ``concurrency`` tasks (no token); the wrong answers."""
+    limits = httpx.Limits(max_connections=concurrency, max_keepalive_connections=concurrency)
+    bad: list[str] = []
+
+    async def task(n: int) -> None:
+        for _ in range(n):
+            answer = await client.get(path)
+            if answer.status_code != 200:
+                bad.append(f"GET {path}: {answer.status_code} {answer.text[:200]}")
+
+    async with httpx.AsyncClient(base_url=url, limits=limits, timeout=60) as client:
+        await asyncio.gather(*(task(len(range(k, count, concurrency))) for k in range(concurrency)))
+    return bad
+
+
+def measure_healthz(server: subprocess.Popen[bytes], url: str, count: int, concurrency: int) -> dict[str, float]:
+    """Server and client CPU per ``GET /healthz`` (ms), and requests per second."""
+    server_cpu, client_cpu, began = process_cpu_s(server.pid), time.process_time(), time.perf_counter()
+    bad = asyncio.run(_gets(url, "/healthz", count, concurrency))
+    seconds = time.perf_counter() - began
+    if bad:
+        raise SystemExit(f"{len(bad)} wrong answers, first: {bad[0]}")
+    return {
+        "pairs_per_s": count / seconds,
+        "server_ms": (process_cpu_s(server.pid) - server_cpu) / count * 1e3,
+        "client_ms": (time.process_time() - client_cpu) / count * 1e3,
+    }
+
+
 def measure(server: subprocess.Popen[bytes], url: str, run: str, pairs: int, concurrency: int) -> dict[str, float]:
     """One measured run: wall seconds and the server's and this client's CPU."""
     server_cpu, client_cpu, began = process_cpu_s(server.pid), time.process_time(), time.perf_counter()
@@ -182,9 +240,18 @@ def measure(server: subprocess.Popen[bytes], url: str, run: str, pairs: int, con
 
 
 def bench(
-    backend: str, gpus: int, live: int, concurrencies: list[int], pairs: int, repeat: int, *, show: bool
+    backend: str,
+    gpus: int,
+    live: int,
+    concurrencies: list[int],
+    pairs: int,
+    repeat: int,
+    *,
+    show: bool,
+    healthz: int = 0,
+    profile: str | None = None,
 ) -> list[dict[str, Any]]:
-    """The rows of one server: ``live`` placements held, then each concurrency."""
+    """The rows of one server: ``live`` placements held, then each concurrency (then ``GET /healthz``)."""
     if live + max(concurrencies) > gpus:
         raise SystemExit(f"{live} live placements and {max(concurrencies)} in flight need more than {gpus} GPUs")
     with tempfile.TemporaryDirectory(prefix="toposched-bench-") as tmp:
@@ -195,7 +262,7 @@ def bench(
             state = f"etcd:{etcd_url}/bench"
         else:
             state = f"sqlite:{folder / 'state.sqlite3'}"
-        server, url = start_server(state, cluster_spec(folder, gpus), folder)
+        server, url = start_server(state, cluster_spec(folder, gpus), folder, profile=profile)
         try:
             bad = asyncio.run(load(url, "held", live, 8, hold=True)) if live else []
             if bad:
@@ -205,6 +272,15 @@ def bench(
                 measure(server, url, f"warm-{concurrency}", min(pairs, 100), concurrency)
                 runs = [measure(server, url, f"c{concurrency}-r{r}", pairs, concurrency) for r in range(repeat)]
                 row: dict[str, Any] = {"backend": backend, "gpus": gpus, "live": live, "concurrency": concurrency}
+                row |= {key: statistics.median(r[key] for r in runs) for key in runs[0]}
+                rows.append(row)
+                if show:
+                    print(format_row(row), flush=True)
+            if healthz:
+                middle = concurrencies[len(concurrencies) // 2]
+                measure_healthz(server, url, min(healthz, 200), middle)
+                runs = [measure_healthz(server, url, healthz, middle) for _ in range(repeat)]
+                row = {"backend": backend, "gpus": gpus, "live": live, "concurrency": middle, "route": "healthz"}
                 row |= {key: statistics.median(r[key] for r in runs) for key in runs[0]}
                 rows.append(row)
                 if show:
@@ -223,10 +299,12 @@ HEADER = (
 
 
 def format_row(r: dict[str, Any]) -> str:
-    return (
+    """One row; a ``GET /healthz`` row counts requests where the others count pairs."""
+    line = (
         f"{r['backend']:8} {r['gpus']:>5} {r['live']:>5} {r['concurrency']:>11} {r['pairs_per_s']:>8.0f} "
         f"{r['server_ms']:>15.3f} {r['client_ms']:>15.3f}"
     )
+    return line + "   (GET /healthz: per request)" if r.get("route") == "healthz" else line
 
 
 def tick_bench(backend: str, gpus: int, live: int, ticks: int) -> dict[str, Any]:
@@ -307,7 +385,10 @@ def main() -> None:
     parser.add_argument("--json", action="store_true")
     parser.add_argument("--tick", action="store_true", help="the background tick in process, nothing changed")
     parser.add_argument("--ticks", type=int, default=30, help="ticks measured per row of --tick")
+    parser.add_argument("--healthz", type=int, default=0, help="also N GET /healthz per server (0: none)")
+    parser.add_argument("--profile", metavar="FILE", help="run the servers under cProfile (CPU clock), stats to FILE")
     args = parser.parse_args()
+    profiles = iter([args.profile, *(f"{args.profile}.{n}" for n in range(2, 100))] if args.profile else [])
     backends = ("sqlite", "etcd") if args.backend == "both" else (args.backend,)
     if args.tick:
         if not args.json:
@@ -329,10 +410,12 @@ def main() -> None:
     for backend in backends:
         pairs = args.pairs if backend == "sqlite" else args.etcd_pairs
         show = not args.json
-        rows += bench(backend, args.gpus, 0, concurrencies, pairs, args.repeat, show=show)
+        extra: dict[str, Any] = {"show": show, "healthz": args.healthz}
+        rows += bench(backend, args.gpus, 0, concurrencies, pairs, args.repeat, profile=next(profiles, None), **extra)
         if args.live:
-            rows += bench(backend, args.live_gpus, 0, [middle], pairs, args.repeat, show=show)
-            rows += bench(backend, args.live_gpus, args.live, [middle], pairs, args.repeat, show=show)
+            for live in (0, args.live):
+                profile = next(profiles, None)
+                rows += bench(backend, args.live_gpus, live, [middle], pairs, args.repeat, profile=profile, **extra)
     if args.json:
         print(json.dumps(rows, indent=2))
 

@@ -3,13 +3,15 @@
 from __future__ import annotations
 
 import sqlite3
+from collections.abc import Callable
 from pathlib import Path
 
 import pytest
 
+from tests.ledger.common import FakeClock
 from toposched.errors import StateError
 from toposched.ledger import open_ledger
-from toposched.ledger.base import GIB
+from toposched.ledger.base import GIB, AuditEntry
 from toposched.ledger.sqlite import SqliteLedger
 
 
@@ -108,3 +110,99 @@ def test_one_ledger_object_is_safe_across_threads(tmp_path: Path) -> None:
     assert errors == []
     assert all(a.reserved_bytes == 0 for a in ledger.accounts().values())
     assert ledger.reservations() == []
+
+
+# -- what a connection remembers while no other one commits (``_Known`` in ledger/sqlite.py) --------------
+
+
+def _statements(ledger: SqliteLedger, action: Callable[[], object]) -> list[str]:
+    """The SQL statements ``action`` runs on the ledger's connection (BEGIN and COMMIT included)."""
+    conn = ledger._conn
+    assert conn is not None
+    seen: list[str] = []
+    conn.set_trace_callback(seen.append)
+    try:
+        action()
+    finally:
+        conn.set_trace_callback(None)
+    return seen
+
+
+def test_a_booking_a_release_and_reading_own_entries_take_few_statements(tmp_path: Path) -> None:
+    ledger = SqliteLedger(tmp_path / "state.sqlite3")
+    ledger.set_capacity({"n/0": 80 * GIB})
+    ledger.audit()
+    booking = _statements(ledger, lambda: ledger.reserve("a", {"n/0": GIB}, meta={"model": "m"}))
+    assert len(booking) == 9 and booking[0] == "BEGIN IMMEDIATE" and booking[-1] == "COMMIT"
+    entries = ledger.audit(since=0)
+    assert [(e.seq, e.action, e.id) for e in entries] == [(1, "reserve", "a")]
+    release = _statements(ledger, lambda: ledger.release("a"))
+    assert len(release) == 8 and release[-1] == "COMMIT"
+    read: list[AuditEntry] = []
+    assert _statements(ledger, lambda: read.extend(ledger.audit(since=1))) == ["PRAGMA data_version"]
+    assert [(e.seq, e.action, e.id, e.gpus) for e in read] == [(2, "release", "a", {"n/0": GIB})]
+    ledger.close()
+
+
+def test_changes_by_another_connection_are_read_from_the_file(tmp_path: Path) -> None:
+    path = tmp_path / "state.sqlite3"
+    first, second = SqliteLedger(path), SqliteLedger(path)
+    first.set_capacity({"n/0": 80 * GIB})
+    assert first.reserve("a", {"n/0": GIB}).ok
+    assert second.reserve("b", {"n/0": GIB}).ok
+    assert first.reserve("c", {"n/0": GIB}).ok  # after b: the next seq is read again, not counted on
+    assert first.release("b")
+    log = [(e.seq, e.action, e.id) for e in first.audit(since=1)]
+    assert log == [(2, "reserve", "b"), (3, "reserve", "c"), (4, "release", "b")]
+    assert [e.id for e in second.audit(since=2)] == ["c", "b"]
+    for ledger in (first, second):
+        ledger.close()
+    again = SqliteLedger(path)  # every seq once, and the commit count agrees with FILE-commits
+    assert [e.seq for e in again.audit()] == [1, 2, 3, 4]
+    again.close()
+
+
+def test_an_audit_row_changed_by_another_connection_fails_its_check_when_read(tmp_path: Path) -> None:
+    path = tmp_path / "state.sqlite3"
+    ledger = SqliteLedger(path)
+    ledger.set_capacity({"n/0": 80 * GIB})
+    assert ledger.reserve("a", {"n/0": GIB}, owner="svc").ok
+    with sqlite3.connect(path) as db:
+        db.execute("UPDATE ledger_audit SET owner = 'someone' WHERE seq = 1")
+    with pytest.raises(StateError, match="row ledger_audit seq=1 fails its checksum"):
+        ledger.audit(since=0)
+    ledger.close()
+
+
+def test_a_transaction_that_fails_half_way_leaves_no_gap_in_the_log(tmp_path: Path) -> None:
+    """A statement fails after the audit entry was written (a trigger stands in for a full disk): the
+    connection forgets the seq and commit count it had counted on, so the next change is numbered right."""
+    path = tmp_path / "state.sqlite3"
+    ledger = SqliteLedger(path)
+    ledger.set_capacity({"n/0": 80 * GIB})
+    with sqlite3.connect(path) as db:
+        db.execute(
+            "CREATE TRIGGER fail BEFORE UPDATE ON ledger_meta "
+            "WHEN EXISTS (SELECT 1 FROM ledger_audit WHERE rid = 'b') BEGIN SELECT RAISE(ABORT, 'disk full'); END"
+        )
+    assert ledger.reserve("a", {"n/0": GIB}).ok
+    with pytest.raises(StateError, match="disk full"):
+        ledger.reserve("b", {"n/0": GIB})
+    assert ledger.reserve("c", {"n/0": GIB}).ok
+    assert [(e.seq, e.id) for e in ledger.audit()] == [(1, "a"), (2, "c")]
+    ledger.close()
+    again = SqliteLedger(path)
+    assert sorted(r.id for r in again.reservations()) == ["a", "c"]
+    again.close()
+
+
+def test_a_lease_shortened_by_renew_runs_out_at_the_new_time(tmp_path: Path) -> None:
+    clock = FakeClock()
+    ledger = SqliteLedger(tmp_path / "state.sqlite3", clock=clock)
+    ledger.set_capacity({"n/0": 80 * GIB})
+    assert ledger.reserve("a", {"n/0": 80 * GIB}, ttl_s=100).ok
+    assert ledger.renew("a", 10) is not None
+    clock.now += 20
+    assert [(e.action, e.id) for e in ledger.audit(since=2)] == [("expire", "a")]
+    assert ledger.reserve("b", {"n/0": 80 * GIB}).ok  # the bytes are free again
+    ledger.close()

@@ -35,6 +35,16 @@ the fit check) rely on the check at open. ``reservations()`` decodes only rows i
 row read again exactly as stored last time (every value and the checksum equal) passed its check then, so
 the Reservation decoded then is handed out again (decoding and checking cost 85 % of a full read).
 
+What the process knows (``_Known``). While no other connection has committed to the file (SQLite's
+``PRAGMA data_version`` is unchanged, read inside the transaction) a connection knows the next audit seq,
+the commit count, a lower bound of the leases' expiry times and the audit entries it wrote itself, so a
+change does not read them again: with no lease due, a booking is 9 statements (BEGIN and COMMIT
+included), a release 8, and ``audit()`` answers the entries this process wrote with that one pragma (the
+service's create + delete pair: 18 statements, was 26; still one fsync-ed commit per change). A version
+that changed (another process, a person with the ``sqlite3`` shell, the DomainMap store's own connection),
+a transaction that failed or a new connection reads them again inside the transaction; entries written by
+anyone else are always read from the file and checked.
+
 A folder or file the user may not write is reported as such (``sqlite_file.access_problem``), not as
 damage. A file that stays locked past ``busy_timeout_s`` raises ``StateError`` too; the ledger never
 starts empty over a file it cannot read.
@@ -44,6 +54,7 @@ from __future__ import annotations
 
 import json
 import logging
+import math
 import os
 import sqlite3
 import threading
@@ -51,6 +62,7 @@ import uuid
 import zlib
 from collections.abc import Iterator, Mapping, Sequence
 from contextlib import contextmanager
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, ClassVar
 
@@ -120,6 +132,8 @@ _KEYS = {"ledger_meta": 1, "ledger_gpus": 1, "ledger_reservations": 1, "ledger_h
 _LIVE = "(r.expires_at IS NULL OR r.expires_at > ?)"
 _COLUMNS = "id, owner, created_at, expires_at, gpus_json, meta_json, checksum"
 _AUDIT_COLUMNS = "seq, at, action, rid, owner, gpus_json, expires_at, checksum"
+_LOGGED_MAX = 1024
+"""Own audit entries kept for ``audit()`` (the oldest half goes when there are more)."""
 
 
 def row_checksum(table: str, values: Sequence[object]) -> int:
@@ -157,7 +171,23 @@ def _row_to_reservation(values: Sequence[Any]) -> Reservation:
     )
 
 
-# ---------------------------------------------------------------------------------- the -wal file
+@dataclass
+class _Known:
+    """What a connection knows of the file while ``PRAGMA data_version`` stays ``version`` (no other
+    connection committed): read inside a transaction, kept up to date by this connection's own changes."""
+
+    version: int
+    next_seq: int
+    """The seq of the next audit entry."""
+    commits: int
+    """``ledger_meta``'s commit count."""
+    expiry_floor: float
+    """No stored reservation's lease ends before this (``inf``: none has a lease). A lower bound: a released
+    lease leaves it where it was; a sweep sets it exactly."""
+    logged_after: int
+    """``logged`` holds every audit entry with a greater seq (seqs without gaps: nobody else wrote)."""
+    logged: list[tuple[Any, ...]] = field(default_factory=list)
+    """The values of the audit rows this connection committed, oldest first (as ``_checked`` returns them)."""
 
 
 class SqliteLedger:
@@ -177,6 +207,9 @@ class SqliteLedger:
         self._conn: sqlite3.Connection | None = None
         self._pid = 0
         self._ledger_id = ""
+        self._mark_path = self.path.with_name(self.path.name + "-commits")
+        self._known: _Known | None = None
+        """What the connection knows while no other one commits (see the module docstring); None: read it."""
         # One connection per process, shared by its threads: transactions are serialised by this lock
         # (a thread-per-connection design would hit "database is locked" between threads instead).
         self._lock = threading.RLock()
@@ -186,7 +219,7 @@ class SqliteLedger:
     @property
     def mark_path(self) -> Path:
         """``FILE-commits``: the ledger's id and how many commits it has acknowledged."""
-        return self.path.with_name(self.path.name + "-commits")
+        return self._mark_path
 
     # ------------------------------------------------------------------------------ errors
 
@@ -248,7 +281,7 @@ class SqliteLedger:
             )
         if mark != (ledger_id, commits):
             self._write_mark(ledger_id, commits)
-        self._conn, self._pid, self._ledger_id = conn, os.getpid(), ledger_id
+        self._conn, self._pid, self._ledger_id, self._known = conn, os.getpid(), ledger_id, None
         return conn
 
     def _wal_damage(self) -> str | None:
@@ -362,12 +395,17 @@ class SqliteLedger:
                 now = float(self._clock()) + 0.0  # + 0.0: SQLite keeps no -0.0, the checksum would differ
                 before = conn.total_changes
                 if write:
-                    self._sweep(conn, now)
+                    known = self._know(conn)
+                    if known.expiry_floor <= now:
+                        self._sweep(conn, now, known)
                 yield conn, now
                 if write and conn.total_changes != before:
-                    commits = self._count_commit(conn)
+                    known.commits += 1
+                    self._put_meta(conn, "commits", str(known.commits))
+                    commits = known.commits
                 conn.execute("COMMIT")
             except BaseException:
+                self._known = None  # it may hold changes that are not in the file: read it again
                 if conn.in_transaction:
                     conn.execute("ROLLBACK")
                 raise
@@ -386,36 +424,63 @@ class SqliteLedger:
             _with_checksum("ledger_meta", (key, value)),
         )
 
-    def _count_commit(self, conn: sqlite3.Connection) -> int:
+    def _know(self, conn: sqlite3.Connection) -> _Known:
+        """``_Known`` for the transaction ``conn`` is in: kept when no other connection committed since it
+        was read, else read again (next seq, commit count, earliest lease)."""
+        (version,) = conn.execute("PRAGMA data_version").fetchone()
+        known = self._known
+        if known is not None and known.version == version:
+            return known
+        (last,) = conn.execute("SELECT coalesce(max(seq), 0) FROM ledger_audit").fetchone()
         row = conn.execute("SELECT key, value, checksum FROM ledger_meta WHERE key = 'commits'").fetchone()
         if row is None:
             raise _Damaged("ledger_meta has no commit count")
-        commits = int(_checked("ledger_meta", row)[1]) + 1
-        self._put_meta(conn, "commits", str(commits))
-        return commits
+        commits = int(_checked("ledger_meta", row)[1])
+        (floor,) = conn.execute("SELECT min(expires_at) FROM ledger_reservations").fetchone()
+        self._known = _Known(version, last + 1, commits, math.inf if floor is None else floor, last)
+        return self._known
 
-    def _sweep(self, conn: sqlite3.Connection, now: float) -> None:
+    def _sweep(self, conn: sqlite3.Connection, now: float, known: _Known) -> None:
+        """Delete and log the leases that ran out; sets ``expiry_floor`` to the earliest lease left."""
         due = conn.execute(
             f"SELECT {_COLUMNS} FROM ledger_reservations WHERE expires_at <= ? ORDER BY expires_at", (now,)
         ).fetchall()
         for row in due:
-            held = _row_to_reservation(_checked("ledger_reservations", row))
-            self._delete(conn, held.id)
-            self._log(conn, "expire", held, at=held.expires_at or now)
+            rid, owner, _created, expires, gpus_json, _meta = _checked("ledger_reservations", row)
+            self._delete(conn, rid)
+            self._log(conn, "expire", rid, owner, json.loads(gpus_json), expires, at=expires or now)
+        (floor,) = conn.execute("SELECT min(expires_at) FROM ledger_reservations").fetchone()
+        known.expiry_floor = math.inf if floor is None else floor
 
     @staticmethod
     def _delete(conn: sqlite3.Connection, rid: str) -> None:
         conn.execute("DELETE FROM ledger_reservations WHERE id = ?", (rid,))
         conn.execute("DELETE FROM ledger_holds WHERE rid = ?", (rid,))
 
-    @staticmethod
-    def _log(conn: sqlite3.Connection, action: AuditAction, held: Reservation, *, at: float) -> None:
-        (seq,) = conn.execute("SELECT coalesce(max(seq), 0) + 1 FROM ledger_audit").fetchone()
-        values = (seq, float(at), action, held.id, held.owner, json.dumps(held.gpus, sort_keys=True), held.expires_at)
+    def _log(
+        self,
+        conn: sqlite3.Connection,
+        action: AuditAction,
+        rid: str,
+        owner: str,
+        gpus: Mapping[str, int],
+        expires_at: float | None,
+        *,
+        at: float,
+    ) -> None:
+        """Append an audit entry (inside a write transaction, after ``_know``)."""
+        known = self._known
+        assert known is not None, "_log runs in a write transaction"
+        values = (known.next_seq, float(at), action, rid, owner, json.dumps(gpus, sort_keys=True), expires_at)
         conn.execute(
             f"INSERT INTO ledger_audit ({_AUDIT_COLUMNS}) VALUES (?, ?, ?, ?, ?, ?, ?, ?)",
             _with_checksum("ledger_audit", values),
         )
+        known.next_seq += 1
+        known.logged.append(values)
+        if len(known.logged) > _LOGGED_MAX:
+            del known.logged[: _LOGGED_MAX // 2]
+            known.logged_after = known.logged[0][0] - 1
 
     @staticmethod
     def _find_row(conn: sqlite3.Connection, rid: str, now: float) -> tuple[Any, ...] | None:
@@ -469,15 +534,14 @@ class SqliteLedger:
         marks = ",".join("?" * len(refs))
         with self._txn(write=True) as (conn, now):
             held = self._find(conn, rid, now)
-            caps = dict(conn.execute(f"SELECT ref, capacity FROM ledger_gpus WHERE ref IN ({marks})", refs).fetchall())
-            sums = dict(
-                conn.execute(
-                    f"SELECT ref, SUM(bytes) FROM ledger_holds WHERE ref IN ({marks}) GROUP BY ref", refs
-                ).fetchall()
-            )
+            # every hold counts: the write transaction swept the leases that ran out
+            rows = conn.execute(
+                "SELECT g.ref, g.capacity, (SELECT coalesce(sum(h.bytes), 0) FROM ledger_holds h WHERE h.ref = g.ref) "
+                f"FROM ledger_gpus g WHERE g.ref IN ({marks})",
+                refs,
+            ).fetchall()
             touched = {
-                ref: GpuAccount(ref=ref, capacity_bytes=cap, reserved_bytes=int(sums.get(ref, 0)))
-                for ref, cap in caps.items()
+                ref: GpuAccount(ref=ref, capacity_bytes=cap, reserved_bytes=int(used)) for ref, cap, used in rows
             }
             refusal = judge(rid, gpus, held, touched)
             if refusal is not None:
@@ -506,8 +570,14 @@ class SqliteLedger:
                 "INSERT INTO ledger_holds (rid, ref, bytes, checksum) VALUES (?, ?, ?, ?)",
                 [_with_checksum("ledger_holds", (rid, r, int(gpus[r]))) for r in refs],
             )
-            self._log(conn, "reserve", reservation, at=now)
+            self._log(conn, "reserve", rid, owner, reservation.gpus, reservation.expires_at, at=now)
+            self._lease_ends(reservation.expires_at)
         return ReserveResult(status="reserved", reservation=reservation)
+
+    def _lease_ends(self, expires_at: float | None) -> None:
+        """Keep ``expiry_floor`` a lower bound after a lease was written (in a write transaction)."""
+        if expires_at is not None and self._known is not None:
+            self._known.expiry_floor = min(self._known.expiry_floor, expires_at)
 
     def renew(self, rid: str, ttl_s: float) -> Reservation | None:
         if not ttl_s > 0:
@@ -522,16 +592,18 @@ class SqliteLedger:
                 "UPDATE ledger_reservations SET expires_at = ?, checksum = ? WHERE id = ?",
                 (renewed.expires_at, row_checksum("ledger_reservations", row), rid),
             )
-            self._log(conn, "renew", renewed, at=now)
+            self._log(conn, "renew", rid, renewed.owner, renewed.gpus, renewed.expires_at, at=now)
+            self._lease_ends(renewed.expires_at)
         return renewed
 
     def release(self, rid: str) -> bool:
         with self._txn(write=True) as (conn, now):
-            held = self._find(conn, rid, now)
-            if held is None:
+            values = self._find_row(conn, rid, now)
+            if values is None:
                 return False
+            _rid, owner, _created, expires, gpus_json, _meta = values  # (the meta is not needed to log it)
             self._delete(conn, rid)
-            self._log(conn, "release", held, at=now)
+            self._log(conn, "release", rid, owner, json.loads(gpus_json), expires, at=now)
         return True
 
     def get(self, rid: str) -> Reservation | None:
@@ -553,7 +625,8 @@ class SqliteLedger:
         return [reservation for _row, reservation in decoded.values()]
 
     def audit(self, *, since: int = 0, limit: int | None = None) -> list[AuditEntry]:
-        """The log after the expiries that are due are logged: one read transaction when none are."""
+        """The log after the expiries that are due are logged. Entries this process wrote come from memory
+        when nobody else committed since (one pragma); otherwise one read transaction when no lease is due."""
 
         def entries(conn: sqlite3.Connection) -> list[tuple[Any, ...]]:
             rows = conn.execute(
@@ -562,16 +635,38 @@ class SqliteLedger:
             ).fetchall()
             return [_checked("ledger_audit", row) for row in rows]
 
-        with self._txn(write=False) as (conn, now):
-            due = conn.execute("SELECT 1 FROM ledger_reservations WHERE expires_at <= ? LIMIT 1", (now,)).fetchone()
-            checked = entries(conn) if due is None else []
-        if due is not None:
-            with self._txn(write=True) as (conn, _now):  # a write transaction sweeps and logs the expired leases
-                checked = entries(conn)
+        with self._lock:
+            checked = self._own_entries(since)
+            if checked is None:
+                with self._txn(write=False) as (conn, now):
+                    due = self._know(conn).expiry_floor <= now
+                    checked = entries(conn) if not due else []
+                if due:
+                    with self._txn(write=True) as (conn, _now):  # a write transaction sweeps and logs the expired
+                        checked = entries(conn)
+            elif limit is not None:
+                checked = checked[:limit]
         return [
             AuditEntry(seq=s, at=at, action=a, id=rid, owner=o, gpus=json.loads(g), expires_at=e)
             for s, at, a, rid, o, g, e in checked
         ]
+
+    def _own_entries(self, since: int) -> list[tuple[Any, ...]] | None:
+        """The entries after ``since`` from memory (``_Known.logged``): None unless the file holds no other
+        entry (no other connection committed), ``since`` is not older than what is kept and no lease is due."""
+        known = self._known
+        if known is None or since < known.logged_after:
+            return None
+        conn = self._connect()
+        if conn is not self._conn or self._known is not known:
+            return None  # a new connection: read the file
+        try:
+            (version,) = conn.execute("PRAGMA data_version").fetchone()
+        except sqlite3.Error as exc:
+            raise self._fail(exc) from exc
+        if version != known.version or known.expiry_floor <= float(self._clock()):
+            return None
+        return known.logged[since - known.logged_after :]
 
     def close(self) -> None:
         with self._lock:
@@ -579,6 +674,7 @@ class SqliteLedger:
                 self._conn.close()
             self._conn = None
             self._decoded = {}
+            self._known = None
 
 
 def _verify(conn: sqlite3.Connection) -> tuple[str, int]:

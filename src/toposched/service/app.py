@@ -101,6 +101,9 @@ def create_app(config: ServiceConfig, state: ServiceState | None = None) -> Fast
         lifespan=lifespan,
         docs_url=None,  # Swagger UI loads from a CDN; the spec is at /openapi.json
         redoc_url=None,
+        # The service exports Prometheus metrics (/metrics); FastAPI's native OpenTelemetry would look up
+        # three global providers (and os.environ) on every request to find that none is configured.
+        telemetry={"tracing": False, "metrics": False, "logs": False},
     )
     app.state.toposched = state
     app.include_router(build_router(state, latency))
@@ -144,7 +147,7 @@ def create_app(config: ServiceConfig, state: ServiceState | None = None) -> Fast
         return error_response(500, "internal error", "an unexpected error; the service log has the traceback")
 
     @app.get("/healthz", responses={200: {"model": HealthOut}}, summary="The process answers")
-    def healthz() -> JSONResponse:
+    async def healthz() -> JSONResponse:
         return JSONResponse({"status": "ok"})
 
     @app.get(
@@ -152,7 +155,7 @@ def create_app(config: ServiceConfig, state: ServiceState | None = None) -> Fast
         responses={200: {"model": ReadyOut}, 503: {"model": ReadyOut, "description": "not ready, and why"}},
         summary="State loaded and the last background sync worked",
     )
-    def readyz() -> JSONResponse:
+    async def readyz() -> JSONResponse:
         if state.ready and state.last_error is None:
             return JSONResponse({"status": "ready"})
         return JSONResponse({"status": "not ready", "detail": state.last_error or "loading"}, status_code=503)
@@ -171,7 +174,7 @@ def create_app(config: ServiceConfig, state: ServiceState | None = None) -> Fast
         return PlainTextResponse(text.decode(), media_type=CONTENT_TYPE_LATEST)
 
     @app.get("/", include_in_schema=False)
-    def root() -> RedirectResponse:
+    async def root() -> RedirectResponse:
         return RedirectResponse("/ui/")
 
     app.mount("/ui", StaticFiles(directory=web_dir(), html=True), name="ui")
