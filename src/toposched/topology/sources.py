@@ -64,10 +64,13 @@ def _smi(ref: str) -> Loaded:
     text = read_text(
         ref, what="topology file", max_bytes=MAX_SMI_BYTES, special_fix="save it first: `nvidia-smi topo -m > topo.txt`"
     )
-    result = parse_topo_matrix(text, source=ref, hostname=None)
+    # the node is labelled with the path the source reference keeps (resolved), so loading the stored
+    # reference again (`topo refresh`) gives the same snapshot even when the path went through a symlink
+    resolved = str(path.resolve())
+    result = parse_topo_matrix(text, source=resolved, hostname=None)
     name = path.stem if result.node.name == "localhost" else result.node.name
     cluster = Cluster(name=name, nodes=(result.node,))
-    return Loaded(cluster, SourceRef(kind="smi", ref=str(path.resolve())), result.warnings)
+    return Loaded(cluster, SourceRef(kind="smi", ref=resolved), result.warnings)
 
 
 def _preset(ref: str) -> Loaded:
