@@ -55,6 +55,36 @@ def test_pcie_only_box_reads_common_ancestors() -> None:
     assert _domains(node) == []
 
 
+def test_p2p_status_from_nvml_matches_the_p2p_capture() -> None:
+    """A PCIe box whose `topo -p2p r` capture says OK between all GPUs, then one pair refused: the live probe
+    asks NVML (``nvmlDeviceGetP2PStatus``, read, both ways) and records the same per link."""
+    from toposched.topology.p2p import apply_p2p, parse_p2p_matrix
+
+    source = parse_topo_matrix((FIXTURES / "topo/24_3gpu-5070-2x5060ti-phb-raw-ansi-tabs.txt").read_text()).node
+    capture = (FIXTURES / "p2p/03_3gpu-5070-2x5060ti-p2p-ansi-tabs.txt").read_text()
+    captured = apply_p2p(source, parse_p2p_matrix(capture, source="p2p.txt"))
+    node = probe_node(FakeNvml.from_node(captured, nvswitch=False)).node
+    assert [link.p2p for link in node.links] == [link.p2p for link in captured.links] == [True, True, True]
+    refused = captured.model_copy(
+        update={
+            "links": tuple(x.model_copy(update={"p2p": False}) if (x.a, x.b) == (0, 2) else x for x in captured.links)
+        }
+    )
+    node = probe_node(FakeNvml.from_node(refused, nvswitch=False)).node
+    assert {(x.a, x.b): x.p2p for x in node.links} == {(0, 1): True, (0, 2): False, (1, 2): True}
+    assert not node.peer_to_peer([0, 2]) and node.peer_to_peer([0, 1])
+
+
+def test_p2p_is_unknown_when_the_driver_cannot_say() -> None:
+    source = parse_topo_matrix((FIXTURES / "topo/21_8x-rtx4090-node-sys-with-prompt.txt").read_text()).node
+    node = probe_node(FakeNvml.from_node(source, nvswitch=False)).node  # no P2P answers: NotSupported
+    assert {x.p2p for x in node.links} == {None}
+    nvlinked = probe_node(
+        FakeNvml.from_node(parse_topo_matrix((FIXTURES / "topo/04_8x-h100-nv18-no-gpunumaid.txt").read_text()).node)
+    ).node
+    assert {x.p2p for x in nvlinked.links} == {None}  # NVLink pairs are not asked
+
+
 def test_bridge_pair_from_nvlink_status_and_remote_captures() -> None:
     status = (FIXTURES / "nvlink/02_2x-h100pcie-bridge-nvlink-s-inactive-indented6.txt").read_text()
     remote = (FIXTURES / "nvlink/03_2x-h100pcie-bridge-nvlink-R-remote-indented6.txt").read_text()

@@ -127,6 +127,23 @@ class NvmlSession:
             raise
 
 
+P2P_READ = 0  # NVML_P2P_CAPS_INDEX_READ (pynvml); what `nvidia-smi topo -p2p r` shows
+P2P_OK, P2P_UNKNOWN = 0, 6  # NVML_P2P_STATUS_OK, NVML_P2P_STATUS_UNKNOWN; 1-5 are the refusals (CNS, GNS, TNS, DR, NS)
+
+
+def _p2p(s: NvmlSession, a: Any, b: Any) -> bool | None:
+    """Peer-to-peer reads both ways between two GPUs outside NVLink, as ``nvidia-smi topo -p2p r`` shows it:
+    True when NVML says OK both ways, False when it refuses either way, None when it does not know (or the
+    driver has no ``nvmlDeviceGetP2PStatus``)."""
+    fn = getattr(s.lib, "nvmlDeviceGetP2PStatus", None)
+    if fn is None:
+        return None
+    ways = [s.optional(fn, a, b, P2P_READ), s.optional(fn, b, a, P2P_READ)]
+    if any(w is not None and int(w) not in (P2P_OK, P2P_UNKNOWN) for w in ways):
+        return False
+    return True if all(w is not None and int(w) == P2P_OK for w in ways) else None
+
+
 def probe_node(lib: Any, *, hostname: str | None = None) -> NvmlProbe:
     """Read this machine's GPUs and links through ``lib`` (``pynvml`` or a fake with its names)."""
     s = NvmlSession(lib)
@@ -217,7 +234,10 @@ def _probe(s: NvmlSession, hostname: str) -> NvmlProbe:
                 )
                 lanes, kind = 0, _ANCESTOR_KIND.get(int(level), LinkKind.SYS)
             bandwidth, latency = nominal_link(kind, lanes, model)
-            links.append(Link(a=a, b=b, kind=kind, nvlinks=lanes, bandwidth_gbps=bandwidth, latency_us=latency))
+            p2p = None if kind is LinkKind.NVLINK else _p2p(s, handles[a], handles[b])
+            links.append(
+                Link(a=a, b=b, kind=kind, nvlinks=lanes, bandwidth_gbps=bandwidth, latency_us=latency, p2p=p2p)
+            )
     full = max(switch_lanes.values(), default=0)
     for i, lanes_up in switch_lanes.items():
         if lanes_up < full:

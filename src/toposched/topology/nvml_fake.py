@@ -64,10 +64,17 @@ class FakeNvml:
     """The subset of pynvml that ``probe_node`` calls."""
 
     def __init__(
-        self, gpus: list[FakeGpu], *, ancestors: dict[tuple[int, int], int] | None = None, driver: bool = True
+        self,
+        gpus: list[FakeGpu],
+        *,
+        ancestors: dict[tuple[int, int], int] | None = None,
+        driver: bool = True,
+        p2p: dict[tuple[int, int], int] | None = None,
     ) -> None:
         self.gpus = gpus
         self.ancestors = ancestors or {}
+        self.p2p = p2p
+        """NVML P2P read status per pair (both ways alike); None: the driver lacks the call (NotSupported)."""
         self.driver = driver
         self.initialised = False
 
@@ -148,6 +155,12 @@ class FakeNvml:
         self._gpu(a), self._gpu(b)
         return self.ancestors.get((min(a, b), max(a, b)), 50)
 
+    def nvmlDeviceGetP2PStatus(self, a: int, b: int, index: int) -> int:
+        self._gpu(a), self._gpu(b)
+        if self.p2p is None or index != 0:  # NVML_P2P_CAPS_INDEX_READ (a tuple "0," in pynvml, a typo there)
+            raise _error(pynvml.NVML_ERROR_NOT_SUPPORTED)
+        return int(self.p2p.get((min(a, b), max(a, b)), pynvml.NVML_P2P_STATUS_UNKNOWN))
+
     @classmethod
     def from_node(
         cls,
@@ -174,8 +187,13 @@ class FakeNvml:
             for g in node.gpus
         ]
         ancestors: dict[tuple[int, int], int] = {}
+        p2p: dict[tuple[int, int], int] = {}
         for link in node.links:
             pa, pb = position[link.a], position[link.b]
+            if link.p2p is not None:  # what `topo -p2p r` said: OK, or refused (shown as chipset not supported)
+                p2p[(min(pa, pb), max(pa, pb))] = (
+                    pynvml.NVML_P2P_STATUS_OK if link.p2p else pynvml.NVML_P2P_STATUS_CHIPSET_NOT_SUPPORTED
+                )
             if link.kind is LinkKind.NVLINK:
                 if nvswitch:
                     continue
@@ -190,7 +208,7 @@ class FakeNvml:
                 gpus[position[g.index]].links.extend(
                     FakeLink(True, "00000000:FF:00.0", NVLINK_DEVICE_TYPE_SWITCH) for _ in range(lanes)
                 )
-        return cls(gpus, ancestors=ancestors)
+        return cls(gpus, ancestors=ancestors, p2p=p2p or None)
 
     @classmethod
     def from_nvlink_text(cls, status: str, remote: str, *, memory_gib: float = 80.0) -> FakeNvml:
