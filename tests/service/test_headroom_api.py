@@ -143,3 +143,65 @@ def test_serve_takes_the_headroom_flags() -> None:
 
     out = CliRunner().invoke(app, ["serve", "--help"], env={"COLUMNS": "200"})
     assert "--keep-whole-domains" in out.output and "--keep-whole-wait" in out.output
+
+
+def test_a_waiter_served_behind_a_held_head_is_answered_even_if_a_later_decision_fails(tmp_path: Path) -> None:
+    """_overtake books "big" behind the held head, then deciding "boom" fails (the store is down): "big" is
+    still answered (its booking is not lost), and the release that triggered the drain succeeds."""
+    from toposched.errors import StateError
+
+    state = make_state(tmp_path, Clock(), full=3, keep_whole_domains=1)
+    got: list[Decision] = []
+    for body in (
+        small("tp1"),
+        PlaceBody.model_validate({"model": "llama-3.1-70b", "id": "big", "allowed_tp": [8], "wait_s": 60}),
+        small("boom"),
+    ):
+        assert enqueue_like_the_api(state, body, got) is None
+    real = state._place
+
+    def flaky(body: Any, rid: str, **kw: Any) -> Decision:
+        if rid == "boom":
+            raise StateError("etcd at http://x: connection refused", fix="start etcd")
+        return real(body, rid, **kw)
+
+    state._place = flaky  # type: ignore[method-assign]
+    assert state.release("full2")  # frees h2: the held tp1 stays held, big overtakes, boom's decision fails
+    assert [(d.request_id, d.status) for d in got] == [("big", "placed")]
+    assert state.cancel("big") is False  # answered: the API returns that answer, it does not wait forever
+    assert sorted(state.waiting) == ["boom", "tp1"] and [i["id"] for i in state.queue_view()] == ["tp1", "boom"]
+
+
+def test_a_waiter_the_sync_expires_is_answered_and_a_late_cancel_says_so(tmp_path: Path) -> None:
+    clock = Clock()
+    state = make_state(tmp_path, clock, full=3)
+    got: list[Decision] = []
+    assert enqueue_like_the_api(state, small("w", wait_s=60), got) is None
+    clock.now = 61.5  # its client's wait ended; its cancel is still behind other work
+    assert state.sync()
+    (answer,) = got
+    assert answer.status == "no-capacity" and "waited more than 60 s" in answer.reasons[0]
+    assert "w" not in state.waiting and state.cancel("w") is False
+
+
+def test_a_store_failure_while_serving_the_queue_does_not_fail_the_enqueue(tmp_path: Path) -> None:
+    """The request is queued before the queue is served; a failure then is logged and the next drain
+    answers it (the client, told nothing went wrong, is still waiting for that answer)."""
+    from toposched.errors import StateError
+
+    state = make_state(tmp_path, Clock(), full=2)
+    got: list[Decision] = []
+    body = small("v")
+    real, calls = state._place, {"n": 0}
+
+    def once(body: Any, rid: str, **kw: Any) -> Decision:
+        calls["n"] += 1
+        if calls["n"] == 1:
+            raise StateError("etcd: connection reset", fix="retry")
+        return real(body, rid, **kw)
+
+    state._place = once  # type: ignore[method-assign]
+    assert state.enqueue(body, got.append) == "v"  # the drain inside failed: logged, not raised
+    assert not got and "v" in state.waiting
+    state.drain()
+    assert [(d.request_id, d.status) for d in got] == [("v", "placed")]

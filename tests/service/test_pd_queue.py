@@ -118,8 +118,8 @@ def test_a_store_failure_while_the_queue_books_it_leaves_nothing_booked_and_it_k
         state.enqueue(PlaceBody.model_validate({**BODY, "wait_s": 30}), got.append)
         assert not got
         faulty.fail("reserve", StateError("store down (test)"), after=1)  # the prefill books, a decode fails
-        with pytest.raises(StateError):
-            state.release("f8")  # the release frees room on b0; the queue's booking of the request fails
+        # the release frees room on b0 and succeeds; the queue's booking of the request then fails (logged)
+        assert state.release("f8")
         assert held(state) == set(fillers) - {"f8"}  # what it booked was released: all or none
         assert not got and [i["id"] for i in state.queue_view()] == ["pd"]
         faulty.heal()

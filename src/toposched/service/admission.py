@@ -81,7 +81,7 @@ class Admission(Deciding):
             now = self.clock()
             self.queue.push(rid, body.slo_class, float(gpus), occupancy, enqueued_at=now)
             self.waiting[rid] = Waiting(body, rid, deliver, now + hold_s if hold_s > 0 else 0.0)
-        self.drain()
+        self.drain_after("a request was queued")  # it waits either way: its answer comes through ``deliver``
         return rid
 
     def queue_gpus(self, body: ServiceRequest, rid: str) -> int:
@@ -94,13 +94,28 @@ class Admission(Deciding):
         return gpus
 
     def cancel(self, rid: str) -> bool:
-        """A waiter gave up (its timeout): take it out of the queue; False when it was served already."""
+        """A waiter gave up (its timeout): take it out of the queue; False when it was answered already.
+
+        Decided by ``waiting``, which whoever answers a waiter (``drain``, ``_overtake``, ``expire_waiters``)
+        clears under ``lock`` in the same step as delivering it: False means an answer is on its way."""
         with self.lock:
-            self.waiting.pop(rid, None)
-            if self.queue.remove(rid) is None:
+            self.queue.remove(rid)
+            if self.waiting.pop(rid, None) is None:
                 return False
             self.counters.decisions["queue-timeout"] += 1
             return True
+
+    def expire_waiters(self, now: float) -> list[tuple[Waiting, Decision]]:
+        """Take out of the queue what waited past the longest wait allowed (its client is gone or about to
+        time out) and the answers to deliver them (no capacity). Under ``lock``; deliver after it."""
+        out: list[tuple[Waiting, Decision]] = []
+        for item in self.queue.expire(now, self.config.max_wait_s + 1.0):
+            waiting = self.waiting.pop(item.item_id, None)
+            if waiting is not None:
+                self.counters.decisions["queue-timeout"] += 1
+                reason = f"waited more than {self.config.max_wait_s:g} s in the admission queue"
+                out.append((waiting, Decision("no-capacity", waiting.request_id, (), (reason,))))
+        return out
 
     def drain(self) -> None:
         """Serve the queue in fair order while its head can be placed (no overtaking but the headroom's).
@@ -116,38 +131,47 @@ class Admission(Deciding):
         by the headroom gets no plan (it lacks no room): the waiters behind it are tried (``_overtake``).
         """
         while True:
-            served: list[tuple[Waiting, Decision]] = []
-            with self.lock:
+            served: list[tuple[Waiting, Decision]] = []  # answered behind a held head: delivered whatever happens
+            try:
+                step = self._serve_head(served)
+            finally:
+                for behind, answer in served:
+                    behind.deliver(answer)
+            if step is None:
+                return
+            step[0].deliver(step[1])
+
+    def _serve_head(self, served: list[tuple[Waiting, Decision]]) -> tuple[Waiting, Decision] | None:
+        """One step of ``drain`` under ``lock``: the head's (waiter, answer) to deliver, or None when the head
+        waits or the queue is empty. Waiters answered behind a held head are appended to ``served`` as each
+        is booked, so a later failure cannot lose them."""
+        with self.lock:
+            while True:
                 head: QueuedItem | None = self.queue.peek()
                 if head is None:
                     self.head_plan = None
-                    return
+                    return None
                 waiting = self.waiting.get(head.item_id)
-                if waiting is None:
-                    self.queue.remove(head.item_id)
-                    continue
-                self.follow()
-                after = SLO_CLASSES[head.slo_class].cross_domain_after_s
-                fallback = after is not None and self.clock() - head.enqueued_at >= after
-                decided = self._decide(waiting, cross_domain=fallback)
-                answer: Decision | None = None
-                if decided.status != "no-capacity":
-                    answer = decided
-                    self._count(decided)
-                    self.head_plan = None
-                    self.queue.pop()
-                    self.waiting.pop(head.item_id, None)
-                elif waiting.hold_until and held_for_headroom(decided):
-                    self._mark_held(waiting)
-                    self.head_plan = None
-                    served = self._overtake(head.item_id)
-                else:
-                    plan_head(self, head, waiting)
-            for behind, behind_answer in served:
-                behind.deliver(behind_answer)
-            if answer is None:
-                return
-            waiting.deliver(answer)
+                if waiting is not None:
+                    break
+                self.queue.remove(head.item_id)  # answered already (cancelled or expired)
+            self.follow()
+            after = SLO_CLASSES[head.slo_class].cross_domain_after_s
+            fallback = after is not None and self.clock() - head.enqueued_at >= after
+            decided = self._decide(waiting, cross_domain=fallback)
+            if decided.status != "no-capacity":
+                self._count(decided)
+                self.head_plan = None
+                self.queue.pop()
+                self.waiting.pop(head.item_id, None)
+                return waiting, decided
+            if waiting.hold_until and held_for_headroom(decided):
+                self._mark_held(waiting)
+                self.head_plan = None
+                self._overtake(head.item_id, served)
+            else:
+                plan_head(self, head, waiting)
+            return None
 
     def _decide(self, waiting: Waiting, *, cross_domain: bool) -> Decision:
         """One queued request's decision now (with the headroom while its hold lasts)."""
@@ -167,10 +191,10 @@ class Admission(Deciding):
             self.counters.decisions["cross-domain-fallback"] += 1
         self.counters.decisions[decision.status] += 1
 
-    def _overtake(self, head_id: str) -> list[tuple[Waiting, Decision]]:
+    def _overtake(self, head_id: str, served: list[tuple[Waiting, Decision]]) -> None:
         """The head is held by the headroom: serve the first waiters behind it (at most ``OVERTAKE_SCAN``
-        tried) that place now within the headroom; each placed one leaves the queue. Under ``lock``."""
-        served: list[tuple[Waiting, Decision]] = []
+        tried) that place now within the headroom; each placed one leaves the queue and is appended to
+        ``served`` at once (the caller delivers them even if a later decision raises). Under ``lock``."""
         behind = [item for item in islice(self.queue, OVERTAKE_SCAN + 1) if item.item_id != head_id]
         for item in behind[:OVERTAKE_SCAN]:
             waiting = self.waiting.get(item.item_id)
@@ -188,7 +212,6 @@ class Admission(Deciding):
             self.queue.remove(item.item_id)
             del self.waiting[item.item_id]
             served.append((waiting, decision))
-        return served
 
     def queue_view(self) -> list[dict[str, Any]]:
         with self.lock:

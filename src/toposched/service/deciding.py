@@ -240,7 +240,7 @@ class Deciding(Following):
                 return None
             pids = [i.placement.id for i in found]
             self._release_all(pids)
-        self.drain()  # the GPUs freed may serve a waiting request
+        self.drain_after("a release")  # the GPUs freed may serve a waiting request
         return pids
 
     def renew(self, rid: str, ttl_s: float) -> list[Instance] | None:

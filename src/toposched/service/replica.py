@@ -143,5 +143,15 @@ class ReplicaCore:
     def new_id(self) -> str:
         return uuid.uuid4().hex[:16]
 
+    def drain_after(self, what: str) -> None:
+        """``drain`` after a change that already happened (a release, a request queued): a failure to serve
+        the queue then is logged, not raised, so the change's caller gets its own answer; the background sync
+        serves the queue again within ``follow_interval_s``."""
+        try:
+            self.drain()
+        except Exception:
+            log.warning("serving the admission queue after %s failed; the next background sync retries", what,
+                        exc_info=True)  # fmt: skip
+
     def drain(self) -> None:
         """Serve what waits for capacity, after GPUs were freed (``Admission.drain``; nothing waits here)."""

@@ -16,10 +16,10 @@ from __future__ import annotations
 from toposched.errors import InputError, StateError, ToposchedError
 from toposched.ledger.base import Ledger, capacities_from_cluster, open_ledger
 from toposched.ledger.etcd import split_url
-from toposched.service.admission import Admission
+from toposched.service.admission import Admission, Waiting
 from toposched.service.deciding import check_policy
 from toposched.service.ledger_guard import GuardedLedger
-from toposched.service.records import ServiceScheduler
+from toposched.service.records import Decision, ServiceScheduler
 from toposched.service.replica import log
 from toposched.service.views import Reporting
 from toposched.topology.model import Cluster
@@ -121,13 +121,18 @@ class ServiceState(Admission, Reporting):
         per distinct error, and kept in ``last_error`` until a sync works again. False when it failed.
         """
         try:
-            with self.lock:
-                if self.resync_due():
-                    self.resync()
-                else:
-                    self.follow()
-                self.refresh_topology(probe=False)
-                self.queue.expire(self.clock(), self.config.max_wait_s + 1.0)
+            expired: list[tuple[Waiting, Decision]] = []
+            try:
+                with self.lock:
+                    expired = self.expire_waiters(self.clock())  # answered below, whatever happens next
+                    if self.resync_due():
+                        self.resync()
+                    else:
+                        self.follow()
+                    self.refresh_topology(probe=False)
+            finally:
+                for waiting, answer in expired:
+                    waiting.deliver(answer)
             self.drain()
             if self._sweep_error is not None:
                 raise self._sweep_error
