@@ -1,13 +1,16 @@
 """Reservations per second of each persistent ledger backend with 1, 4 and 16 client processes.
 
-    .venv/bin/python benchmarks/ledger_bench.py [--ops N] [--repeat R] [--backend sqlite|etcd|both]
+    .venv/bin/python benchmarks/ledger_bench.py [--ops N] [--repeat R] [--backend sqlite,etcd,etcd-grpc]
                                                 [--clients 1,4,16] [--endpoint http://HOST:PORT]
 
 Each figure is the median of R runs (default 3) of the stress load generator (``toposched ledger
 stress``: 55 % reserve, 35 % release, 10 % renew on 8 GPUs, with the independent checker running).
 ``reservations/s`` counts successful bookings; ``ops/s`` every call. CPU per operation, in ms:
 ``client`` is the client processes and the checker together (their rusage), ``etcd`` the etcd
-server's (from ``/proc``; only when the script started it). On a machine with few cores the wall
+server's (from ``/proc``; only when the script started it), ``total`` the two added. Backend ``etcd`` is the
+etcd ledger over etcd's JSON gateway, ``etcd-grpc`` over its gRPC API (``TOPOSCHED_ETCD_TRANSPORT``, which
+the forked clients inherit). The backends take turns within each repetition (sqlite, etcd, etcd-grpc,
+sqlite, ...), so a change in the machine's load falls on all of them alike. On a machine with few cores the wall
 figures are bounded by the sum of the two. Every run books in a new ledger (a new SQLite file, a new etcd
 namespace): etcd's ``audit()``, which the checker calls in a loop, reads its namespace's whole log.
 Without ``--endpoint`` an etcd (``/usr/bin/etcd``) is started on free loopback ports in a temporary
@@ -17,6 +20,7 @@ folder and stopped afterwards.
 from __future__ import annotations
 
 import argparse
+import importlib.util
 import os
 import resource
 import shutil
@@ -31,7 +35,10 @@ from typing import Any
 
 import httpx
 
+from toposched.ledger.etcd_client import TRANSPORT_ENV
 from toposched.ledger.stress import StressConfig, run_stress
+
+BACKENDS = ("sqlite", "etcd", "etcd-grpc")
 
 
 def _free_port() -> int:
@@ -93,39 +100,50 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--ops", type=int, default=2000, help="operations per run, in total")
     parser.add_argument("--repeat", type=int, default=3)
-    parser.add_argument("--backend", choices=("sqlite", "etcd", "both"), default="both")
+    parser.add_argument(
+        "--backend",
+        default=",".join(BACKENDS if importlib.util.find_spec("grpc") else BACKENDS[:2]),
+        help=f"comma-separated, of {', '.join(BACKENDS)} (default: all; etcd-grpc only with grpcio installed)",
+    )
     parser.add_argument("--clients", default="1,4,16", help="client process counts, comma-separated")
     parser.add_argument("--endpoint", help="an etcd to use instead of starting one")
     args = parser.parse_args()
-    backends = ("sqlite", "etcd") if args.backend == "both" else (args.backend,)
+    backends = [b.strip() for b in args.backend.split(",") if b.strip()]
+    if unknown := sorted(set(backends) - set(BACKENDS)):
+        parser.error(f"unknown backend {', '.join(unknown)}; choose from {', '.join(BACKENDS)}")
     counts = [int(c) for c in args.clients.split(",")]
     with tempfile.TemporaryDirectory() as tmp:
-        need_etcd = "etcd" in backends and not args.endpoint
+        need_etcd = any(b.startswith("etcd") for b in backends) and not args.endpoint
         proc, endpoint = start_etcd(Path(tmp) / "etcd") if need_etcd else (None, args.endpoint)
         try:
             print(
-                f"{'backend':8} {'clients':>7} {'reservations/s':>15} {'ops/s':>9} {'double':>7} {'lost':>5} "
-                f"{'client CPU ms/op':>17} {'etcd CPU ms/op':>15}"
+                f"{'backend':9} {'clients':>7} {'reservations/s':>15} {'ops/s':>9} {'double':>7} {'lost':>5} "
+                f"{'client CPU ms/op':>17} {'etcd CPU ms/op':>15} {'total CPU ms/op':>16}"
             )
-            for backend in backends:
-                server = proc.pid if backend == "etcd" and proc is not None else None
-                for clients in counts:
-                    runs = []
-                    for i in range(args.repeat):
+            for clients in counts:
+                runs: dict[str, list[dict[str, Any]]] = {b: [] for b in backends}
+                for i in range(args.repeat):
+                    for backend in backends:  # in turns: load drift falls on every backend alike
                         # a fresh ledger per run: etcd's audit() reads the whole log of its namespace
                         name = f"{clients}-{i}-{uuid.uuid4().hex[:6]}"
                         url = f"sqlite:{tmp}/{name}.sqlite3" if backend == "sqlite" else f"etcd:{endpoint}/b{name}"
+                        os.environ[TRANSPORT_ENV] = "grpc" if backend == "etcd-grpc" else "http"
+                        server = proc.pid if backend != "sqlite" and proc is not None else None
                         cfg = StressConfig(url=url, clients=clients, ops=args.ops, seed=i)
-                        runs.append(measured_run(cfg, server))
-                    res = statistics.median(r["reservations_per_s"] for r in runs)
-                    ops = statistics.median(r["ops_per_s"] for r in runs)
-                    bad = sum(r["double_bookings"] for r in runs)
-                    lost = sum(r["lost"] for r in runs)
-                    client_cpu = statistics.median(r["client_cpu_ms"] for r in runs)
-                    server_cpu = "-" if server is None else f"{statistics.median(r['server_cpu_ms'] for r in runs):.2f}"
+                        runs[backend].append(measured_run(cfg, server))
+                for backend, done in runs.items():
+                    res = statistics.median(r["reservations_per_s"] for r in done)
+                    ops = statistics.median(r["ops_per_s"] for r in done)
+                    bad = sum(r["double_bookings"] for r in done)
+                    lost = sum(r["lost"] for r in done)
+                    client_cpu = statistics.median(r["client_cpu_ms"] for r in done)
+                    server_cpu, total_cpu = "-", "-"
+                    if done[0]["server_cpu_ms"] is not None:
+                        server_cpu = f"{statistics.median(r['server_cpu_ms'] for r in done):.2f}"
+                        total_cpu = f"{statistics.median(r['client_cpu_ms'] + r['server_cpu_ms'] for r in done):.2f}"
                     print(
-                        f"{backend:8} {clients:>7} {res:>15.0f} {ops:>9.0f} {bad:>7} {lost:>5} "
-                        f"{client_cpu:>17.2f} {server_cpu:>15}",
+                        f"{backend:9} {clients:>7} {res:>15.0f} {ops:>9.0f} {bad:>7} {lost:>5} "
+                        f"{client_cpu:>17.2f} {server_cpu:>15} {total_cpu:>16}",
                         flush=True,
                     )
         finally:

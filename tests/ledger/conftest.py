@@ -2,6 +2,10 @@
 
 etcd is Debian's ``etcd-server`` (``/usr/bin/etcd``; ``make system-deps`` installs it). Without it the
 etcd tests fail with a message that says so; they never skip, so CI cannot pass without them.
+
+The etcd ledger has two transports (etcd's gRPC API and its JSON gateway, ``etcd_client.connect``): the
+contract tests run on both, as backends ``etcd`` (JSON gateway) and ``etcd-grpc``; tests that take the
+``etcd_transport`` fixture run once per transport. The gRPC runs skip only when grpcio is not installed.
 """
 
 from __future__ import annotations
@@ -22,6 +26,25 @@ import pytest
 
 from toposched.ledger import open_ledger
 from toposched.ledger.base import Clock, Ledger, wall_clock
+from toposched.ledger.etcd_client import Transport
+
+
+def grpc_missing() -> str | None:
+    """Why etcd's gRPC transport cannot be used here, or None when it can."""
+    try:
+        import toposched.ledger.etcd_grpc  # noqa: F401
+    except ImportError as exc:
+        return f"grpcio is not installed ({exc})"
+    return None
+
+
+@pytest.fixture(params=["http", "grpc"])
+def etcd_transport(request: pytest.FixtureRequest) -> Transport:
+    """Each of the etcd ledger's transports in turn."""
+    if request.param == "grpc" and (missing := grpc_missing()):
+        pytest.skip(missing)
+    transport: Transport = request.param
+    return transport
 
 
 def free_port() -> int:
@@ -107,7 +130,7 @@ def etcd_url(etcd_server: EtcdServer) -> str:
     return f"{etcd_server.url}/t{uuid.uuid4().hex[:12]}"
 
 
-BACKEND_NAMES = ("memory", "sqlite", "etcd")
+BACKEND_NAMES = ("memory", "sqlite", "etcd", "etcd-grpc")
 LedgerFactory = Callable[..., Ledger]
 
 
@@ -116,6 +139,8 @@ def make_ledger(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[Ledg
     """``make_ledger(capacities, clock=...)``: a fresh, empty ledger of the parametrised backend."""
     opened: list[Ledger] = []
     name = request.param
+    if name == "etcd-grpc" and (missing := grpc_missing()):
+        pytest.skip(missing)
 
     def make(capacities: Mapping[str, int], *, clock: Clock = wall_clock) -> Ledger:
         if name == "memory":
@@ -123,8 +148,14 @@ def make_ledger(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[Ledg
         elif name == "sqlite":
             url = f"sqlite:{tmp_path / uuid.uuid4().hex}.sqlite3"
         else:
+            from toposched.ledger.etcd import EtcdLedger
+
             server: EtcdServer = request.getfixturevalue("etcd_server")
-            url = f"etcd:{server.url}/t{uuid.uuid4().hex[:12]}"
+            transport: Transport = "grpc" if name == "etcd-grpc" else "http"
+            ledger = EtcdLedger(f"{server.url}/t{uuid.uuid4().hex[:12]}", clock=clock, transport=transport)
+            ledger.set_capacity(capacities)
+            opened.append(ledger)
+            return ledger
         ledger = open_ledger(url, clock=clock)
         ledger.set_capacity(capacities)
         opened.append(ledger)

@@ -9,6 +9,7 @@ import time
 from collections.abc import Iterator, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -17,7 +18,7 @@ from toposched.errors import StateError
 from toposched.ledger import open_ledger
 from toposched.ledger.base import GIB, AuditEntry
 from toposched.ledger.etcd import EtcdLedger
-from toposched.ledger.etcd_client import Json, put_op
+from toposched.ledger.etcd_client import TRANSPORT_ENV, Json, Transport, put_op
 from toposched.ledger.stress import Replay, StressConfig, run_stress
 
 
@@ -30,16 +31,24 @@ def own_etcd(tmp_path: Path) -> Iterator[EtcdServer]:
     server.stop()
 
 
-def test_unreachable_is_a_clear_error() -> None:
+@pytest.fixture
+def transport_env(etcd_transport: Transport, monkeypatch: pytest.MonkeyPatch) -> Transport:
+    """Each transport in turn, chosen for ``open_ledger`` (and forked clients) through the environment."""
+    monkeypatch.setenv(TRANSPORT_ENV, etcd_transport)
+    return etcd_transport
+
+
+def test_unreachable_is_a_clear_error(transport_env: Transport) -> None:
     url = f"http://127.0.0.1:{free_port()}"
     ledger = open_ledger(f"etcd:{url}")
     with pytest.raises(StateError) as caught:
         ledger.accounts()
-    assert f"etcd at {url} is unreachable" in caught.value.message
+    assert f"etcd at {url} is unreachable" in caught.value.message and "\n" not in caught.value.message
     assert caught.value.fix and "start etcd" in caught.value.fix
+    assert type(ledger.client).__name__ == {"http": "EtcdClient", "grpc": "EtcdGrpcClient"}[transport_env]
 
 
-def test_restart_loses_and_duplicates_nothing(own_etcd: EtcdServer) -> None:
+def test_restart_loses_and_duplicates_nothing(own_etcd: EtcdServer, transport_env: Transport) -> None:
     ledger = open_ledger(f"etcd:{own_etcd.url}")
     ledger.set_capacity({"n/0": 80 * GIB, "n/1": 80 * GIB})
     assert ledger.reserve("leased", {"n/0": 30 * GIB}, ttl_s=30).ok
@@ -58,7 +67,7 @@ def test_restart_loses_and_duplicates_nothing(own_etcd: EtcdServer) -> None:
     assert ledger.renew("leased", 30) is not None  # the lease survived the restart
 
 
-def test_stress_through_a_restart(own_etcd: EtcdServer) -> None:
+def test_stress_through_a_restart(own_etcd: EtcdServer, transport_env: Transport) -> None:
     def bounce() -> None:
         time.sleep(0.4)
         own_etcd.stop()
@@ -193,35 +202,36 @@ def test_a_ledger_in_the_old_key_layout_is_not_read_as_empty(etcd_url: str) -> N
     assert caught.value.fix and "new namespace" in caught.value.fix
 
 
-def _count_posts(ledger: EtcdLedger) -> list[str]:
-    """The gateway paths ``ledger`` calls from now on, in order."""
+def _count_calls(ledger: EtcdLedger) -> list[str]:
+    """The calls (``txn``, ``grant``, ``range``) ``ledger`` makes to etcd from now on, in order, on either transport."""
     calls: list[str] = []
-    post = ledger.client.post
+    for name in ("txn", "grant", "range"):
+        inner = getattr(ledger.client, name)
 
-    def counted(path: str, body: Json) -> Json:
-        calls.append(path)
-        return post(path, body)
+        def counted(*args: Any, _name: str = name, _inner: Any = inner, **kwargs: Any) -> Any:
+            calls.append(_name)
+            return _inner(*args, **kwargs)
 
-    ledger.client.post = counted  # type: ignore[method-assign]
+        setattr(ledger.client, name, counted)
     return calls
 
 
-def test_round_trips_per_change(etcd_url: str) -> None:
+def test_round_trips_per_change(etcd_url: str, etcd_transport: Transport) -> None:
     """A reserve on GPUs this ledger object has not seen reads once and commits once; on GPUs whose keys
     it remembers (from its reads and its own commits) it commits at once. Leases are shared, never
     revoked; a release or renew of a reservation this ledger booked is one transaction."""
-    ledger = EtcdLedger(etcd_url)
+    ledger = EtcdLedger(etcd_url, transport=etcd_transport)
     ledger.set_capacity({f"n/{i}": 80 * GIB for i in range(4)})
-    calls = _count_posts(ledger)
+    calls = _count_calls(ledger)
     for k in range(10):  # k = 0, 1, 2 each bring one GPU not seen before; from k = 3 on all are known
         assert ledger.reserve(f"r{k}", {f"n/{k % 4}": GIB, f"n/{(k + 1) % 4}": GIB}, ttl_s=30).ok
-    assert calls.count("/v3/lease/grant") == 1 and calls.count("/v3/kv/txn") == 3 * 2 + 7
+    assert calls.count("grant") == 1 and calls.count("txn") == 3 * 2 + 7 and len(calls) == 14
     calls.clear()
     assert ledger.renew("r0", 30) is not None and ledger.release("r1") and ledger.release("r0")
-    assert calls == ["/v3/kv/txn"] * 3
+    assert calls == ["txn"] * 3
     calls.clear()
     assert ledger.reserve("again", {"n/0": 60 * GIB, "n/1": 60 * GIB}, ttl_s=30).ok  # fits once r0, r1 are gone
-    assert calls == ["/v3/kv/txn"]
+    assert calls == ["txn"]
     assert sorted(r.id for r in ledger.reservations()) == ["again"] + [f"r{k}" for k in range(2, 10)]
 
 
@@ -235,13 +245,13 @@ def test_a_reserve_from_memory_sees_what_others_did(etcd_url: str) -> None:
     assert b.reserve("b1", {"n/1": 60 * GIB}, ttl_s=30).ok
     assert a.reserve("a2", {"n/1": 5 * GIB}, ttl_s=30).ok  # a's memory of n/1 is stale: one retry, booked
     assert b.reserve("b2", {"n/0": 65 * GIB}, ttl_s=30).ok and b.release("b1")
-    calls = _count_posts(a)
+    calls = _count_calls(a)
     result = a.reserve("a3", {"n/0": 10 * GIB}, ttl_s=30)  # memory: 70 GiB free on n/0; now 5
     assert result.status == "insufficient" and set(result.reasons) == {"n/0"}
-    assert calls == ["/v3/kv/txn"]  # the commit that failed: its failure branch read n/0 afresh
+    assert calls == ["txn"]  # the commit that failed: its failure branch read n/0 afresh
     calls.clear()
     assert a.reserve("a4", {"n/1": 60 * GIB}, ttl_s=30).ok  # memory: 5 GiB free on n/1 (b1 is gone since)
-    assert calls.count("/v3/kv/txn") == 2  # refused from memory only after a fresh read: a read and a commit
+    assert calls == ["txn", "txn"]  # refused from memory only after a fresh read: a read and a commit
     sums = {ref: acc.reserved_bytes for ref, acc in b.accounts().items()}
     assert sums == {"n/0": 75 * GIB, "n/1": 75 * GIB}
     replay = Replay({"n/0": 80 * GIB, "n/1": 80 * GIB})
@@ -314,7 +324,7 @@ def test_a_shared_lease_that_is_gone_is_replaced(etcd_url: str) -> None:
     ledger.set_capacity({"n/0": 80 * GIB})
     assert ledger.reserve("short", {"n/0": GIB}, ttl_s=5).ok and ledger.reserve("long", {"n/0": GIB}, ttl_s=30).ok
     kvs, _rev = ledger.client.range(f"{ledger.prefix}res/short")
-    ledger.client.post("/v3/lease/revoke", {"ID": json.loads(kvs[0].value)["lease"]})
+    ledger.client.revoke(json.loads(kvs[0].value)["lease"])
     assert ledger.get("short") is None
     renewed = ledger.renew("long", 5)  # the shared lease for 5 s is the revoked one
     assert renewed is not None and ledger.get("long") is not None

@@ -8,19 +8,21 @@ import pytest
 
 from toposched.errors import EtcdError, EtcdUnreachable, StateError
 from toposched.ledger import etcd_client
+from toposched.ledger.etcd_client import Transport
 
 
 def test_etcd_errors_are_state_errors() -> None:
     assert issubclass(EtcdError, StateError) and issubclass(EtcdUnreachable, StateError)
 
 
-def test_an_etcd_that_does_not_answer_is_unreachable_with_the_fix() -> None:
+def test_an_etcd_that_does_not_answer_is_unreachable_with_the_fix(etcd_transport: Transport) -> None:
     with socket.socket() as s:  # a port nothing listens on
         s.bind(("127.0.0.1", 0))
         port = s.getsockname()[1]
-    client = etcd_client.EtcdClient(f"http://127.0.0.1:{port}", timeout_s=1.0)
+    client = etcd_client.connect(f"http://127.0.0.1:{port}", timeout_s=1.0, transport=etcd_transport)
     with pytest.raises(EtcdUnreachable, match=f"etcd at http://127.0.0.1:{port} is unreachable") as caught:
         client.range("/k")
+    assert "\n" not in caught.value.message
     assert caught.value.fix is not None and "start etcd" in caught.value.fix
     client.close()
 

@@ -1,4 +1,4 @@
-"""The ledger for several scheduler replicas: etcd, through its v3 JSON gateway.
+"""The ledger for several scheduler replicas: etcd, through its gRPC API (``etcd_grpc``) or its v3 JSON gateway.
 
 Keys, under ``/NAMESPACE/ledger/`` (namespace from the URL path, default ``toposched``; refs and ids
 are percent-encoded so ``/`` in them cannot collide):
@@ -93,11 +93,12 @@ from toposched.ledger.base import (
 )
 from toposched.ledger.etcd_client import (
     ETCD_MAX_REQUEST_BYTES,
-    EtcdClient,
     Json,
     KeyValue,
+    Transport,
     absent,
     b64,
+    connect,
     count_of,
     delete_op,
     kvs_of,
@@ -210,10 +211,11 @@ class EtcdLedger:
         clock: Clock = wall_clock,
         timeout_s: float = 5.0,
         max_request_bytes: int = ETCD_MAX_REQUEST_BYTES,
+        transport: Transport | None = None,
     ) -> None:
         endpoint, namespace = split_url(url)
         self.url = url
-        self.client = EtcdClient(endpoint, timeout_s=timeout_s)
+        self.client = connect(endpoint, timeout_s=timeout_s, transport=transport)
         self._clock = clock
         self.prefix = f"/{namespace}/ledger/"
         self.max_request_bytes = max_request_bytes
@@ -221,7 +223,7 @@ class EtcdLedger:
         self._lease_lock = threading.Lock()
         self._known: dict[str, tuple[KeyValue, KeyValue]] = {}  # id -> (res/ID, index/ID) as last seen
         self._ranges: dict[str, _Seen] = {}  # guarded range (a key prefix) -> its keys as last seen
-        self._ranges_lock = threading.Lock()
+        self._ranges_lock = threading.RLock()  # _after_commit holds it around its _see calls
 
     # ------------------------------------------------------------------------------ keys
 
@@ -435,17 +437,18 @@ class EtcdLedger:
             for rng in self._ranges_of(key):
                 touched.setdefault(rng, [])
         guarded = guarded or {}
-        for rng, added in touched.items():
-            seen = self._ranges.get(rng)
-            if seen is None:
-                continue
-            if rng in guarded and seen.revision == guarded[rng]:
-                kept = tuple(kv for kv in seen.kvs if kv.key not in deleted and kv.key not in puts)
-                self._see(rng, _Seen(at, kept + tuple(added)))
-            elif added or rng in guarded:
-                self._ranges.pop(rng, None)
-            elif seen.revision < at and deleted & {kv.key for kv in seen.kvs}:
-                self._see(rng, _Seen(seen.revision, tuple(kv for kv in seen.kvs if kv.key not in deleted)))
+        with self._ranges_lock:  # another thread's _see may be evicting: no pop while it iterates
+            for rng, added in touched.items():
+                seen = self._ranges.get(rng)
+                if seen is None:
+                    continue
+                if rng in guarded and seen.revision == guarded[rng]:
+                    kept = tuple(kv for kv in seen.kvs if kv.key not in deleted and kv.key not in puts)
+                    self._see(rng, _Seen(at, kept + tuple(added)))
+                elif added or rng in guarded:
+                    self._ranges.pop(rng, None)
+                elif seen.revision < at and deleted & {kv.key for kv in seen.kvs}:
+                    self._see(rng, _Seen(seen.revision, tuple(kv for kv in seen.kvs if kv.key not in deleted)))
 
     def _last_seen(self, rid: str) -> tuple[KeyValue | None, KeyValue | None]:
         """What this object last saw of ``rid`` (a commit's compares check it is current), else a read."""
