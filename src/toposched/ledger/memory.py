@@ -104,14 +104,18 @@ class MemoryLedger:
         if problem:
             return ReserveResult(status="invalid", reasons={"request": problem})
         self._expire()
-        touched = {
-            ref: GpuAccount(ref=ref, capacity_bytes=self._capacity[ref], reserved_bytes=self._reserved[ref])
-            for ref in gpus
-            if ref in self._capacity
-        }
-        refusal = judge(rid, gpus, self._by_id.get(rid), touched)
-        if refusal is not None:
-            return refusal
+        held, cap, used = self._by_id.get(rid), self._capacity, self._reserved
+        if held is not None or any(ref not in cap or b > cap[ref] - used[ref] for ref, b in gpus.items()):
+            # only a refusal needs the accounts (``judge`` words it as every backend does); a booking that
+            # fits skips building them (a scheduler books on every decision: issue 17)
+            touched = {
+                ref: GpuAccount(ref=ref, capacity_bytes=cap[ref], reserved_bytes=used[ref])
+                for ref in gpus
+                if ref in cap
+            }
+            refusal = judge(rid, gpus, held, touched)
+            if refusal is not None:
+                return refusal
         now = self._clock()
         reservation = Reservation(
             id=rid,
