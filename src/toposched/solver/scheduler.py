@@ -40,6 +40,7 @@ from toposched.perf.hardware import GpuSpec
 from toposched.registry import Registry
 from toposched.solver.constraints import FilterContext, first_failure, node_filters
 from toposched.solver.index import LEVELS, ClusterIndex, Group
+from toposched.solver.locality import warm_node_topologies
 from toposched.solver.options import DegreeOption, OptionSet, build_options, gpu_type_for
 from toposched.solver.place import (
     Assessment,
@@ -102,6 +103,7 @@ class Scheduler:
         held = {ref for ref, a in ledger.accounts().items() if a.reserved_bytes > 0}
         self.failed: set[str] = set()
         self.index = ClusterIndex(cluster, busy=busy | held)
+        warm_node_topologies(self.index)
         self.budget_gbps = budget_gbps
         self.cross_used: dict[str, float] = {}
         self.placements: dict[str, Placement] = {}
@@ -392,6 +394,7 @@ class Scheduler:
         held = set(self.index.info) - self.index.free
         self.cluster = cluster
         self.index = ClusterIndex(cluster, busy=held | self.failed)
+        warm_node_topologies(self.index)
         self.node_filters = node_filters(self.index.nodes)
 
     def release(self, placement_id: str) -> bool:
