@@ -571,17 +571,13 @@ def pod_template(
     rdma = rdma or (fabric.rdma_resource if multi and fabric is not None else None)
     if rdma:
         resources[rdma] = str(fabric.rdma_per_pod if fabric is not None else 1)
-    if opts.cpu:
-        resources["cpu"] = opts.cpu
-    if opts.memory:
-        resources["memory"] = opts.memory
     container: Obj = {
         "name": CONTAINER,
         "image": opts.resolved_image(),
         "command": ["/bin/sh", "-c", kubelet_escape(entrypoint(doc, launches, lws=lws, ids=ids))],
         "env": env,
         "ports": [_container_port(doc, launches[0])],
-        "resources": {"limits": dict(resources), "requests": dict(resources)} if resources else {},
+        "resources": container_resources(resources, opts),
         "volumeMounts": [{"name": "dshm", "mountPath": "/dev/shm"}],
     }
     if uses_rdma:  # RDMA registers (pins) memory: NCCL or a KV transfer over InfiniBand/RoCE needs CAP_IPC_LOCK
@@ -787,6 +783,17 @@ def claim_for(doc: PlanDoc, opts: K8sOptions, name: str, pods: Sequence[GpuIds])
     """The ResourceClaimTemplate ``name`` for pods with these GPUs (one pod per node)."""
     root = all(under_one_pcie_root(doc.cluster.node(x.node), x.gpus) for x in pods)
     return claim_template(name, object_metadata(name, opts, doc), pods, pcie_root=root)
+
+
+def container_resources(resources: dict[str, str], opts: K8sOptions) -> Obj:
+    """A container's ``resources``: ``resources`` (GPUs, RDMA devices) plus ``--cpu``/``--memory``, as equal
+    limits and requests (a Guaranteed pod when both are given); empty when there is nothing to ask for."""
+    wanted = {
+        **resources,
+        **({"cpu": opts.cpu} if opts.cpu else {}),
+        **({"memory": opts.memory} if opts.memory else {}),
+    }
+    return {"limits": dict(wanted), "requests": dict(wanted)} if wanted else {}
 
 
 def placement_warnings(

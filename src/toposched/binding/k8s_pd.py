@@ -73,6 +73,7 @@ from toposched.binding.k8s import (
     Obj,
     Requirement,
     claim_for,
+    container_resources,
     coordinated_policy,
     dns_name,
     exec_line,
@@ -179,16 +180,11 @@ def _plain_template(
     port: int | None = None,
 ) -> Obj:
     """A pod template without GPUs (router, store) pinned to its planned node."""
-    resources: dict[str, str] = {rdma: "1"} if rdma else {}
-    if opts.cpu:
-        resources["cpu"] = opts.cpu
-    if opts.memory:
-        resources["memory"] = opts.memory
     container: Obj = {
         "name": CONTAINER,
         "image": opts.resolved_image(),
         "command": ["/bin/sh", "-c", kubelet_escape(exec_line(argv, None) + "\n")],
-        "resources": {"limits": dict(resources), "requests": dict(resources)} if resources else {},
+        "resources": container_resources({rdma: "1"} if rdma else {}, opts),
     }
     if port is not None:
         container["ports"] = [{"name": "http", "containerPort": port, "protocol": "TCP"}]
