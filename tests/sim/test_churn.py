@@ -272,3 +272,55 @@ def test_nvlink_down_moves_the_gpu_out_of_its_domain() -> None:
     assert cluster.node("hgx-h100-1").gpu(4).health is Health.OK  # the input is not changed
     with pytest.raises(InputError, match="hgx-h100-9/0"):
         without_nvlink(cluster, "hgx-h100-9/0")
+
+
+# ---------------------------------------------------------------- the drain grace
+
+
+def _departing_with_long_requests(grace: float | None) -> tuple[Simulation, Unit]:
+    """One small instance serving 8 requests of 80 tokens (about half a second); its tenant leaves at 0.1 s."""
+    from toposched.sim.events import Departure
+
+    scenario = _crafted(defrag=False).model_copy(update={"drain_grace_s": grace})
+    scheduler = Scheduler(_cluster(scenario), budget_gbps=scenario.budget_gbps)
+    sim = Simulation(scenario, scheduler, deployments_for(scenario, scheduler), "slo", 0)
+    small, _ = sim.deployments
+    sim.end_s = math.inf
+    for event in sim.place_fixed(1, only=small):
+        sim.push(event)
+    (unit,) = sim.units
+    sim._arrivals = [SimRequest(i, 0.0, 64, 80, "interactive", tenant=0) for i in range(8)]
+    for event in sim.next_arrival():
+        sim.push(event)
+    sim.push(Departure(0.1, unit))
+    return sim, unit
+
+
+def _released_at(sim: Simulation) -> float:
+    return next(t for t, held, *_ in sim.gpu_series if t > 0 and held == 0)
+
+
+def test_a_departing_copy_aborts_what_it_has_not_finished_when_its_grace_runs_out() -> None:
+    """vLLM aborts in-flight requests on SIGTERM after --shutdown-timeout; a pod is killed after its
+    grace period: a drain never holds the GPUs longer than ``drain_grace_s``."""
+    sim, unit = _departing_with_long_requests(0.2)
+    sim.loop()
+    assert check_conservation(sim) == []
+    assert unit.state == "done" and _released_at(sim) == pytest.approx(0.3)
+    assert sim.drain_aborted == 8 and all(r.state == "timed_out" and r.started for r in sim.requests)
+    m = compute(sim)
+    assert m["drain_aborted_requests"] == 8 and m["timed_out"] == 8 and m["completed"] == 0
+
+
+def test_without_a_grace_a_departing_copy_finishes_every_started_request() -> None:
+    sim, _ = _departing_with_long_requests(None)
+    sim.loop()
+    assert check_conservation(sim) == []
+    assert sim.drain_aborted == 0 and all(r.state == "done" for r in sim.requests)
+    assert _released_at(sim) == pytest.approx(max(r.finish_s for r in sim.requests)) and _released_at(sim) > 0.4
+
+
+def test_a_copy_that_drains_in_time_is_not_cut() -> None:
+    sim, _ = _departing_with_long_requests(3600.0)
+    sim.loop()
+    assert sim.drain_aborted == 0 and all(r.state == "done" for r in sim.requests)

@@ -46,6 +46,7 @@ from toposched.sim.events import (
     AdmissionTimer,
     Arrival,
     Departure,
+    DrainDeadline,
     EndOfArrivals,
     Event,
     GpuFailure,
@@ -156,6 +157,7 @@ class Simulation:
         self.retry = False  # GPUs were freed: waiting instances get another try after this event
         self.events_done = 0
         self.requeued_requests = 0
+        self.drain_aborted = 0  # requests a copy had not finished when its drain grace ran out
         self.replacements = 0
         self.gpu_failures = 0
         self.gpus_total = len(scheduler.index.info)
@@ -266,7 +268,20 @@ class Simulation:
                 follow.extend(self.route(req))
         if not inst.batcher.busy and not inst.batcher.load:
             self.drained(inst)
+        elif self.scenario.drain_grace_s is not None and not self.closed:
+            follow.append(DrainDeadline(self.now + self.scenario.drain_grace_s, inst))
         return follow
+
+    def drain_deadline(self, inst: SimInstance) -> list[Event]:
+        """The grace period of a draining copy is over (the engine's shutdown timeout): the requests it
+        has not finished are aborted, as vLLM aborts them on SIGTERM, and count as timed out."""
+        if inst.state != "draining":
+            return []  # drained in time
+        for req in inst.batcher.evict():
+            self.timed_out(req)
+            self.drain_aborted += 1
+        self.drained(inst)
+        return []
 
     def drained(self, inst: SimInstance) -> None:
         if inst.move is not None and inst.move.old is inst:

@@ -89,6 +89,19 @@ class StepEnd(Event):
         return follow
 
 
+class DrainDeadline(Event):
+    """A draining copy's grace period is over: what it has not finished is aborted, its GPUs freed."""
+
+    priority = 2
+
+    def __init__(self, time: float, instance: SimInstance) -> None:
+        super().__init__(time)
+        self.instance = instance
+
+    def apply(self, sim: Simulation) -> list[Event]:
+        return sim.drain_deadline(self.instance)
+
+
 class KvArrival(Event):
     """A disaggregated request's KV has reached its decode instance: its first token is out, it decodes."""
 
@@ -200,6 +213,7 @@ __all__ = [
     "AdmissionTimer",
     "Arrival",
     "Departure",
+    "DrainDeadline",
     "EndOfArrivals",
     "Event",
     "GpuFailure",

@@ -16,7 +16,9 @@ Definitions (docs/simulator.md has the full list):
   not place them although enough GPUs were free in all) / instance arrivals; ``migrations`` = moves
   started by defragmentation; ``held_for_headroom_rate`` = instances that waited only because they
   would have broken one of the last ``keep_whole_domains`` wholly free domains / instance arrivals;
-  ``requeued_requests`` = requests restarted after a failure.
+  ``requeued_requests`` = requests restarted after a failure; ``drain_aborted_requests`` = requests a
+  departing or moved copy had not finished when its ``drain_grace_s`` ran out (aborted, counted as
+  timed out).
 * signals (seed 000's): ``nvlink_affinity_ratio`` = completed requests served by an instance whose
   TP groups each sit in one NVLink domain / completed requests; ``cross_domain_budget_ratio_peak`` /
   ``_mean`` = cross-domain GB/s of the booked instances / the budget, at its peak and time-weighted;
@@ -157,6 +159,7 @@ def compute(sim: Simulation) -> dict[str, Any]:
         "defrag_plans": adm.plans,
         "replacements": sim.replacements,
         "requeued_requests": sim.requeued_requests,
+        "drain_aborted_requests": sim.drain_aborted,
         "preemptions": sum(r.preempted for r in reqs),
         "gpu_failures": sim.gpu_failures,
         "cross_domain_gbps_peak": round(max(cross), 3),

@@ -321,6 +321,15 @@ class Scenario(_Value):
     timeout_s: float = Field(
         default=600.0, gt=0, le=MAX_SECONDS, description="a request not started this long after arrival times out"
     )
+    drain_grace_s: float | None = Field(
+        default=30.0,
+        ge=0,
+        le=MAX_SECONDS,
+        description=(
+            "a departing or moved copy finishes its started requests for at most this long, then aborts the"
+            " rest (vLLM's --shutdown-timeout within a pod's termination grace; null: no bound)"
+        ),
+    )
     failures: tuple[Failure, ...] = Field(default=(), max_length=MAX_FAILURES)
     trace: Ref | None = Field(default=None, description="CSV: timestamp,input_len,output_len[,slo_class][,tenant]")
     budget_gbps: float = Field(default=256.0, gt=0, le=1e9)
