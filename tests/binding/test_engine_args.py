@@ -105,6 +105,7 @@ def test_an_fp8_plan_keeps_its_memory_plan_on_both_engines() -> None:
     assert _value(vllm, "--gpu-memory-utilization") == "0.92"
     assert _value(vllm, "--max-num-seqs") == "12"
     assert _value(vllm, "--max-num-batched-tokens") == str(cfg.max_num_batched_tokens)
+    assert _value(vllm, "--shutdown-timeout") == "30"  # drain on SIGTERM (vLLM's default 0 aborts at once)
     for argv in (sglang, vllm):
         assert "--dtype" not in argv and "--kv-cache-dtype" not in argv
 

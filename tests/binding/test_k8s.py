@@ -182,6 +182,8 @@ def test_pcie_plan_deployment(plans: dict[str, PlanDoc]) -> None:
     assert "exec numactl --cpunodebind=0 --membind=0 vllm serve" in script
     assert "00000000:18:00.0 00000000:28:00.0 00000000:38:00.0 00000000:48:00.0" in script
     assert "CUDA_VISIBLE_DEVICES=0" not in script and "nvidia-smi -i" not in script
+    # SIGTERM (a scale-down, a deleted pod): vLLM finishes its requests for 30 s, then Kubernetes may kill it
+    assert "--shutdown-timeout 30" in script and tpl["spec"]["terminationGracePeriodSeconds"] == 45
 
 
 def test_two_replicas_get_disjoint_numa_aligned_gpus(plans: dict[str, PlanDoc]) -> None:

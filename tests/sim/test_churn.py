@@ -324,3 +324,9 @@ def test_a_copy_that_drains_in_time_is_not_cut() -> None:
     sim, _ = _departing_with_long_requests(3600.0)
     sim.loop()
     assert sim.drain_aborted == 0 and all(r.state == "done" for r in sim.requests)
+
+
+def test_the_default_grace_is_what_launched_engines_get() -> None:
+    from toposched.binding.engine_args import DRAIN_S
+
+    assert Scenario.model_fields["drain_grace_s"].default == DRAIN_S

@@ -38,6 +38,9 @@ against the options file, values included).
   vLLM, INT8/INT4 weights from a 16-bit checkpoint (and, on TensorRT-LLM, FP8 from one: it loads
   pre-quantized checkpoints only), redundant experts for a model the engine has none for, an INT8/INT4
   KV cache on SGLang or TensorRT-LLM, a context longer than the model's.
+* **Drain on SIGTERM** (``DRAIN_S``): vLLM gets ``--shutdown-timeout 30`` (its default, 0, aborts every
+  in-flight request when the pod is deleted or scaled down); Kubernetes pods get
+  ``terminationGracePeriodSeconds`` 45 (``POD_GRACE_S``), which also bounds SGLang's own drain.
 * **TensorRT-LLM options YAML** (``trtllm_options``): what ``trtllm-serve`` has no flag for goes into
   the LLM-API options file its ``--config`` names (fields of ``tensorrt_llm/llmapi/llm_args.py``,
   ``TRTLLM_YAML_KEYS``): the KV dtype, a 16-bit dtype override, CUDA graphs up to the planned batch.
@@ -92,6 +95,8 @@ FLAG_SOURCES: dict[Engine, dict[str, str]] = {
         "--dtype": "vllm/engine/arg_utils.py: model_group --dtype (ModelConfig.dtype)",
         "--max-num-seqs": "vllm/engine/arg_utils.py: --max-num-seqs (SchedulerConfig.max_num_seqs)",
         "--max-num-batched-tokens": "vllm/engine/arg_utils.py: --max-num-batched-tokens (SchedulerConfig)",
+        "--shutdown-timeout": "vllm/engine/arg_utils.py: --shutdown-timeout (VllmConfig.shutdown_timeout: 0 aborts "
+        "in-flight requests on SIGTERM, N > 0 waits up to N s; entrypoints/launchers/launcher.py)",
         "--enable-eplb": "vllm/engine/arg_utils.py: parallel_group --enable-eplb (ParallelConfig.enable_eplb)",
         "--eplb-config": "vllm/engine/arg_utils.py: --eplb-config, JSON of vllm/config/parallel.py EPLBConfig",
         "--kv-transfer-config": "vllm/engine/arg_utils.py: --kv-transfer-config, JSON of vllm/config/kv_transfer.py "
@@ -162,6 +167,15 @@ options file lists CLI options only; these are the LLM API's own field names, no
 ENGINE_NAMES: dict[Engine, str] = {"vllm": "vLLM 0.33.0", "sglang": "SGLang 0.5.23", "trtllm": "TensorRT-LLM"}
 
 # KV dtypes toposched plans with -> engine values (vLLM CacheDType; SGLang fields/model.py choices).
+DRAIN_S = 30
+"""Seconds a serving process finishes its in-flight requests after SIGTERM (a scale-down, a move, a pod
+deleted) before it aborts the rest: vLLM's ``--shutdown-timeout`` (0, its default, aborts at once). SGLang
+has no flag: it drains until its requests are done, so the pod's grace bounds it (``POD_GRACE_S``). The
+simulator's ``drain_grace_s`` defaults to this value."""
+POD_GRACE_S = DRAIN_S + 15
+"""A pod's ``terminationGracePeriodSeconds``: the drain plus time for the engine to stop its workers
+after aborting (Kubernetes kills the pod then; its default is 30 s)."""
+
 _VLLM_KV = {"auto": "auto", "fp8": "fp8", "int8": "int8_per_token_head", "int4": "int4_per_token_head"}
 _SGLANG_KV = {"auto": "auto", "fp8": "fp8_e4m3"}
 _TORCH_DTYPE: dict[str, Literal["bfloat16", "float16"]] = {"bf16": "bfloat16", "fp16": "float16"}
@@ -405,6 +419,7 @@ def vllm_serve_argv(s: ServeSettings) -> list[str]:
             argv += ["--enable-eplb", "--eplb-config", eplb]
     argv += ["--max-model-len", str(s.max_model_len), "--gpu-memory-utilization", f"{s.gpu_memory_utilization:g}"]
     argv += ["--max-num-seqs", str(s.max_num_seqs), "--max-num-batched-tokens", str(s.max_num_batched_tokens)]
+    argv += ["--shutdown-timeout", str(DRAIN_S)]  # finish in-flight requests on SIGTERM instead of aborting them
     if s.dtype:
         argv += ["--dtype", s.dtype]
     if s.quantization:

@@ -50,6 +50,7 @@ from pydantic import TypeAdapter, ValidationError
 
 # ``node_setup`` is what ``build_launches`` gives each node (GPUs, NCCL variables, numactl): an mpirun launch carries
 # it only inside its argv, and the pods of a multi-node TensorRT-LLM instance need it per node.
+from toposched.binding.engine_args import POD_GRACE_S
 from toposched.binding.engines import Engine, NodeLaunch, build_launches, is_file_arg, node_setup, plain_file_name
 from toposched.binding.k8s_dra import (
     GPU_REQUESTS,
@@ -595,7 +596,12 @@ def pod_template(
             }
         }
     }
-    spec: Obj = {"affinity": affinity, "containers": [container], "volumes": [{"name": "dshm", "emptyDir": empty_dir}]}
+    spec: Obj = {
+        "affinity": affinity,
+        "containers": [container],
+        "volumes": [{"name": "dshm", "emptyDir": empty_dir}],
+        "terminationGracePeriodSeconds": POD_GRACE_S,  # the engine drains its requests (engine_args.DRAIN_S)
+    }
     if is_mpi(launches[0]):
         _mount_ssh_key(spec, container, opts, leader=launches[0].node_rank == 0)
     if claim:

@@ -322,7 +322,7 @@ class Scenario(_Value):
         default=600.0, gt=0, le=MAX_SECONDS, description="a request not started this long after arrival times out"
     )
     drain_grace_s: float | None = Field(
-        default=30.0,
+        default=30.0,  # binding.engine_args.DRAIN_S: what the launched engines are given (a test keeps them equal)
         ge=0,
         le=MAX_SECONDS,
         description=(
