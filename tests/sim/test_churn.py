@@ -85,14 +85,20 @@ def _crafted(**admission: object) -> Scenario:
     )  # fmt: skip
 
 
-def _scattered(scenario: Scenario, policy: str = "slo") -> tuple[Simulation, Unit]:
-    """16 small instances fill both nodes, 4 leave each node: 8 GPUs free, no domain with 8; then a TP8 arrives."""
+def _small_instances(scenario: Scenario, count: int, policy: str = "slo") -> Simulation:
+    """A simulation of ``scenario`` with ``count`` instances of its first tenant placed at time 0."""
     scheduler = Scheduler(_cluster(scenario), budget_gbps=scenario.budget_gbps)
     sim = Simulation(scenario, scheduler, deployments_for(scenario, scheduler), policy, 0)
-    small, big = sim.deployments
     sim.end_s = math.inf
-    for event in sim.place_fixed(16, only=small):
+    for event in sim.place_fixed(count, only=sim.deployments[0]):
         sim.push(event)
+    return sim
+
+
+def _scattered(scenario: Scenario, policy: str = "slo") -> tuple[Simulation, Unit]:
+    """16 small instances fill both nodes, 4 leave each node: 8 GPUs free, no domain with 8; then a TP8 arrives."""
+    sim = _small_instances(scenario, 16, policy)
+    _, big = sim.deployments
     assert sim.gpus_held == 16
     by_node: dict[str, list[Unit]] = {}
     for unit in sim.units:
@@ -212,12 +218,8 @@ def test_a_unit_placed_late_keeps_its_departure() -> None:
 
 def _one_node_full(scenario: Scenario) -> tuple[Simulation, Unit]:
     """Eight small instances fill node 0 (node 1 is the last wholly free domain); one more small one arrives."""
-    scheduler = Scheduler(_cluster(scenario), budget_gbps=scenario.budget_gbps)
-    sim = Simulation(scenario, scheduler, deployments_for(scenario, scheduler), "slo", 0)
+    sim = _small_instances(scenario, 8)
     small, _ = sim.deployments
-    sim.end_s = math.inf
-    for event in sim.place_fixed(8, only=small):
-        sim.push(event)
     assert {u.copy.placement.ranks[0].node for u in sim.units if u.copy} == {"hgx-h100-0"}
     unit = sim.new_unit(small, 0.0, math.inf)
     sim.units.append(unit)
@@ -282,12 +284,7 @@ def _departing_with_long_requests(grace: float | None) -> tuple[Simulation, Unit
     from toposched.sim.events import Departure
 
     scenario = _crafted(defrag=False).model_copy(update={"drain_grace_s": grace})
-    scheduler = Scheduler(_cluster(scenario), budget_gbps=scenario.budget_gbps)
-    sim = Simulation(scenario, scheduler, deployments_for(scenario, scheduler), "slo", 0)
-    small, _ = sim.deployments
-    sim.end_s = math.inf
-    for event in sim.place_fixed(1, only=small):
-        sim.push(event)
+    sim = _small_instances(scenario, 1)
     (unit,) = sim.units
     sim._arrivals = [SimRequest(i, 0.0, 64, 80, "interactive", tenant=0) for i in range(8)]
     for event in sim.next_arrival():
