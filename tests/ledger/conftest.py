@@ -5,7 +5,7 @@ etcd tests fail with a message that says so; they never skip, so CI cannot pass 
 
 The etcd ledger has two transports (etcd's gRPC API and its JSON gateway, ``etcd_client.connect``): the
 contract tests run on both, as backends ``etcd`` (JSON gateway) and ``etcd-grpc``; tests that take the
-``etcd_transport`` fixture run once per transport. The gRPC runs skip only when grpcio is not installed.
+``etcd_transport`` fixture run once per transport. The gRPC runs skip only when protobuf is not installed.
 """
 
 from __future__ import annotations
@@ -34,7 +34,7 @@ def grpc_missing() -> str | None:
     try:
         import toposched.ledger.etcd_grpc  # noqa: F401
     except ImportError as exc:
-        return f"grpcio is not installed ({exc})"
+        return f"protobuf is not installed ({exc}); pip install 'protobuf>=6.31.1,<7'"
     return None
 
 

@@ -331,3 +331,24 @@ def test_a_shared_lease_that_is_gone_is_replaced(etcd_url: str) -> None:
     assert ledger.reserve("again", {"n/0": GIB}, ttl_s=5).ok and ledger.get("again") is not None
     # the expiry is logged when something needs it: here the audit read
     assert [e.action for e in ledger.audit()] == ["reserve", "reserve", "renew", "reserve", "expire"]
+
+
+def test_the_size_bound_that_spares_a_reserve_the_exact_count_is_never_below_it() -> None:
+    """``_size_bound`` lets a reserve skip building its transaction to measure it: it must never say less than
+    the exact count, whatever the names (long, non-ASCII, characters JSON escapes) and GPU counts up to 32."""
+    from toposched.ledger.base import Reservation
+    from toposched.ledger.etcd_client import op_bytes, range_op
+
+    rng = random.Random(17)
+    alphabet = 'ab/%"\\\n\u00e9\u4e2d\U0001f600'
+    text = lambda most: "".join(rng.choice(alphabet) for _ in range(rng.randint(1, most)))  # noqa: E731
+    for _ in range(300):
+        ledger = EtcdLedger(f"http://127.0.0.1:1/{text(30).replace('/', 'x')}")  # no I/O
+        gpus = {f"{text(20)}/{i}": rng.randint(1, 1 << 40) for i in range(rng.randint(1, 32))}
+        draft = Reservation(id=text(60), gpus=gpus, owner=text(40), created_at=1.0e9, meta={text(9): text(30)})
+        watched = ledger._watched(gpus)
+        compare, success = ledger._booking(
+            draft.model_copy(update={"expires_at": 2.0e9}), 1 << 62, [1 << 62] * len(watched)
+        )
+        base = ledger._find_ops(draft.id) + [range_op(key, prefix=prefix) for key, prefix in watched]
+        assert ledger._size_bound(draft) >= op_bytes([*compare, *success, *base])

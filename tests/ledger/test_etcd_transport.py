@@ -1,16 +1,20 @@
 """The etcd ledger's two transports (etcd's gRPC API, its JSON gateway): the same answers and errors, a
-choice that falls back to HTTP without grpcio, and a gRPC client that works again in a forked child."""
+choice that falls back to HTTP without protobuf, a gRPC client that works again in a forked child, and the
+gRPC client's own HTTP/2 and HPACK against the RFC's examples and a scripted server."""
 
 from __future__ import annotations
 
 import os
+import socket
 import sys
+import threading
 import traceback
+from typing import Any
 
 import pytest
 
 from tests.ledger.conftest import EtcdServer, grpc_missing
-from toposched.errors import EtcdError, InputError
+from toposched.errors import EtcdError, EtcdUnreachable, InputError
 from toposched.ledger.etcd_client import (
     TRANSPORT_ENV,
     EtcdClient,
@@ -67,16 +71,16 @@ def test_the_transport_is_chosen_by_argument_or_environment(monkeypatch: pytest.
     with pytest.raises(InputError, match="TOPOSCHED_ETCD_TRANSPORT='carrier-pigeon' is not an etcd transport"):
         connect("http://127.0.0.1:1")
     monkeypatch.delenv(TRANSPORT_ENV)
-    monkeypatch.setitem(sys.modules, "toposched.ledger.etcd_grpc", None)  # as if grpcio were not installed
+    monkeypatch.setitem(sys.modules, "toposched.ledger.etcd_grpc", None)  # as if protobuf were not installed
     assert type(connect("http://127.0.0.1:1")) is EtcdClient  # auto: the JSON gateway
-    with pytest.raises(InputError, match="needs grpcio") as caught:
+    with pytest.raises(InputError, match="needs protobuf") as caught:
         connect("http://127.0.0.1:1", transport="grpc")
     assert caught.value.fix is not None and f"{TRANSPORT_ENV}=http" in caught.value.fix
 
 
 def test_a_grpc_client_used_before_a_fork_works_in_the_child(etcd_server: EtcdServer) -> None:
-    """Sixteen times: the parent books through a new client, forks, the child books through the same object.
-    (With grpc's shared connections a child took over the parent's connection about one time in ten.)"""
+    """Sixteen times: the parent books through a new client, forks, the child books through the same object
+    (on a connection of its own: the parent's stays the parent's)."""
     if missing := grpc_missing():
         pytest.skip(missing)
     key = f"/fork{os.getpid()}"
@@ -97,3 +101,165 @@ def test_a_grpc_client_used_before_a_fork_works_in_the_child(etcd_server: EtcdSe
         assert os.waitstatus_to_exitcode(status) == 0, f"the child of attempt {attempt} failed"
         assert client.range(key)[0][0].value == f"child {attempt}".encode()  # and the parent's channel still works
         client.close()
+
+
+# ------------------------------------------------------------------------------ the gRPC client's HTTP/2 and HPACK
+
+
+def test_hpack_decodes_the_rfcs_examples() -> None:
+    """RFC 7541 C.4.1 (a request, Huffman-coded) and C.6.1-C.6.2 (answers, Huffman-coded, with a 256-byte table:
+    the second evicts the oldest entry)."""
+    from toposched.ledger.etcd_grpc import _HeaderDecoder
+
+    request = _HeaderDecoder().decode(bytes.fromhex("828684418cf1e3c2e5f23a6ba0ab90f4ff"))
+    assert request == {b":method": b"GET", b":scheme": b"http", b":path": b"/", b":authority": b"www.example.com"}
+    decoder = _HeaderDecoder()
+    decoder.max_size = 256
+    first = decoder.decode(
+        bytes.fromhex(
+            "488264025885aec3771a4b6196d07abe941054d444a8200595040b8166e082a62d1bff6e919d29ad171863c78f0b97c8e9ae82ae43d3"
+        )
+    )
+    date, location = b"Mon, 21 Oct 2013 20:13:21 GMT", b"https://www.example.com"
+    assert first == {b":status": b"302", b"cache-control": b"private", b"date": date, b"location": location}
+    second = decoder.decode(bytes.fromhex("4883640effc1c0bf"))
+    assert second == first | {b":status": b"307"}
+    assert decoder.dynamic == [
+        (b":status", b"307"),
+        (b"location", location),
+        (b"date", date),
+        (b"cache-control", b"private"),
+    ]
+    assert decoder.size == 222 - 42 + 42
+
+
+def _read_frame(reader: Any) -> tuple[int, int, int, bytes]:
+    head = reader.read(9)
+    assert len(head) == 9, "the client closed the connection"
+    return head[3], head[4], int.from_bytes(head[5:9], "big") & 0x7FFFFFFF, reader.read(int.from_bytes(head[:3], "big"))
+
+
+def _read_request(reader: Any) -> tuple[int, list[tuple[int, int, bytes]]]:
+    """Frames up to a request's last DATA: (its stream, the connection's frames before it)."""
+    before: list[tuple[int, int, bytes]] = []
+    while True:
+        kind, flags, stream, payload = _read_frame(reader)
+        if kind == 0 and flags & 1:
+            return stream, before
+        if stream == 0:
+            before.append((kind, flags, payload))
+
+
+def _frame(kind: int, flags: int, stream: int, payload: bytes = b"") -> bytes:
+    return len(payload).to_bytes(3, "big") + bytes([kind, flags]) + stream.to_bytes(4, "big") + payload
+
+
+def _literal(name: bytes, value: bytes, *, indexed: bool = False) -> bytes:
+    """A header as an HPACK literal with a new name, added to the table when ``indexed``."""
+    return (b"\x40" if indexed else b"\x00") + bytes([len(name)]) + name + bytes([len(value)]) + value
+
+
+def test_the_grpc_client_follows_http2_as_a_server_may_speak_it() -> None:
+    """A scripted server: SETTINGS and a PING in the middle of an answer (acknowledged with the next request),
+    headers split over CONTINUATION, padded DATA, a trailer the next answer refers to by the table, a
+    trailers-only error with a percent-encoded message, then GOAWAY sent right behind an answer: the next call
+    goes to a new connection, whose table starts empty."""
+    from toposched.ledger.etcd_grpc import EtcdGrpcClient, pb
+    from toposched.ledger.etcdrpc import kv_pb2
+
+    answer = pb.TxnResponse(
+        header=pb.ResponseHeader(revision=7),
+        succeeded=True,
+        responses=[
+            pb.ResponseOp(response_range=pb.RangeResponse(kvs=[kv_pb2.KeyValue(key=b"/k", value=b"v")], count=1))
+        ],
+    ).SerializeToString()
+    message = len(answer).to_bytes(5, "big") + answer
+    ok_headers = b"\x88" + _literal(b"content-type", b"application/grpc")  # :status 200 (static), a literal
+    seen: list[list[tuple[int, int, bytes]]] = []
+    listener = socket.create_server(("127.0.0.1", 0))
+
+    failed: list[BaseException] = []
+
+    def serve() -> None:
+        try:
+            script()
+        except BaseException as exc:  # shown by the assertion below
+            failed.append(exc)
+
+    def script() -> None:
+        with listener:
+            conn, _ = listener.accept()
+            with conn, conn.makefile("rb") as reader:
+                assert reader.read(24) == b"PRI * HTTP/2.0\r\n\r\nSM\r\n\r\n"
+                stream, before = _read_request(reader)
+                seen.append(before)
+                trailer = _literal(b"grpc-status", b"0", indexed=True)
+                conn.sendall(
+                    _frame(4, 0, 0, (5).to_bytes(2, "big") + (16384).to_bytes(4, "big"))  # SETTINGS
+                    + _frame(6, 0, 0, b"12345678")  # PING
+                    + _frame(1, 0, stream, ok_headers[:3])  # HEADERS, without END_HEADERS
+                    + _frame(9, 4, stream, ok_headers[3:])  # CONTINUATION, END_HEADERS
+                    + _frame(0, 8, stream, b"\x03" + message + b"\x00" * 3)  # DATA, padded
+                    + _frame(1, 5, stream, trailer)  # trailers: END_STREAM, END_HEADERS
+                )
+                stream, before = _read_request(reader)
+                seen.append(before)
+                conn.sendall(
+                    _frame(1, 4, stream, ok_headers)
+                    + _frame(0, 0, stream, message)
+                    + _frame(1, 5, stream, b"\xbe")  # grpc-status 0: the table's entry 62
+                )
+                stream, before = _read_request(reader)
+                error = _literal(b"grpc-status", b"9") + _literal(b"grpc-message", b"not%20now")
+                conn.sendall(
+                    _frame(1, 5, stream, b"\x88" + error)  # trailers-only
+                    + _frame(7, 0, 0, stream.to_bytes(4, "big") + bytes(4))  # GOAWAY: nothing after this stream
+                )
+                assert reader.read(1) == b""  # the client closes it
+            conn, _ = listener.accept()
+            with conn, conn.makefile("rb") as reader:
+                assert reader.read(24) == b"PRI * HTTP/2.0\r\n\r\nSM\r\n\r\n"
+                stream, before = _read_request(reader)
+                fresh = _literal(b"grpc-status", b"0")  # entry 62 would be an error on a new connection
+                conn.sendall(
+                    _frame(1, 4, stream, ok_headers) + _frame(0, 0, stream, message) + _frame(1, 5, stream, fresh)
+                )
+
+    server = threading.Thread(target=serve, daemon=True)
+    server.start()
+    client = EtcdGrpcClient(f"http://127.0.0.1:{listener.getsockname()[1]}", timeout_s=5)
+    for _ in range(2):
+        ok, data = client.txn([], [range_op("/k")])
+        assert ok and data["header"]["revision"] == 7 and [kv.value for kv in kvs_of(data["responses"][0])] == [b"v"]
+    assert (4, 1, b"") in seen[1] and (6, 1, b"12345678") in seen[1]  # SETTINGS and PING acknowledged
+    with pytest.raises(EtcdError) as refused:
+        client.txn([], [range_op("/k")])
+    assert refused.value.code == 9 and refused.value.message.endswith("refused txn: not now")
+    ok, data = client.txn([], [range_op("/k")])  # GOAWAY came behind the error: a new connection
+    assert ok and data["header"]["revision"] == 7
+    client.close()
+    server.join(5)
+    assert not server.is_alive() and not failed
+
+
+def test_an_etcd_that_takes_the_connection_but_never_answers_times_out_clearly() -> None:
+    from toposched.ledger.etcd_grpc import EtcdGrpcClient
+
+    with socket.create_server(("127.0.0.1", 0)) as listener:  # the kernel accepts; nobody reads or answers
+        client = EtcdGrpcClient(f"http://127.0.0.1:{listener.getsockname()[1]}", timeout_s=0.3)
+        with pytest.raises(EtcdUnreachable, match=r"is unreachable \(TimeoutError: no answer within 0.3 s\)"):
+            client.txn([], [range_op("/k")])
+        client.close()
+
+
+def test_a_large_answer_comes_whole(etcd_server: EtcdServer) -> None:
+    """Over many frames and the windows' first 64 KiB: 4 MiB of values in one transaction's answer."""
+    client = connect(etcd_server.url, transport="grpc")
+    prefix = f"/large{os.getpid()}/"
+    for chunk in range(4):
+        assert client.txn([], [put_op(f"{prefix}{chunk}-{i:03d}", bytes([i]) * 8192) for i in range(128)])[0]
+    _ok, data = client.txn([], [range_op(prefix, prefix=True)])
+    kvs = kvs_of(data["responses"][0])
+    assert len(kvs) == 512 and all(kv.value == bytes([int(kv.key[-3:])]) * 8192 for kv in kvs)
+    client.close()

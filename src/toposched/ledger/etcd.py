@@ -97,7 +97,6 @@ from toposched.ledger.etcd_client import (
     KeyValue,
     Transport,
     absent,
-    b64,
     connect,
     count_of,
     delete_op,
@@ -106,7 +105,7 @@ from toposched.ledger.etcd_client import (
     op_bytes,
     put_op,
     range_op,
-    unb64,
+    raw_bytes,
     unchanged_since,
 )
 
@@ -121,6 +120,8 @@ FRESH_READS_AFTER = 3  # lost races answered from the failure branch; later ones
 LEASE_SPARE_S = 1  # a shared lease is granted this much longer than asked, and shared while it has it to spare
 KNOWN_MAX = 4096  # reservations remembered per ledger object, for one-round-trip releases and renewals
 RANGES_MAX = 16384  # guarded key ranges remembered per ledger object, for reserves that commit without a read
+STALE_READ_FIRST = 0.5  # reserves read before committing while remembered ranges were stale this often lately
+STALE_WEIGHT = 0.25  # weight of the latest reserve in that moving average
 
 
 def split_url(url: str) -> tuple[str, str]:
@@ -224,6 +225,7 @@ class EtcdLedger:
         self._known: dict[str, tuple[KeyValue, KeyValue]] = {}  # id -> (res/ID, index/ID) as last seen
         self._ranges: dict[str, _Seen] = {}  # guarded range (a key prefix) -> its keys as last seen
         self._ranges_lock = threading.RLock()  # _after_commit holds it around its _see calls
+        self._stale = 0.0  # how often remembered ranges were stale lately (0-1): reserves read first past a half
 
     # ------------------------------------------------------------------------------ keys
 
@@ -382,11 +384,11 @@ class EtcdLedger:
         puts = {op["requestPut"]["key"]: op["requestPut"] for op in success if "requestPut" in op}
         pair: list[KeyValue] = []
         for key, create in zip((self._res(rid), self._index(rid)), created, strict=True):
-            put = puts.get(b64(key))
+            put = puts.get(key)
             if put is None:
                 self._known.pop(rid, None)
                 return
-            pair.append(KeyValue(key, unb64(put["value"]), create or at, at, int(put.get("lease", 0))))
+            pair.append(KeyValue(key, raw_bytes(put["value"]), create or at, at, int(put.get("lease", 0))))
         self._remember(rid, pair[0], pair[1])
 
     def _see(self, key: str, seen: _Seen) -> None:
@@ -424,11 +426,11 @@ class EtcdLedger:
         for op in success:
             if "requestPut" in op:
                 put = op["requestPut"]
-                key = unb64(put["key"]).decode()
+                key = put["key"]
                 if key.startswith(self.prefix + "b/"):
-                    puts[key] = KeyValue(key, unb64(put["value"]), at, at, int(put.get("lease", 0)))
+                    puts[key] = KeyValue(key, raw_bytes(put["value"]), at, at, int(put.get("lease", 0)))
             elif "requestDeleteRange" in op:
-                deleted.add(unb64(op["requestDeleteRange"]["key"]).decode())
+                deleted.add(op["requestDeleteRange"]["key"])
         touched: dict[str, list[KeyValue]] = {}
         for key, kv in puts.items():
             for rng in self._ranges_of(key):
@@ -567,8 +569,10 @@ class EtcdLedger:
         )
         watched = self._watched(gpus)
         base = self._find_ops(rid) + [range_op(key, prefix=prefix) for key, prefix in watched]
-        booking = self._booking(draft, 0, [0] * len(watched))
-        size = op_bytes([*booking[0], *booking[1], *base])
+        size = 0
+        if self._size_bound(draft) > self.max_request_bytes - 4096:  # then measure it exactly
+            booking = self._booking(draft, 0, [0] * len(watched))
+            size = op_bytes([*booking[0], *booking[1], *base])
         if size > self.max_request_bytes - 4096:
             reason = (
                 f"{len(gpus)} GPUs in one reservation make a {size}-byte etcd transaction, over etcd's request "
@@ -583,13 +587,27 @@ class EtcdLedger:
         # trip when they are current; when not, the failed commit's failure branch was the read it would
         # have made first, so it never costs more round trips than reading first. It refuses only on a
         # fresh read (remembered keys may hold bytes freed since).
+        # Under contention (other replicas booking the same GPUs between two of this object's reserves) what it
+        # remembers is mostly stale, and a commit that fails its compares is a raft proposal for etcd, where a
+        # read is not: then it reads first (``_stale``, below). The same number of round trips either way.
         remembered = self._remembered(watched)
         in_memory = None if remembered is None else self._holds([kv for seen in remembered for kv in seen.kvs])
         data: Json | None = None
-        if in_memory is None or not self._fits(in_memory, gpus):
+        from_memory = in_memory is not None and self._fits(in_memory, gpus)
+        if not from_memory or self._stale >= STALE_READ_FIRST:
             _ok, data = self.client.txn([], reads)
+            if from_memory and remembered is not None:  # would the commit from memory have gone through?
+                fresh = [kvs_of(r) for r in data["responses"][2 : len(base)]]
+                self._note_stale(
+                    any(
+                        kv.mod_revision > seen.revision
+                        for seen, kvs in zip(remembered, fresh, strict=True)
+                        for kv in kvs
+                    )
+                )
         for attempt in range(MAX_ATTEMPTS):
             index: KeyValue | None = None
+            memory_commit = data is None
             if data is None:  # remembered: whether the id is taken is left to the commit's compares
                 assert remembered is not None and in_memory is not None
                 revisions = [seen.revision for seen in remembered]
@@ -637,6 +655,8 @@ class EtcdLedger:
                 self._lease_gone(lease)
                 _ok, data = self.client.txn([], reads)
                 continue
+            if memory_commit:
+                self._note_stale(not committed)
             if committed:
                 at = int(data["header"]["revision"])
                 self._remember_commit(rid, success, at, (0, 0))
@@ -649,6 +669,25 @@ class EtcdLedger:
             f"etcd at {self.client.endpoint}: reserve {rid} lost {MAX_ATTEMPTS} races in a row",
             fix="too many replicas booking the same GPUs at once; retry with the same id",
         )
+
+    def _note_stale(self, stale: bool) -> None:
+        """Follow how often the remembered ranges of a reserve that fits in them were stale (a moving average)."""
+        self._stale += STALE_WEIGHT * (float(stale) - self._stale)
+
+    def _size_bound(self, reservation: Reservation) -> int:
+        """An upper bound on the bytes (``op_bytes``) of a small reservation's transaction, cheaper than building
+        it: at most 5n + 9 operations (compares, writes and the failure branch's reads), each 16 bytes with a key
+        and a range end of at most 12 bytes per character of the namespace, id and longest ref (a character is at
+        most 4 bytes of UTF-8, each percent-encoded in 3) and 64 more; two JSON values (the index and audit
+        entries) of at most 12 bytes per character of id, owner, refs and meta (escapes), 64 per GPU and 512
+        more; 20 bytes per GPU of held bytes. A large reservation gets no bound: its size is measured."""
+        n = len(reservation.gpus)
+        if n > SMALL_MAX:
+            return self.max_request_bytes
+        key = 12 * (len(self.prefix) + len(reservation.id) + max(map(len, reservation.gpus), default=0)) + 64
+        text = len(reservation.id) + len(reservation.owner) + sum(map(len, reservation.gpus))
+        text += sum(len(k) + len(v) for k, v in reservation.meta.items())
+        return (5 * n + 9) * (16 + 2 * key) + 2 * (12 * text + 64 * n + 512) + 20 * n
 
     @staticmethod
     def _fits(holds: _Holds, gpus: Mapping[str, int]) -> bool:

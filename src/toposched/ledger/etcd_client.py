@@ -18,8 +18,9 @@ An idle connection that etcd closed (a restart) is noticed before it is reused, 
 never sent twice. Watches, which stream, still use ``http.client``.
 
 ``connect`` picks the ledger's transport: etcd's gRPC API (``etcd_grpc.EtcdGrpcClient``, the same calls and
-answers) when ``grpcio`` is installed, else this client; ``TOPOSCHED_ETCD_TRANSPORT`` (``grpc``, ``http``,
-``auto``) overrides. The request builders below make the gateway's JSON form of etcd's messages for both.
+answers) when ``protobuf`` is installed, else this client; ``TOPOSCHED_ETCD_TRANSPORT`` (``grpc``, ``http``,
+``auto``) overrides. The request builders below make etcd's messages for both, with the gateway's field names
+and raw keys and values.
 """
 
 from __future__ import annotations
@@ -57,10 +58,10 @@ def unb64(text: str) -> bytes:
     return base64.b64decode(text)
 
 
-def prefix_end(prefix: str) -> str:
+def prefix_end(prefix: str) -> bytes:
     """The ``range_end`` that selects every key starting with ``prefix`` (its last byte plus one)."""
     raw = prefix.encode()
-    return b64(raw[:-1] + bytes([raw[-1] + 1]))
+    return raw[:-1] + bytes([raw[-1] + 1])
 
 
 @dataclass(frozen=True)
@@ -90,6 +91,9 @@ class WatchEvent:
 
 
 # ------------------------------------------------------------------------------ request builders
+# Operations are etcd's messages in the gateway's JSON field names, with keys, values and range ends as they
+# are (``str`` or ``bytes``): the gRPC client builds protobuf from them, ``EtcdClient`` base64-encodes them
+# (``_gateway``) as it sends. Neither transport pays for the other's encoding.
 
 
 def range_req(
@@ -102,7 +106,7 @@ def range_req(
     min_create_revision: int = 0,
     count_only: bool = False,
 ) -> Json:
-    req: Json = {"key": b64(key)}
+    req: Json = {"key": key}
     if prefix:
         req["range_end"] = prefix_end(key)
     if keys_only:
@@ -119,14 +123,14 @@ def range_req(
 
 
 def put_op(key: str, value: str | bytes, *, lease: int = 0) -> Json:
-    req: Json = {"key": b64(key), "value": b64(value)}
+    req: Json = {"key": key, "value": value}
     if lease:
         req["lease"] = lease
     return {"requestPut": req}
 
 
 def delete_op(key: str, *, prefix: bool = False) -> Json:
-    req: Json = {"key": b64(key)}
+    req: Json = {"key": key}
     if prefix:
         req["range_end"] = prefix_end(key)
     return {"requestDeleteRange": req}
@@ -139,29 +143,54 @@ def range_op(key: str, **how: Any) -> Json:
 
 def absent(key: str) -> Json:
     """Compare: ``key`` does not exist."""
-    return {"key": b64(key), "result": "EQUAL", "target": "CREATE", "create_revision": 0}
+    return {"key": key, "result": "EQUAL", "target": "CREATE", "create_revision": 0}
 
 
 def mod_equals(key: str, revision: int) -> Json:
     """Compare: ``key`` was last changed at ``revision`` (0: does not exist)."""
-    return {"key": b64(key), "result": "EQUAL", "target": "MOD", "mod_revision": revision}
+    return {"key": key, "result": "EQUAL", "target": "MOD", "mod_revision": revision}
 
 
 def unchanged_since(key: str, revision: int, *, prefix: bool = False) -> Json:
     """Compare: no key at ``key`` (or under the prefix) was written after ``revision``."""
-    cmp: Json = {"key": b64(key), "result": "LESS", "target": "MOD", "mod_revision": revision + 1}
+    cmp: Json = {"key": key, "result": "LESS", "target": "MOD", "mod_revision": revision + 1}
     if prefix:
         cmp["range_end"] = prefix_end(key)
     return cmp
 
 
+_RAW = ("key", "value", "range_end")
+
+
+def raw_bytes(text: str | bytes) -> bytes:
+    """A key, value or range end as the bytes etcd stores."""
+    return text.encode() if isinstance(text, str) else text
+
+
+def _gateway(body: Json) -> Json:
+    """An operation or compare in the gateway's JSON: keys, values and range ends base64-encoded."""
+    out: Json = {}
+    for name, value in body.items():
+        if name in _RAW:
+            out[name] = b64(value)
+        elif isinstance(value, dict):
+            out[name] = _gateway(value)
+        else:
+            out[name] = value
+    return out
+
+
 def op_bytes(ops: Sequence[Json]) -> int:
     """About how many bytes ``ops`` (puts, deletes, compares) take in etcd's request, whose size
-    etcd bounds (``--max-request-bytes``, 1.5 MiB by default): their keys and values, unencoded."""
+    etcd bounds (``--max-request-bytes``, 1.5 MiB by default): their keys and values."""
     total = 0
     for op in ops:
         body = op.get("requestPut") or op.get("requestDeleteRange") or op.get("requestRange") or op
-        total += 16 + sum(len(body.get(k, "")) * 3 // 4 for k in ("key", "value", "range_end"))
+        total += 16
+        for name in _RAW:
+            if name in body:
+                text = body[name]
+                total += len(text) if isinstance(text, bytes) or text.isascii() else len(text.encode())
     return total
 
 
@@ -344,12 +373,17 @@ class EtcdClient:
     ) -> tuple[list[KeyValue], int]:
         """Key-values at ``key`` (or under the prefix) and the store's revision."""
         body = range_req(key, prefix=prefix, sort_by_create=sort_by_create, min_create_revision=min_create_revision)
-        data = self.post("/v3/kv/range", body)
+        data = self.post("/v3/kv/range", _gateway(body))
         return [KeyValue.parse(kv) for kv in data.get("kvs", [])], int(data["header"]["revision"])
 
     def txn(self, compare: Sequence[Json], success: Sequence[Json], failure: Sequence[Json] = ()) -> tuple[bool, Json]:
         """Run a transaction; (whether the compares held, the answer)."""
-        data = self.post("/v3/kv/txn", {"compare": list(compare), "success": list(success), "failure": list(failure)})
+        body = {
+            "compare": [_gateway(c) for c in compare],
+            "success": [_gateway(op) for op in success],
+            "failure": [_gateway(op) for op in failure],
+        }
+        data = self.post("/v3/kv/txn", body)
         return bool(data.get("succeeded", False)), data
 
     def grant(self, ttl_s: int) -> tuple[int, int]:
@@ -367,7 +401,7 @@ class EtcdClient:
         Raises ``EtcdUnreachable`` when the stream breaks (etcd stopped); callers resume from the
         last revision they saw plus one.
         """
-        request = range_req(key, prefix=prefix)
+        request = _gateway(range_req(key, prefix=prefix))
         if start_revision:
             request["start_revision"] = start_revision
         conn = self._connect()  # a stream of its own: it stays open while events come
@@ -441,7 +475,7 @@ class EtcdCalls(Protocol):
 
 
 def connect(endpoint: str, *, timeout_s: float = 5.0, transport: Transport | None = None) -> EtcdCalls:
-    """A client for ``endpoint`` (no I/O yet): etcd's gRPC API when ``grpcio`` is installed (``auto``),
+    """A client for ``endpoint`` (no I/O yet): etcd's gRPC API when ``protobuf`` is installed (``auto``),
     else the JSON gateway. ``transport`` None reads ``TOPOSCHED_ETCD_TRANSPORT``."""
     chosen = transport or os.environ.get(TRANSPORT_ENV, "").strip().lower() or "auto"
     if chosen not in ("auto", "grpc", "http"):
@@ -455,8 +489,8 @@ def connect(endpoint: str, *, timeout_s: float = 5.0, transport: Transport | Non
             raise
         if chosen == "grpc":
             raise InputError(
-                f"etcd's gRPC transport needs grpcio and protobuf >= 6.31.1 ({type(exc).__name__}: {exc})",
-                fix=f"install grpcio (pip install grpcio), or set {TRANSPORT_ENV}=http",
+                f"etcd's gRPC transport needs protobuf >= 6.31.1 ({type(exc).__name__}: {exc})",
+                fix=f"install it (pip install 'protobuf>=6.31.1'), or set {TRANSPORT_ENV}=http",
             ) from exc
         return EtcdClient(endpoint, timeout_s=timeout_s)
     return EtcdGrpcClient(endpoint, timeout_s=timeout_s)

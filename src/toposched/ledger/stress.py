@@ -20,6 +20,7 @@ from __future__ import annotations
 import multiprocessing as mp
 import queue
 import random
+import resource
 import time
 import traceback
 import uuid
@@ -74,6 +75,12 @@ def stress_refs(gpus: int) -> list[str]:
     return [f"{STRESS_NODE}/{i}" for i in range(gpus)]
 
 
+def _own_cpu_s() -> float:
+    """CPU seconds this process spent so far, all its threads."""
+    usage = resource.getrusage(resource.RUSAGE_SELF)
+    return usage.ru_utime + usage.ru_stime
+
+
 def _retry(cfg: StressConfig, counts: dict[str, int], call: Any, *args: Any, **kwargs: Any) -> Any:
     deadline = time.monotonic() + cfg.retry_s
     while True:
@@ -117,7 +124,7 @@ def _client(cfg: StressConfig, run: str, index: int, ops: int, start: Barrier, o
                 else:
                     counts["renewed"] += 1
         ledger.close()
-        out.put(("client", {"held": held, "counts": counts}))
+        out.put(("client", {"held": held, "counts": counts, "cpu_s": _own_cpu_s()}))
     except Exception:
         out.put(("error", f"client {index}: {traceback.format_exc()}"))
 
@@ -160,7 +167,7 @@ def _reader(cfg: StressConfig, since: int, capacity: dict[str, int], done: Event
             (
                 "reader",
                 {"entries": replay.entries, "violations": replay.violations, "snapshots": snapshots}
-                | {"snapshot_violations": snapshot_violations},
+                | {"snapshot_violations": snapshot_violations, "cpu_s": _own_cpu_s()},
             )
         )
     except Exception:
@@ -243,5 +250,7 @@ def run_stress(cfg: StressConfig) -> dict[str, Any]:
         "held_at_end": len(held),
         "checked_changes": checked["entries"],
         "checked_snapshots": checked["snapshots"],
+        "client_cpu_s": round(sum(r["cpu_s"] for r in reports), 3),
+        "checker_cpu_s": round(checked["cpu_s"], 3),
         **totals,
     }
