@@ -5,6 +5,7 @@
     .venv/bin/python benchmarks/service_bench.py --tick [--backend ...] [--live-gpus 1280] [--live 1000]
         [--ticks 30]
     .venv/bin/python benchmarks/service_bench.py --concurrency 8 --live 0 --healthz 2000 --profile serve.prof
+    .venv/bin/python benchmarks/service_bench.py --against /tmp/old/src [--repeat 5] [...]
 
 Starts one server (``toposched serve``: uvicorn, a process of its own) per backend and cluster on a free
 loopback port, on a cluster spec of HGX H100 nodes (SQLite state in a temporary folder; etcd: Debian's
@@ -29,6 +30,13 @@ middle concurrency, with the server's CPU per request: what uvicorn, the guards 
 thread, where the SQLite state's work runs) and write its statistics to ``FILE`` (``FILE.2``, ... for the
 later servers) when it stops; read them with ``python -m pstats FILE``. The profiler slows the server
 down several times: its CPU figures are not the service's.
+
+``--against SRC``: paired runs, for comparing two versions on a busy machine (load moves the figures as much
+as a change does). Two servers on the same cluster and SQLite state, this tree's and one running the package
+in the folder ``SRC`` (``PYTHONPATH``; e.g. ``git archive HEAD | tar -x -C /tmp/old`` gives ``/tmp/old/src``),
+both up at once; each round measures one run on each, the order swapped every round. Rows as above; each
+gives the median server ms per pair of each side, the median of the per-round ratios (this / against) and
+the median load average (1 minute) over the rounds.
 
 ``--tick``: the background tick, in process (``ServiceState`` without HTTP), on the ``--live-gpus``
 cluster with no placement and with ``--live`` placements held. Each round: the replica makes one change of
@@ -136,16 +144,20 @@ finally:
 
 
 def start_server(
-    state: str, spec: Path, folder: Path, *, profile: str | None = None
+    state: str, spec: Path, folder: Path, *, profile: str | None = None, source: str | None = None
 ) -> tuple[subprocess.Popen[bytes], str]:
-    """``toposched serve`` on a free port (under cProfile, writing ``profile``, when given)."""
+    """``toposched serve`` on a free port (under cProfile, writing ``profile``, when given; the package
+    from the ``source`` folder, e.g. another checkout's ``src``, when given)."""
     exe = Path(sys.executable).parent / "toposched"
     port = free_port()
     log = open(folder / f"serve-{port}.log", "wb")  # noqa: SIM115 (lives as long as the process)
     command = [str(exe)] if profile is None else [sys.executable, "-c", PROFILED_SERVER, profile]
+    env = {**os.environ, "TOPOSCHED_API_TOKEN": TOKEN}
+    if source is not None:
+        env["PYTHONPATH"] = os.pathsep.join([source, *filter(None, [os.environ.get("PYTHONPATH")])])
     proc = subprocess.Popen(
         [*command, "serve", "--port", str(port), "--cluster", str(spec), "--state", state],
-        env={**os.environ, "TOPOSCHED_API_TOKEN": TOKEN},
+        env=env,
         stdout=log,
         stderr=subprocess.STDOUT,
     )
@@ -292,6 +304,60 @@ def bench(
                 stop(etcd)
 
 
+def paired(
+    source: str, gpus: int, live: int, concurrency: int, pairs: int, repeat: int, *, show: bool
+) -> dict[str, Any]:
+    """``--against``: this tree's server and one running ``source``, both up (SQLite), runs alternated
+    (``repeat`` rounds, the order swapped every round); medians of each side and of the per-round ratios."""
+    if live + concurrency > gpus:
+        raise SystemExit(f"{live} live placements and {concurrency} in flight need more than {gpus} GPUs")
+    with tempfile.TemporaryDirectory(prefix="toposched-bench-") as tmp:
+        folder = Path(tmp)
+        spec = cluster_spec(folder, gpus)
+        servers: dict[str, tuple[subprocess.Popen[bytes], str]] = {}
+        try:
+            for side, src in (("against", source), ("this", None)):
+                (folder / side).mkdir()
+                servers[side] = start_server(
+                    f"sqlite:{folder / side / 'state.sqlite3'}", spec, folder / side, source=src
+                )
+            for side, (server, url) in servers.items():
+                bad = asyncio.run(load(url, "held", live, 8, hold=True)) if live else []
+                if bad:
+                    raise SystemExit(f"booking the live placements ({side}): {bad[0]}")
+                measure(server, url, f"warm-{side}", min(pairs, 100), concurrency)
+            ms: dict[str, list[float]] = {"against": [], "this": []}
+            loads = []
+            for r in range(repeat):
+                for side in ("against", "this") if r % 2 == 0 else ("this", "against"):
+                    server, url = servers[side]
+                    ms[side].append(measure(server, url, f"{side}-r{r}", pairs, concurrency)["server_ms"])
+                loads.append(os.getloadavg()[0])
+        finally:
+            for server, _url in servers.values():
+                stop(server)
+    row: dict[str, Any] = {"backend": "sqlite", "gpus": gpus, "live": live, "concurrency": concurrency}
+    row |= {f"{side}_server_ms": statistics.median(values) for side, values in ms.items()}
+    row["ratio"] = statistics.median(t / a for a, t in zip(ms["against"], ms["this"], strict=True))
+    row["load_average"] = statistics.median(loads)
+    if show:
+        print(format_paired_row(row), flush=True)
+    return row
+
+
+PAIRED_HEADER = (
+    f"{'GPUs':>5} {'live':>5} {'concurrency':>11} {'against ms/pair':>16} {'this ms/pair':>13} {'ratio':>6} "
+    f"{'load avg':>9}"
+)
+
+
+def format_paired_row(r: dict[str, Any]) -> str:
+    return (
+        f"{r['gpus']:>5} {r['live']:>5} {r['concurrency']:>11} {r['against_server_ms']:>16.3f} "
+        f"{r['this_server_ms']:>13.3f} {r['ratio']:>6.2f} {r['load_average']:>9.1f}"
+    )
+
+
 HEADER = (
     f"{'backend':8} {'GPUs':>5} {'live':>5} {'concurrency':>11} {'pairs/s':>8} {'server ms/pair':>15} "
     f"{'client ms/pair':>15}"
@@ -387,6 +453,9 @@ def main() -> None:
     parser.add_argument("--ticks", type=int, default=30, help="ticks measured per row of --tick")
     parser.add_argument("--healthz", type=int, default=0, help="also N GET /healthz per server (0: none)")
     parser.add_argument("--profile", metavar="FILE", help="run the servers under cProfile (CPU clock), stats to FILE")
+    parser.add_argument(
+        "--against", metavar="SRC", help="paired with a server running the package in SRC (SQLite; server CPU only)"
+    )
     args = parser.parse_args()
     profiles = iter([args.profile, *(f"{args.profile}.{n}" for n in range(2, 100))] if args.profile else [])
     backends = ("sqlite", "etcd") if args.backend == "both" else (args.backend,)
@@ -405,6 +474,19 @@ def main() -> None:
     concurrencies = [int(c) for c in args.concurrency.split(",")]
     middle = concurrencies[len(concurrencies) // 2]
     rows = []
+    if args.against:
+        if not (Path(args.against) / "toposched").is_dir():
+            raise SystemExit(f"--against {args.against}: no toposched package there (give a checkout's src folder)")
+        if not args.json:
+            print(PAIRED_HEADER, flush=True)
+        cases = [(args.gpus, 0, c) for c in concurrencies]
+        if args.live:
+            cases += [(args.live_gpus, 0, middle), (args.live_gpus, args.live, middle)]
+        for gpus, live, concurrency in cases:
+            rows.append(paired(args.against, gpus, live, concurrency, args.pairs, args.repeat, show=not args.json))
+        if args.json:
+            print(json.dumps(rows, indent=2))
+        return
     if not args.json:
         print(HEADER, flush=True)
     for backend in backends:

@@ -8,7 +8,7 @@ from pathlib import Path
 import toposched.service.state
 
 SERVICE = Path(toposched.service.state.__file__).parent
-HTTP = {"app", "api", "schemas", "extender", "guards"}
+HTTP = {"app", "api", "schemas", "extender", "guards", "hot"}
 HTTP_LIBRARIES = ("fastapi", "starlette", "uvicorn")
 
 

@@ -152,16 +152,45 @@ def not_found(pid: str) -> JSONResponse:
     return JSONResponse({"error": "not found", "detail": f"no placement {pid}"}, status_code=404)
 
 
+def decision_response(state: ServiceState, decision: Decision) -> JSONResponse:
+    code = DECISION_STATUS[decision.status]
+    if decision.instances:
+        return JSONResponse(group_json(list(decision.instances), state.scheduler.cluster), status_code=code)
+    headers = {"Retry-After": "1"} if decision.status == "no-capacity" else None
+    body = {"id": decision.request_id, "status": decision.status, "reasons": list(decision.reasons)}
+    return JSONResponse(body, status_code=code, headers=headers)
+
+
+async def place_answer(state: ServiceState, latency: Histogram, body: PlaceBody) -> JSONResponse:
+    """The answer of ``POST /v1/placements`` (the route, and ``hot.HotRoutes`` for a valid body)."""
+    started = time.perf_counter()
+    if body.wait_s > 0 and body.wait_s > state.config.max_wait_s:
+        problem = {"field": "body.wait_s", "message": f"at most {state.config.max_wait_s:g} s"}
+        return JSONResponse({"error": "invalid request", "fields": [problem]}, status_code=422)
+    decision: Decision | None = None
+    hold_s = state.headroom_hold_s(body, body.wait_s)
+    if body.wait_s == 0 or not len(state.queue):
+        decision = await on_worker(state, state.place, body, headroom=state.config.keep_whole_domains if hold_s else 0)
+    if decision is None or (decision.status == "no-capacity" and body.wait_s > 0):
+        decision = await _wait_in_queue(state, body, hold_s)
+        if decision is None:
+            latency.labels(outcome="queue-full").observe(time.perf_counter() - started)
+            full = {"error": "queue full", "detail": "retry later"}
+            return JSONResponse(full, status_code=429, headers={"Retry-After": "1"})
+    latency.labels(outcome=decision.status).observe(time.perf_counter() - started)
+    return decision_response(state, decision)
+
+
+async def release_answer(state: ServiceState, pid: str) -> JSONResponse:
+    """The answer of ``DELETE /v1/placements/{pid}`` (the route, and ``hot.HotRoutes`` for a valid id)."""
+    released = await on_worker(state, state.release, pid)
+    if released is None:
+        return not_found(pid)
+    return JSONResponse({"id": pid, "released": released})
+
+
 def build_router(state: ServiceState, latency: Histogram) -> APIRouter:
     router = APIRouter(prefix="/v1")
-
-    def decision_response(decision: Decision) -> JSONResponse:
-        code = DECISION_STATUS[decision.status]
-        if decision.instances:
-            return JSONResponse(group_json(list(decision.instances), state.scheduler.cluster), status_code=code)
-        headers = {"Retry-After": "1"} if decision.status == "no-capacity" else None
-        body = {"id": decision.request_id, "status": decision.status, "reasons": list(decision.reasons)}
-        return JSONResponse(body, status_code=code, headers=headers)
 
     placed = answers(*BODY, 429, ok=PlacementOut, created=PlacementOut)
     placed[409] = {"model": NotPlacedOut, "description": "conflict, or no capacity", "headers": {**RETRY_AFTER}}
@@ -174,24 +203,7 @@ def build_router(state: ServiceState, latency: Histogram) -> APIRouter:
         summary="Place a request's instances (all or none), waiting up to wait_s in the fair queue",
     )
     async def create_placement(body: PlaceBody) -> JSONResponse:
-        started = time.perf_counter()
-        if body.wait_s > 0 and body.wait_s > state.config.max_wait_s:
-            problem = {"field": "body.wait_s", "message": f"at most {state.config.max_wait_s:g} s"}
-            return JSONResponse({"error": "invalid request", "fields": [problem]}, status_code=422)
-        decision: Decision | None = None
-        hold_s = state.headroom_hold_s(body, body.wait_s)
-        if body.wait_s == 0 or not len(state.queue):
-            decision = await on_worker(
-                state, state.place, body, headroom=state.config.keep_whole_domains if hold_s else 0
-            )
-        if decision is None or (decision.status == "no-capacity" and body.wait_s > 0):
-            decision = await _wait_in_queue(state, body, hold_s)
-            if decision is None:
-                latency.labels(outcome="queue-full").observe(time.perf_counter() - started)
-                full = {"error": "queue full", "detail": "retry later"}
-                return JSONResponse(full, status_code=429, headers={"Retry-After": "1"})
-        latency.labels(outcome=decision.status).observe(time.perf_counter() - started)
-        return decision_response(decision)
+        return await place_answer(state, latency, body)
 
     @router.get("/placements", responses=answers(*AUTH, ok=PlacementListOut), summary="Every live placement")
     async def list_placements() -> JSONResponse:
@@ -210,10 +222,7 @@ def build_router(state: ServiceState, latency: Histogram) -> APIRouter:
         summary="Release every instance of a placement",
     )
     async def delete_placement(pid: PlacementId) -> JSONResponse:
-        released = await on_worker(state, state.release, pid)
-        if released is None:
-            return not_found(pid)
-        return JSONResponse({"id": pid, "released": released})
+        return await release_answer(state, pid)
 
     @router.post("/placements/{pid}/renew", responses=answers(*BY_ID, 413, ok=PlacementOut), summary="Extend the lease")
     async def renew_placement(pid: PlacementId, body: RenewBody) -> JSONResponse:

@@ -25,7 +25,8 @@ from toposched.errors import InputError, StateError, ToposchedError
 from toposched.service.api import ERRORS, build_router, on_worker
 from toposched.service.config import ServiceConfig
 from toposched.service.extender import EXTENDER_PREFIX, build_extender, drop_validation_answer
-from toposched.service.guards import TOO_LARGE, BearerAuth, BodyLimit, BodyTooLarge, too_large
+from toposched.service.guards import TOO_LARGE, BearerAuth, BodyLimit, BodyTooLarge, Receive, Scope, Send, too_large
+from toposched.service.hot import HotRoutes
 from toposched.service.metrics import build_registry
 from toposched.service.schemas import ErrorOut, HealthOut, ReadyOut
 from toposched.service.state import ServiceState
@@ -75,6 +76,23 @@ def http_error(request: Request, exc: HTTPException) -> JSONResponse:
     return error_response(exc.status_code, "failed", str(exc.detail), exc.headers)
 
 
+class ServiceApp(FastAPI):
+    """FastAPI with ``hot.HotRoutes`` in front: the create and delete requests that are plainly right are
+    answered there, by the routes' own code, without the middleware, routing and dependency layers."""
+
+    hot: HotRoutes | None = None
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if self.hot is None:
+            await super().__call__(scope, receive, send)
+        else:
+            await self.hot(scope, receive, send)
+
+    async def full(self, scope: Scope, receive: Receive, send: Send) -> None:
+        """The app behind ``hot``: every layer, every route."""
+        await super().__call__(scope, receive, send)
+
+
 def create_app(config: ServiceConfig, state: ServiceState | None = None) -> FastAPI:
     """The ASGI app of one replica; ``state`` may be opened already (``ServiceState.open``)."""
     state = state or ServiceState(config)
@@ -94,7 +112,7 @@ def create_app(config: ServiceConfig, state: ServiceState | None = None) -> Fast
             await on_worker(state, state.close)
             state.worker.shutdown(wait=False)
 
-    app = FastAPI(
+    app = ServiceApp(
         title="toposched",
         version=__version__,
         summary="Topology-aware placement of LLM inference instances on GPU clusters, one replica's API.",
@@ -180,7 +198,16 @@ def create_app(config: ServiceConfig, state: ServiceState | None = None) -> Fast
     app.mount("/ui", StaticFiles(directory=web_dir(), html=True), name="ui")
     app.add_middleware(BodyLimit, limit=config.max_body_bytes, limits={EXTENDER_PREFIX: config.max_extender_body_bytes})
     extender = (EXTENDER_PREFIX,) if config.open_extender else ()
-    app.add_middleware(BearerAuth, token=config.token if config.auth else None, open_prefixes=extender)
+    token = config.token if config.auth else None
+    app.add_middleware(BearerAuth, token=token, open_prefixes=extender)
+    app.hot = HotRoutes(
+        app.full,
+        state,
+        latency,
+        token=token,
+        max_body_bytes=config.max_body_bytes,
+        handlers=app.exception_handlers,
+    )
     return app
 
 
