@@ -29,7 +29,8 @@ $(DEV_STAMP): $(RUN_STAMP)
 # themselves), promtool (Debian prometheus) for the alert rules, chromium for the web page test,
 # shellcheck for the launch scripts (the tests run it where it is installed), libibverbs1 for the real
 # mooncake_master of the KV-cache store test (mooncake-transfer-engine-non-cuda, a dev extra, links it),
-# Open MPI and sshd for the real mpirun-over-ssh run of a multi-node TensorRT-LLM LeaderWorkerSet
+# Open MPI and sshd for the real mpirun-over-ssh run of a multi-node TensorRT-LLM LeaderWorkerSet,
+# openssl for the certificate of the etcd gRPC client's TLS test
 system-deps:
 	command -v etcd >/dev/null || (apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq etcd-server)
 	command -v promtool >/dev/null || (apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq prometheus)
@@ -38,6 +39,7 @@ system-deps:
 	command -v mpirun >/dev/null || (apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq openmpi-bin)
 	test -x /usr/sbin/sshd || (apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq openssh-server)
 	dpkg -s libibverbs1 >/dev/null 2>&1 || (apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq libibverbs1)
+	command -v openssl >/dev/null || (apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq openssl)
 
 run: $(RUN_STAMP)
 	$(VENV)/bin/toposched topo show --preset hgx-h100

@@ -263,3 +263,167 @@ def test_a_large_answer_comes_whole(etcd_server: EtcdServer) -> None:
     kvs = kvs_of(data["responses"][0])
     assert len(kvs) == 512 and all(kv.value == bytes([int(kv.key[-3:])]) * 8192 for kv in kvs)
     client.close()
+
+
+def _answer_frames(stream: int, revision: int = 7, status: bytes = b"0") -> bytes:
+    """A whole successful ``TxnResponse`` answer on ``stream`` (HEADERS, DATA, trailers)."""
+    from toposched.ledger.etcd_grpc import pb
+
+    answer = pb.TxnResponse(header=pb.ResponseHeader(revision=revision), succeeded=True).SerializeToString()
+    return (
+        _frame(1, 4, stream, b"\x88" + _literal(b"content-type", b"application/grpc"))
+        + _frame(0, 0, stream, len(answer).to_bytes(5, "big") + answer)
+        + _frame(1, 5, stream, _literal(b"grpc-status", status))
+    )
+
+
+def _scripted(script: Any) -> tuple[str, threading.Thread, list[BaseException]]:
+    """A server on a loopback port running ``script(listener)`` in a thread; (its URL, the thread, its failures)."""
+    listener = socket.create_server(("127.0.0.1", 0))
+    failed: list[BaseException] = []
+
+    def serve() -> None:
+        with listener:
+            try:
+                script(listener)
+            except BaseException as exc:  # shown by the caller's assertion
+                failed.append(exc)
+
+    server = threading.Thread(target=serve, daemon=True)
+    server.start()
+    return f"http://127.0.0.1:{listener.getsockname()[1]}", server, failed
+
+
+def _accept(listener: socket.socket) -> tuple[socket.socket, Any]:
+    conn, _ = listener.accept()
+    reader = conn.makefile("rb")
+    assert reader.read(24) == b"PRI * HTTP/2.0\r\n\r\nSM\r\n\r\n"
+    return conn, reader
+
+
+def test_the_grpc_client_recovers_from_what_a_server_may_do_between_and_during_calls() -> None:
+    """A PING and then the end of an idle connection (etcd's keepalive closing on a client that did not
+    answer): the next call takes a new connection. An answer whose grpc-status is not a number: a clear
+    ``EtcdUnreachable``, and the connection is not used again. PINGs that keep coming but no answer: the
+    call times out at its deadline instead of waiting for them to stop. A PRIORITY frame on the stream
+    while a large request waits for window: ignored, the request goes out whole."""
+    from toposched.ledger.etcd_grpc import EtcdGrpcClient
+
+    big = b"x" * 100_000  # more than the default 65,535-byte windows
+
+    def script(listener: socket.socket) -> None:
+        conn, reader = _accept(listener)  # 1: an answer, then a PING and the end of the connection
+        stream, _ = _read_request(reader)
+        conn.sendall(_answer_frames(stream, revision=1))
+        conn.sendall(_frame(6, 0, 0, bytes(8)))
+        reader.close()
+        conn.close()
+        conn, reader = _accept(listener)  # 2: a new connection for the next call; then a malformed status
+        stream, _ = _read_request(reader)
+        conn.sendall(_answer_frames(stream, revision=2))
+        stream, _ = _read_request(reader)
+        conn.sendall(_frame(1, 5, stream, b"\x88" + _literal(b"grpc-status", b"x")))
+        assert reader.read(1) == b""  # the client closed it
+        reader.close()
+        conn.close()
+        conn, reader = _accept(listener)  # 3: PINGs every 0.05 s for 1 s, then the answer (too late)
+        stream, _ = _read_request(reader)
+        with _suppressed_os_error():  # the client gives up and closes the connection meanwhile
+            for _ in range(20):
+                conn.sendall(_frame(6, 0, 0, bytes(8)))
+                threading.Event().wait(0.05)
+            conn.sendall(_answer_frames(stream, revision=3))
+        reader.close()
+        conn.close()
+        conn, reader = _accept(listener)  # 4: a PRIORITY frame while the request waits for window
+        got, stream = 0, 0
+        while True:
+            kind, flags, stream, payload = _read_frame(reader)
+            if kind == 0:
+                got += len(payload)
+                if got == 65535:
+                    window = (100_000).to_bytes(4, "big")
+                    priority = _frame(2, 0, stream, bytes(5))
+                    conn.sendall(priority + _frame(8, 0, stream, window) + _frame(8, 0, 0, window))
+                if flags & 1:
+                    break
+        assert got > len(big)
+        conn.sendall(_answer_frames(stream, revision=4))
+        assert reader.read(1) == b""
+        reader.close()
+        conn.close()
+
+    url, server, failed = _scripted(script)
+    client = EtcdGrpcClient(url, timeout_s=0.4)
+    assert client.txn([], [range_op("/k")])[1]["header"]["revision"] == 1
+    threading.Event().wait(0.3)  # the PING and the end of the connection arrive while it is idle
+    assert client.txn([], [range_op("/k")])[1]["header"]["revision"] == 2
+    with pytest.raises(EtcdUnreachable, match=r"malformed answer \(ValueError"):
+        client.txn([], [range_op("/k")])
+    with pytest.raises(EtcdUnreachable, match=r"TimeoutError: no answer within 0.4 s"):
+        client.txn([], [range_op("/k")])
+    assert client.txn([], [put_op("/k", big)])[1]["header"]["revision"] == 4
+    client.close()
+    server.join(5)
+    assert not server.is_alive() and not failed, failed
+
+
+class _suppressed_os_error:
+    def __enter__(self) -> None:
+        return None
+
+    def __exit__(self, kind: object, exc: object, tb: object) -> bool:
+        return isinstance(exc, OSError)
+
+
+def test_the_grpc_client_over_tls_times_out_and_drops_a_closed_idle_connection(
+    tmp_path: Any, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """``https://``: a server that says GOAWAY and closes behind an answer (an etcd restart) costs the next
+    call nothing (a new connection); one that never answers times out (OpenSSL retries the kernel's read
+    timeout, so TLS uses Python's). The certificate is made by ``openssl`` (``make system-deps``)."""
+    import shutil
+    import ssl
+    import subprocess
+
+    from toposched.ledger.etcd_grpc import EtcdGrpcClient
+
+    openssl = shutil.which("openssl")
+    assert openssl, "openssl is not installed (make system-deps installs it)"
+    cert, key = tmp_path / "cert.pem", tmp_path / "key.pem"
+    subprocess.run(
+        [openssl, "req", "-x509", "-newkey", "rsa:2048", "-nodes", "-days", "2", "-subj", "/CN=127.0.0.1",
+         "-addext", "subjectAltName=IP:127.0.0.1", "-keyout", str(key), "-out", str(cert)],
+        check=True, capture_output=True,
+    )  # fmt: skip
+    monkeypatch.setenv("SSL_CERT_FILE", str(cert))  # the client's default context trusts it
+    context = ssl.create_default_context(ssl.Purpose.CLIENT_AUTH)
+    context.load_cert_chain(str(cert), str(key))
+    context.set_alpn_protocols(["h2"])
+
+    def script(listener: socket.socket) -> None:
+        for revision in (1, 2):
+            raw, _ = listener.accept()
+            with context.wrap_socket(raw, server_side=True) as conn, conn.makefile("rb") as reader:
+                assert reader.read(24) == b"PRI * HTTP/2.0\r\n\r\nSM\r\n\r\n"
+                stream, _ = _read_request(reader)
+                conn.sendall(_answer_frames(stream, revision=revision))
+                threading.Event().wait(0.1)
+                conn.sendall(_frame(7, 0, 0, stream.to_bytes(4, "big") + bytes(4)))  # GOAWAY, then close
+        raw, _ = listener.accept()
+        with context.wrap_socket(raw, server_side=True) as conn, conn.makefile("rb") as reader:
+            assert reader.read(24) == b"PRI * HTTP/2.0\r\n\r\nSM\r\n\r\n"
+            _read_request(reader)
+            assert reader.read(1) == b""  # never answered: the client gives up and closes
+
+    url, server, failed = _scripted(script)
+    client = EtcdGrpcClient(url.replace("http://", "https://"), timeout_s=0.5)
+    assert client.txn([], [range_op("/k")])[1]["header"]["revision"] == 1
+    threading.Event().wait(0.4)  # GOAWAY and the close arrive while the connection is idle
+    assert client.txn([], [range_op("/k")])[1]["header"]["revision"] == 2
+    threading.Event().wait(0.4)
+    with pytest.raises(EtcdUnreachable, match=r"TimeoutError: no answer within 0.5 s"):
+        client.txn([], [range_op("/k")])
+    client.close()
+    server.join(5)
+    assert not server.is_alive() and not failed, failed

@@ -32,12 +32,14 @@ needs ``protobuf`` >= 6.31.1; ``etcd_client.connect`` falls back to HTTP without
 
 from __future__ import annotations
 
+import math
 import os
 import select
 import socket
 import ssl
 import struct
 import threading
+import time
 from collections.abc import Iterator, Sequence
 from typing import Any
 from urllib.parse import unquote, urlsplit
@@ -152,6 +154,8 @@ class _HeaderDecoder:
                 return value, pos
 
     def _string(self, block: bytes, pos: int) -> tuple[bytes, int]:
+        if pos >= len(block):
+            raise _ProtocolError("HPACK: a string past the end of the block")
         huffman = block[pos] & 0x80
         length, pos = self._int(block, pos, 7)
         if pos + length > len(block):
@@ -264,14 +268,22 @@ class _Connection:
 
     def __init__(self, sock: socket.socket, timeout_s: float) -> None:
         sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
-        # Blocking, with the kernel's timeouts: Python's own (settimeout) polls before every recv and send.
-        # A recv that waited ``timeout_s`` fails with EAGAIN (BlockingIOError), which is an OSError as well.
-        sock.settimeout(None)
-        whole = int(timeout_s)
-        timeval = struct.pack("ll", whole, int((timeout_s - whole) * 1e6))
-        sock.setsockopt(socket.SOL_SOCKET, socket.SO_RCVTIMEO, timeval)
-        sock.setsockopt(socket.SOL_SOCKET, socket.SO_SNDTIMEO, timeval)
+        self.tls = isinstance(sock, ssl.SSLSocket)
+        if self.tls:
+            # OpenSSL's reads retry on the EAGAIN of SO_RCVTIMEO, so that timeout never fires: Python's own
+            # (a poll before every read and write) does
+            sock.settimeout(timeout_s)
+        else:
+            # Blocking, with the kernel's timeouts: Python's own (settimeout) polls before every recv and
+            # send. A recv that waited ``timeout_s`` fails with EAGAIN (BlockingIOError), an OSError too.
+            sock.settimeout(None)
+            whole = int(timeout_s)
+            timeval = struct.pack("ll", whole, int((timeout_s - whole) * 1e6))
+            sock.setsockopt(socket.SOL_SOCKET, socket.SO_RCVTIMEO, timeval)
+            sock.setsockopt(socket.SOL_SOCKET, socket.SO_SNDTIMEO, timeval)
         self.sock = sock
+        self.deadline = math.inf  # the call's: a server that keeps sending cannot hold a call past it
+        self.reusable = True  # False after an answer that came before the whole request was sent
         self.poller = select.poll()
         self.poller.register(sock, select.POLLIN)
         self.replies = b""  # acknowledgements (SETTINGS, PING) that go out with the next request
@@ -300,9 +312,11 @@ class _Connection:
             del self.buffer[: self.pos]
             self.pos = 0
         while len(self.buffer) < need:
+            if time.monotonic() > self.deadline:  # frames keep coming, the answer does not
+                raise TimeoutError(f"no answer within {self.timeout_s:g} s")
             try:
                 chunk = self.sock.recv(262144)
-            except BlockingIOError:  # SO_RCVTIMEO ran out
+            except (BlockingIOError, TimeoutError):  # SO_RCVTIMEO (or, on TLS, Python's timeout) ran out
                 raise TimeoutError(f"no answer within {self.timeout_s:g} s") from None
             if not chunk:
                 raise _ProtocolError("the connection closed in the middle of an answer")
@@ -327,6 +341,8 @@ class _Connection:
     def _connection_frame(self, kind: int, flags: int, payload: bytes) -> bytes:
         """Handle a frame that is not about the open stream; what to send back (maybe nothing)."""
         if kind == _SETTINGS and not flags & _ACK:
+            if len(payload) % 6:
+                raise _ProtocolError("HTTP/2: a SETTINGS frame of the wrong length")
             for pos in range(0, len(payload) - 5, 6):
                 key, value = struct.unpack_from(">HI", payload, pos)
                 if key == 4:  # INITIAL_WINDOW_SIZE: open streams' windows move by the change
@@ -346,26 +362,47 @@ class _Connection:
 
     def idle_check(self) -> bool:
         """Whether this idle connection can take a request: frames that came meanwhile (SETTINGS, PING)
-        are handled; a connection the server closed or is closing is not usable."""
-        if self.poller.poll(0):
-            try:
-                chunk = self.sock.recv(262144, socket.MSG_DONTWAIT)
-            except BlockingIOError:
-                chunk = None
-            except OSError:
-                return False
-            if chunk == b"":  # the server closed it
-                return False
-            self.buffer += chunk or b""
+        are handled; a connection the server closed or is closing is not usable. Everything waiting is
+        read: a server that pinged an idle client and closed the connection when no answer came (etcd's
+        keepalive) leaves a PING and then the end of the stream."""
+        if not self.reusable:
+            return False
+        pending = self.tls and self.sock.pending()  # type: ignore[attr-defined]
+        if (pending or self.poller.poll(0)) and not self._read_waiting():
+            return False
         # frames that came after the last answer (maybe read with it): SETTINGS, PING, GOAWAY
-        while self._complete_frame():
-            kind, flags, stream, payload = self._next_frame()
-            if stream == 0:
-                self.replies += self._connection_frame(kind, flags, payload)
+        try:
+            while self._complete_frame():
+                kind, flags, stream, payload = self._next_frame()
+                if stream == 0:
+                    self.replies += self._connection_frame(kind, flags, payload)
+        except (OSError, ValueError, IndexError, struct.error):
+            return False
         return not self.going_away and self.next_stream < _MAX_WINDOW - 2
+
+    def _read_waiting(self) -> bool:
+        """Read what has arrived, without waiting; False when the server closed the connection."""
+        if self.tls:
+            self.sock.settimeout(0.0)  # SSLSocket.recv takes no flags
+        try:
+            while True:
+                try:
+                    chunk = self.sock.recv(262144) if self.tls else self.sock.recv(262144, socket.MSG_DONTWAIT)
+                except (BlockingIOError, ssl.SSLWantReadError):
+                    return True
+                except (OSError, ValueError):
+                    return False
+                if not chunk:  # the server closed it
+                    return False
+                self.buffer += chunk
+        finally:
+            if self.tls:
+                self.sock.settimeout(self.timeout_s)
 
     def _header_block(self, flags: int, stream: int, payload: bytes) -> dict[bytes, bytes]:
         if flags & _PADDED:
+            if not payload or payload[0] >= len(payload):
+                raise _ProtocolError("HTTP/2: padding longer than its HEADERS frame")
             payload = payload[1 : len(payload) - payload[0]]
         if flags & _PRIORITY:
             payload = payload[5:]
@@ -378,7 +415,16 @@ class _Connection:
         return self.decoder.decode(block)
 
     def call(self, headers: bytes, message: bytes) -> tuple[int, str, bytes]:
-        """One unary call: (grpc-status, grpc-message, the answer's message)."""
+        """One unary call: (grpc-status, grpc-message, the answer's message). An answer that breaks the
+        protocol in any way (a bad number, a header that is not text, a frame cut short) is a
+        ``_ProtocolError``: the connection is then closed by the caller."""
+        self.deadline = time.monotonic() + self.timeout_s
+        try:
+            return self._call(headers, message)
+        except (ValueError, IndexError, struct.error) as exc:
+            raise _ProtocolError(f"a malformed answer ({type(exc).__name__}: {exc})") from exc
+
+    def _call(self, headers: bytes, message: bytes) -> tuple[int, str, bytes]:
         stream = self.next_stream
         self.next_stream += 2
         self.stream_window, self.stream_received = self.initial_window, 0
@@ -404,11 +450,17 @@ class _Connection:
             kind, flags, on, payload = self._next_frame()  # wait for a WINDOW_UPDATE
             if on == 0:
                 out = self._connection_frame(kind, flags, payload)  # an acknowledgement goes out at once here
+                if self.going_away and stream > self.last_stream:
+                    raise _ProtocolError("etcd is going away (GOAWAY) and did not take the request")
             elif on == stream:
                 if kind == _WINDOW_UPDATE:
                     self.stream_window += int.from_bytes(payload[:4], "big") & _MAX_WINDOW
-                else:  # the server answered before reading the whole request (an error, a reset)
+                elif kind in (_HEADERS, _DATA, _RST_STREAM):
+                    # the server answered before reading the whole request (an error, a reset): the
+                    # stream is left half open, so the connection is not used again
+                    self.reusable = False
                     return self._answer(stream, (kind, flags, payload))
+                # PRIORITY and frame types this client does not know are ignored (RFC 9113, 4.1)
         return self._answer(stream, None)
 
     def _answer(self, stream: int, first: tuple[int, int, bytes] | None) -> tuple[int, str, bytes]:
@@ -435,12 +487,15 @@ class _Connection:
                     raise _ProtocolError(f"HTTP status {headers.get(b':status', b'?').decode()}, no gRPC status")
                 status = int(headers[b"grpc-status"])
                 message = self._message(data) if status == 0 else b""
-                return status, unquote(headers.get(b"grpc-message", b"").decode()), message
+                details = unquote(headers.get(b"grpc-message", b"").decode("utf-8", "replace"))
+                return status, details, message
             if on != stream:
                 continue
             if kind == _DATA:
                 self._received(stream, len(payload))
                 if flags & _PADDED:
+                    if not payload or payload[0] >= len(payload):
+                        raise _ProtocolError("HTTP/2: padding longer than its DATA frame")
                     payload = payload[1 : len(payload) - payload[0]]
                 data += payload
                 if flags & _END_STREAM:
@@ -554,6 +609,16 @@ _METHODS = {
 }
 
 
+def _grpc_timeout(timeout_s: float) -> bytes:
+    """gRPC's ``grpc-timeout``: at most eight digits and a unit (milliseconds, else seconds)."""
+    ms = max(1, round(timeout_s * 1000))
+    return f"{ms}m".encode() if ms < 10**8 else f"{min(10**8 - 1, round(timeout_s))}S".encode()
+
+
+_POOL_MAX = 16
+"""Idle connections kept per client; more threads than this calling at once open and close the rest."""
+
+
 class EtcdGrpcClient:
     """``EtcdClient``'s calls over etcd's gRPC API, to one endpoint (``http://HOST:PORT``, the same port).
     The constructor does no I/O; it is safe to share between threads and survives a fork."""
@@ -574,7 +639,7 @@ class EtcdGrpcClient:
         regular = (  # after every pseudo-header
             _literal(31, b"content-type", b"application/grpc")
             + _literal(0, b"te", b"trailers")
-            + _literal(0, b"grpc-timeout", f"{max(1, round(timeout_s * 1000))}m".encode())
+            + _literal(0, b"grpc-timeout", _grpc_timeout(timeout_s))
         )
         self._headers = {
             name: (pseudo + _literal(4, b":path", path.encode()) + regular, getattr(pb, response).FromString)
@@ -585,16 +650,23 @@ class EtcdGrpcClient:
         self._pid = os.getpid()
         self._http = etcd_client.EtcdClient(endpoint, timeout_s=timeout_s)  # for watches
 
+    def _mine(self) -> None:
+        """In a forked child: forget the parent's connections (not ours to use or close) and its lock
+        (another thread of the parent may have held it at the fork)."""
+        if self._pid != os.getpid():
+            self._lock, self._idle, self._pid = threading.Lock(), [], os.getpid()
+
     def _take(self) -> _Connection:
         """An idle connection that can take a request, else a new one."""
-        with self._lock:
-            if self._pid != os.getpid():  # a forked child: the parent's sockets are not ours to use
-                self._idle, self._pid = [], os.getpid()
-            while self._idle:
-                conn = self._idle.pop()
-                if conn.idle_check():
-                    return conn
-                conn.close()
+        self._mine()
+        while True:
+            with self._lock:
+                conn = self._idle.pop() if self._idle else None
+            if conn is None:
+                break
+            if conn.idle_check():
+                return conn
+            conn.close()
         sock = socket.create_connection((self._host, self._port), timeout=self.timeout_s)
         if self._https:
             context = ssl.create_default_context()
@@ -609,16 +681,24 @@ class EtcdGrpcClient:
         try:
             conn = self._take()
             status, details, raw = conn.call(headers, request)
-        except OSError as exc:  # refused, reset, timed out, or an answer cut short (_ProtocolError)
+        except OSError as exc:  # refused, reset, timed out, or an answer cut short or malformed (_ProtocolError)
             if conn is not None:
                 conn.close()
             reason = f"{type(exc).__name__}: {exc}"
             if isinstance(exc, BlockingIOError):  # SO_SNDTIMEO ran out
                 reason = f"TimeoutError: the request not taken within {self.timeout_s:g} s"
             raise EtcdUnreachable(f"etcd at {self.endpoint} is unreachable ({reason})") from exc
+        except BaseException:  # interrupted (KeyboardInterrupt ...): the stream's state is unknown
+            if conn is not None:
+                conn.close()
+            raise
+        keep = False
         with self._lock:
-            if self._pid == os.getpid():
+            if self._pid == os.getpid() and conn.reusable and len(self._idle) < _POOL_MAX:
                 self._idle.append(conn)
+                keep = True
+        if not keep:
+            conn.close()
         if status in _UNREACHABLE:
             raise EtcdUnreachable(f"etcd at {self.endpoint} is unreachable ({_STATUS_NAMES[status]}: {details})")
         if status:
