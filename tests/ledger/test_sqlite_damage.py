@@ -452,3 +452,16 @@ def test_a_read_only_folder_or_file_is_a_permission_error(tmp_path: Path, what: 
         target.chmod(0o755 if what == "folder" else 0o644)
     assert "not writable" in caught.value.message or "not readable and writable" in caught.value.message
     assert caught.value.fix and "backup" not in caught.value.fix and "damaged" not in caught.value.message
+
+
+def test_the_commit_mark_is_written_again_after_it_was_deleted(tmp_path: Path) -> None:
+    """The mark is written through a descriptor kept open with the connection: a mark deleted (or
+    replaced) while the ledger is open is written again at the next commit, not into the lost file."""
+    ledger = SqliteLedger(tmp_path / "ledger.db")
+    ledger.set_capacity({"n/0": 80 * GIB})
+    mark = ledger.mark_path
+    assert mark.exists()
+    mark.unlink()
+    ledger.set_capacity({"n/1": 80 * GIB})
+    assert mark.read_text().startswith("toposched-ledger-commits ")
+    ledger.close()

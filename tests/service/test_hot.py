@@ -69,6 +69,13 @@ def answer(s: Side, method: str, path: str, **kwargs: Any) -> tuple[int, dict[st
     return response.status_code, headers, response.content
 
 
+# lone surrogates (valid JSON escapes, not text): refused by the label and id rules, never a 500
+SURROGATES = [
+    b'{"model": "llama-3.1-8b", "node_selector": {"\\ud800": "x"}}',
+    b'{"model": "llama-3.1-8b", "near": "\\ud800"}',
+    b'{"model": "llama-3.1-8b", "racks": ["r\\udfff"]}',
+]
+
 # (method, path, request arguments, answered in front of FastAPI)
 REQUESTS: list[tuple[str, str, dict[str, Any], bool]] = [
     ("POST", "/v1/placements", {"json": {"model": "llama-3.1-8b", "id": "a"}, "headers": AUTH}, True),
@@ -96,6 +103,7 @@ REQUESTS: list[tuple[str, str, dict[str, Any], bool]] = [
     ("DELETE", "/v1/placements/.b", {"headers": AUTH}, False),
     ("DELETE", "/v1/placements/b/renew", {"headers": AUTH}, False),
     ("DELETE", "/v1/placements/b", {"headers": AUTH}, True),
+    *(("POST", "/v1/placements", {"content": body, "headers": AUTH}, False) for body in SURROGATES),
 ]
 
 
@@ -140,3 +148,58 @@ def test_a_bug_answers_500_and_is_raised_for_the_server_to_log(
     assert got[0] == 500 and b"internal error" in got[2]
     with pytest.raises(RuntimeError, match="a bug"):  # what uvicorn gets, and logs with its traceback
         TestClient(hot.app).delete("/v1/placements/a", headers=AUTH)
+
+
+def test_a_middleware_added_after_create_app_sees_the_hot_routes_requests_too() -> None:
+    """An audit log or another check a deployer wraps the app in must see the two requests that change
+    state: the hot routes step aside once the app has a middleware it did not have (or an override)."""
+    from starlette.middleware.base import BaseHTTPMiddleware
+    from starlette.responses import PlainTextResponse
+
+    app = side(hot=True).app
+
+    async def deny(request: Any, call_next: Any) -> Any:
+        return PlainTextResponse("denied by the deployer's middleware", status_code=403)
+
+    app.add_middleware(BaseHTTPMiddleware, dispatch=deny)
+    with TestClient(app) as client:
+        made = client.post("/v1/placements", json={"model": "llama-3.1-8b", "id": "a"}, headers=AUTH)
+        gone = client.delete("/v1/placements/a", headers=AUTH)
+    assert (made.status_code, gone.status_code) == (403, 403)
+
+
+def test_a_body_longer_than_announced_is_not_read_past_the_limit() -> None:
+    """A server that passes on more body than its Content-Length said: the hot routes stop reading at the
+    first chunk over the limit and hand the request to the app (whose limit answers 413)."""
+    import asyncio
+
+    app = side(hot=True).app
+    limit = app.state.toposched.config.max_body_bytes
+    chunks = [b"x" * 10_000] * (limit // 10_000 + 10)
+    read: list[int] = []
+    sent: list[dict[str, Any]] = []
+
+    async def receive() -> dict[str, Any]:
+        read.append(1)
+        n = len(read)
+        return {"type": "http.request", "body": chunks[n - 1], "more_body": n < len(chunks)}
+
+    async def send(message: dict[str, Any]) -> None:
+        sent.append(message)
+
+    scope = {
+        "type": "http", "asgi": {"version": "3.0"}, "http_version": "1.1", "method": "POST", "scheme": "http",
+        "path": "/v1/placements", "raw_path": b"/v1/placements", "query_string": b"", "root_path": "",
+        "headers": [(b"content-length", b"40"), (b"authorization", AUTH["Authorization"].encode())],
+        "client": ("127.0.0.1", 1), "server": ("test", 80),
+    }  # fmt: skip
+    asyncio.run(app(scope, receive, send))
+    assert sent[0]["status"] == 413
+    assert len(read) < len(chunks) - 5  # not every chunk: the limit stopped the reading
+
+
+def test_lone_surrogates_are_refused_with_the_field_named(sides: tuple[Side, Side]) -> None:
+    hot, _ = sides
+    for body, name in zip(SURROGATES, ("body.node_selector", "body.near", "body.racks.0"), strict=True):
+        status, _, text = answer(hot, "POST", "/v1/placements", content=body, headers=AUTH)
+        assert status == 422 and f'"field":"{name}'.encode() in text, text

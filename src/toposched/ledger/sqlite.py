@@ -229,6 +229,8 @@ class SqliteLedger:
         """``FILE-commits``, open for writing while the connection is (``_write_mark``)."""
         self._mark_len = -1
         """The length of the line last written through ``_mark_fd`` (-1: truncate at the next write)."""
+        self._mark_ino = -1
+        """The inode ``_mark_fd`` writes: another at the path (deleted, replaced) makes it open that one."""
 
     @property
     def mark_path(self) -> Path:
@@ -385,8 +387,14 @@ class SqliteLedger:
         body = f"toposched-ledger-commits {ledger_id} {commits:020d}"
         line = f"{body} {zlib.crc32(body.encode()):08x}\n".encode()
         try:
+            if self._mark_fd is not None and os.stat(self.mark_path).st_ino != self._mark_ino:
+                self._close_mark()  # the file was deleted or replaced since: write the one at the path
+        except OSError:
+            self._close_mark()
+        try:
             if self._mark_fd is None:
                 self._mark_fd, self._mark_len = os.open(self.mark_path, os.O_WRONLY | os.O_CREAT, 0o644), -1
+                self._mark_ino = os.fstat(self._mark_fd).st_ino
             os.pwrite(self._mark_fd, line, 0)
             if len(line) != self._mark_len:  # the line's length is fixed for one ledger id
                 os.ftruncate(self._mark_fd, len(line))

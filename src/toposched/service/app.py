@@ -81,9 +81,13 @@ class ServiceApp(FastAPI):
     answered there, by the routes' own code, without the middleware, routing and dependency layers."""
 
     hot: HotRoutes | None = None
+    hot_layers = 0
+    """``len(user_middleware)`` when ``hot`` was set: a middleware added after ``create_app`` (an audit
+    log, another check) must see every request, so the hot routes step aside, as they do when a
+    dependency is overridden."""
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
-        if self.hot is None:
+        if self.hot is None or len(self.user_middleware) != self.hot_layers or self.dependency_overrides:
             await super().__call__(scope, receive, send)
         else:
             await self.hot(scope, receive, send)
@@ -208,6 +212,7 @@ def create_app(config: ServiceConfig, state: ServiceState | None = None) -> Fast
         max_body_bytes=config.max_body_bytes,
         handlers=app.exception_handlers,
     )
+    app.hot_layers = len(app.user_middleware)
     return app
 
 

@@ -6,11 +6,14 @@ before the endpoint runs (``docs/service.md``, "Load test", has what skipping th
 ``HotRoutes`` sits in front of the app (``app.ServiceApp``) and answers these two requests
 itself when they are plainly right, with the same code the routes run (``api.place_answer``,
 ``api.release_answer``), so the answers are the routes' answers, byte for byte. Anything else goes on to
-the app unchanged, which answers it, errors included, in the one error shape:
+the app unchanged, which answers it, errors included, in the one error shape (and every request does
+when a middleware was added to the app after ``create_app`` or a dependency is overridden:
+``app.ServiceApp``):
 
 * another method or path, a ``root_path``, a WebSocket or lifespan message;
 * a missing or wrong bearer token (the app answers 401), when the service has one;
-* a body without ``Content-Length``, or over ``max_body_bytes`` (413), or that is not a JSON object that
+* a body without ``Content-Length``, or over ``max_body_bytes`` (413; reading stops at the first byte
+  over it, even when a server passes on more than was announced), or that is not a JSON object that
   ``PlaceBody`` accepts (422, every bad field named); a placement id that does not match ``ID_PATTERN``.
 
 A body read here and then passed on is handed to the app as it came (``_Replay``). An exception the
@@ -112,6 +115,7 @@ class HotRoutes:
             return
         messages: list[Message] = []
         chunks: list[bytes] = []
+        size = 0
         complete = False
         while not complete:
             message = await receive()
@@ -119,9 +123,12 @@ class HotRoutes:
             if message["type"] != "http.request":
                 break  # the client went away: the app sees it as it would have
             chunks.append(message.get("body", b""))
+            size += len(chunks[-1])
             complete = not message.get("more_body", False)
+            if size > self.max_body_bytes:
+                break  # more than announced: the app's limit answers (413) without reading the rest here
         raw = b"".join(chunks)
-        body = _place_body(raw) if complete and len(raw) <= self.max_body_bytes else None
+        body = _place_body(raw) if complete and size <= self.max_body_bytes else None
         if body is None:
             await self.app(scope, _Replay(messages, receive), send)
             return

@@ -12,7 +12,7 @@ from typing import Literal
 
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
-from toposched.names import NodeName, ObjectId, PlacementId, Word
+from toposched.names import Label, LabelValue, NodeName, ObjectId, PlacementId, Word
 from toposched.perf.step import COMPRESSION_RATIO
 
 Affinity = Literal["auto", "nvlink", "numa", "pcie-switch", "node", "none"]
@@ -77,11 +77,12 @@ class PlacementRequest(BaseModel):
     expert_replicas: int = Field(default=0, ge=0, le=4096, description="copies of hot experts allowed (ep > 1)")
     affinity: Affinity = "auto"
     allow_int4_kv: bool = False
-    node_selector: dict[str, str] = Field(default_factory=dict, description="node labels that must match")
-    racks: tuple[str, ...] | None = None
-    zones: tuple[str, ...] | None = None
+    # Kubernetes label syntax: the selector becomes node-affinity expressions of the pods (binding/k8s.py)
+    node_selector: dict[Label, LabelValue] = Field(default_factory=dict, description="node labels that must match")
+    racks: tuple[Label, ...] | None = None
+    zones: tuple[Label, ...] | None = None
     spread_replicas: bool = Field(default=False, description="anti-affinity: no two replicas on one node")
-    near: str | None = Field(default=None, description="placement id to be close to (role affinity)")
+    near: PlacementId | None = Field(default=None, description="placement id to be close to (role affinity)")
     near_level: Literal["node", "rack", "zone"] = "rack"
     near_required: bool = False
     allow_cross_domain: bool = Field(
