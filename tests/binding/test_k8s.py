@@ -585,6 +585,8 @@ def test_tp_over_nvl72_trays_with_dra_one_claim_per_template() -> None:
     out = render_objects(captured(nvl72_doc((5, 2, 9, 7), tp=16), uuids=False))
     assert out.gpu_request == "dra"
     assert not any("differ between" in w or "RDMA" in w for w in out.warnings)  # one NVLink clique: no RDMA needed
+    (imex,) = [w for w in out.warnings if "IMEX" in w]  # but multi-node NVLink needs an IMEX channel in the pods
+    assert "spans 4 nodes of one multi-node NVLink domain" in imex and "ComputeDomain" in imex
     leader, worker, lws = out.objects
     for claim in (leader, worker):
         validate(claim)
@@ -615,3 +617,36 @@ def test_every_pod_carries_its_exact_placement_id_for_the_extender(plans: dict[s
             assert wanted in {p.id for p in doc.placements}
             seen.add(wanted)
     assert seen == {p.id for p in doc.placements}
+
+
+def test_an_unpinned_pod_on_part_of_a_node_runs_without_the_plans_numa_binding(
+    plans: dict[str, PlanDoc], tmp_path: Path
+) -> None:
+    """A preset has no real GPU ids: the device plugin picks the pod's 4 of 8 GPUs, maybe on the other socket,
+    so binding the pod to the planned NUMA node could put it on the wrong one. Pinned (bus ids), it keeps it."""
+    (dep,) = k8s_objects(plans["pcie"], K8sOptions(gpu_request="device-plugin"))
+    script = script_of(dep["spec"]["template"])
+    assert "numactl" not in script and "exec vllm serve" in script
+    result = run_entrypoint(tmp_path, dep["spec"]["template"], "l40s", L40S_VISIBLE)
+    assert result.returncode == 0, result.stderr
+    assert not (tmp_path / "rec/numactl").exists() and (tmp_path / "rec/vllm").exists()
+    (pinned,) = k8s_objects(captured(plans["pcie"], uuids=False), K8sOptions(gpu_request="device-plugin"))
+    assert "exec numactl --cpunodebind=0 --membind=0 vllm serve" in script_of(pinned["spec"]["template"])
+
+
+def test_long_placement_ids_name_distinct_objects_and_a_clash_is_refused(plans: dict[str, PlanDoc]) -> None:
+    doc = plans["two"]
+    long = "llama-3-1-8b-chat-production-tenant-acme-us-east-1-blue"  # the first 52 characters are shared
+    renamed = tuple(
+        p.model_copy(update={"id": f"{long}-{n}", "request_id": long}) for n, p in enumerate(doc.placements)
+    )
+    objects = k8s_objects(PlanDoc(renamed, doc.request, doc.cluster))
+    names = [o["metadata"]["name"] for o in objects]
+    assert len(set(names)) == 2 and all(len(n) <= 52 and re.fullmatch(r"[a-z0-9-]+-[0-9a-f]{8}", n) for n in names)
+    clash = tuple(p.model_copy(update={"id": f"a{n}"}) for n, p in enumerate(doc.placements))
+    opts = K8sOptions(name_prefix="x" * 60)  # both names are cut before the ids differ: the hash tells them apart
+    assert len({o["metadata"]["name"] for o in k8s_objects(PlanDoc(clash, doc.request, doc.cluster), opts)}) == 2
+    from toposched.binding.k8s import K8sOutput
+
+    with pytest.raises(InputError, match="would both be named 'same'"):
+        K8sOutput([{"kind": "Deployment", "metadata": {"name": "same"}}] * 2, [], "dra")

@@ -305,7 +305,7 @@ def test_device_plugin_mode_warns_when_a_pod_does_not_take_the_whole_node(plans:
     doc = captured(plans["two"])
     out = render_objects(doc, K8sOptions(gpu_request="device-plugin"))
     assert kinds(out.objects) == ["Deployment", "Deployment"]
-    assert len(out.warnings) == 2 and all("only preferred" in w and "4 of the 8 GPUs" in w for w in out.warnings)
+    assert len(out.warnings) == 2 and all("crash-loops" in w and "4 of the 8 GPUs" in w for w in out.warnings)
     for dep in out.objects:
         spec = dep["spec"]["template"]["spec"]
         assert "resourceClaims" not in spec

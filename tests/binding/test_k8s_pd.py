@@ -20,7 +20,8 @@ from tests.binding.test_k8s import expressions, run_entrypoint, script_of
 from tests.binding.test_k8s_dra import captured, with_fabric
 from tests.conftest import RunCli
 from toposched.binding.engines import NodeLaunch, build_launches
-from toposched.binding.k8s import HOSTNAME, K8sOptions, render_objects, render_roles
+from toposched.binding.k8s import HOSTNAME, K8sOptions, render_objects, render_roles, unpinned_argv
+from toposched.binding.k8s_dra import gpu_ids
 from toposched.binding.k8s_pd import DEFAULT_RDMA_RESOURCE, render_pd
 from toposched.binding.plan_doc import PlanDoc, load_plan
 from toposched.errors import InputError
@@ -126,9 +127,12 @@ def test_each_instance_runs_its_planned_command_on_its_planned_node(pd: dict[str
         assert pod["metadata"]["annotations"]["toposched.io/placement"] == p.id
         assert expressions(pod)[HOSTNAME]["values"] == [p.ranks[0].node]
         got, flag = exec_argv(role), "--hicache-storage-backend-extra-config"
-        assert flag in launch.argv  # the plan has stores: HiCache with the rack's store
-        at = launch.argv.index(flag) + 1  # the store's address is its Service's (the next test)
-        assert got[:at] == launch.argv[:at] and got[at + 1 :] == launch.argv[at + 1 :]
+        # a preset has no real GPU ids: a pod on part of a node runs without the plan's numactl
+        planned = unpinned_argv(doc, launch, gpu_ids(doc.cluster.node(launch.node), launch.gpus, frozenset()))
+        assert planned[0] != "numactl" and launch.argv[0] == "numactl"
+        assert flag in planned  # the plan has stores: HiCache with the rack's store
+        at = planned.index(flag) + 1  # the store's address is its Service's (the next test)
+        assert got[:at] == planned[:at] and got[at + 1 :] == planned[at + 1 :]
         assert pod["metadata"]["annotations"]["toposched.io/kv-nics"] == ",".join(p.kv_nics)
         limits = pod["spec"]["containers"][0]["resources"]["limits"]
         assert limits["nvidia.com/gpu"] == str(len(p.ranks)) and limits[DEFAULT_RDMA_RESOURCE] == "1"
@@ -225,7 +229,10 @@ def test_instances_reach_their_store_through_its_service(pd: dict[str, PlanDoc])
     objects = render_pd(doc, "pd", dataclasses.replace(SGLANG, namespace="llm")).objects
     services = {s["metadata"]["name"]: s for s in of_kind(objects, "Service")}
     roles = roles_of(objects)
-    planned = {(x.placement, x.node): x.argv for x in launches(doc, stores=True)}
+    planned = {  # as the pods run them (a preset: no real GPU ids, no numactl on part of a node)
+        (x.placement, x.node): unpinned_argv(doc, x, gpu_ids(doc.cluster.node(x.node), x.gpus))
+        for x in launches(doc, stores=True)
+    }
     flag = "--hicache-storage-backend-extra-config"
     for p in doc.placements:
         role = roles[f"{p.role}-{p.id.rsplit('-', 1)[1]}"]
@@ -314,7 +321,8 @@ def test_a_hostile_model_path_stays_one_quoted_argument(pd: dict[str, PlanDoc], 
     text = yaml.dump_all(objects, Dumper=yaml.SafeDumper, sort_keys=False)
     assert list(yaml.safe_load_all(text)) == objects  # the serialiser round-trips it
     role = roles_of(objects)["prefill"]
-    assert exec_argv(role) == next(x for x in launches(doc, evil) if x.role == "prefill").argv
+    prefill = next(x for x in launches(doc, evil) if x.role == "prefill")
+    assert exec_argv(role) == unpinned_argv(doc, prefill, gpu_ids(doc.cluster.node(prefill.node), prefill.gpus))
     (tmp_path / "bin").mkdir()
     (tmp_path / "bin/python3").write_text(FAKE_PYTHON)
     (tmp_path / "bin/python3").chmod(0o755)

@@ -40,6 +40,7 @@ reference/engines.md sections 3-5.
 
 from __future__ import annotations
 
+import hashlib
 import re
 import shlex
 from collections.abc import Mapping, Sequence
@@ -185,9 +186,14 @@ class Requirement:
 
 
 def dns_name(*parts: str, limit: int = 52) -> str:
-    """A DNS-1123 label from free text (LWS appends group and worker indices, so keep it short)."""
-    text = re.sub(r"[^a-z0-9-]+", "-", "-".join(parts).lower()).strip("-")
-    text = re.sub(r"-{2,}", "-", text)[:limit].rstrip("-")
+    """A DNS-1123 label from free text (LWS appends group and worker indices, so keep it short). A text longer
+    than ``limit`` is cut and ends with 8 hex digits of a hash of the whole text, so two ids that differ only
+    after the cut still name two objects."""
+    joined = "-".join(parts)
+    text = re.sub(r"-{2,}", "-", re.sub(r"[^a-z0-9-]+", "-", joined.lower())).strip("-")
+    if len(text) > limit:
+        digest = hashlib.sha256(joined.encode("utf-8", "surrogatepass")).hexdigest()[:8]
+        text = text[: limit - 9].rstrip("-") + "-" + digest
     if not text:
         raise InputError(f"cannot make a Kubernetes name from {parts!r}")
     return text
@@ -297,8 +303,24 @@ _SELECT = r"""select_gpus() {
 
 _UNPINNED = (
     "echo 'toposched: the plan has no real GPU ids for this node (a preset or an nvidia-smi topo -m capture): "
-    "running on the GPUs the device plugin gave' >&2"
+    "running on the GPUs the device plugin gave, without the NUMA binding of the plan unless it has the whole node' >&2"
 )
+
+
+def unpinned_argv(doc: PlanDoc, launch: NodeLaunch, ids: GpuIds) -> list[str]:
+    """The launch's command for a pod: as planned, except that a pod whose GPUs cannot be pinned (no real
+    ids) and that takes only part of its node runs without the plan's NUMA binding (``numactl``, vLLM's
+    ``--numa-bind``): the device plugin may give it GPUs of the other socket."""
+    argv = list(launch.argv)
+    if ids.pinned or len(launch.gpus) >= len(doc.cluster.node(launch.node).gpus):
+        return argv
+    if argv and argv[0] == "numactl":
+        argv = argv[next(i for i, a in enumerate(argv) if i > 0 and not a.startswith("--")) :]
+    if "--numa-bind-nodes" in argv:
+        at = argv.index("--numa-bind-nodes")
+        end = next((i for i in range(at + 1, len(argv)) if argv[i].startswith("--")), len(argv))
+        del argv[at:end]
+    return [a for a in argv if a != "--numa-bind"]
 
 
 def _select_line(ids: GpuIds) -> str:
@@ -343,7 +365,7 @@ def entrypoint(doc: PlanDoc, launches: Sequence[NodeLaunch], *, lws: bool, ids: 
             f"    {_select_line(pod_ids)}",
             *_node_exports(launch, shared),
             *_file_lines(launch.files),
-            f"    {exec_line(launch.argv, leader_flag, launch.files)}",
+            f"    {exec_line(unpinned_argv(doc, launch, pod_ids), leader_flag, launch.files)}",
             "    ;;",
         ]
     return "\n".join(_node_case(launches, lines)) + "\n"
@@ -518,7 +540,7 @@ def mpi_entrypoint(doc: PlanDoc, launches: Sequence[NodeLaunch], *, ids: Sequenc
             f"    {_select_line(pod_ids)}",
             *_node_exports(launch, shared),
             f"    mkdir -p {FILES_DIR}",
-            *_rank_wrapper(launch),
+            *_rank_wrapper(launch.model_copy(update={"argv": unpinned_argv(doc, launch, pod_ids)})),
             *_file_lines(launch.files, mkdir=False),
             "    ;;",
         ]
@@ -768,6 +790,20 @@ class K8sOutput:
     gpu_request: Literal["dra", "device-plugin"]
     """How the pods get their GPUs."""
 
+    def __post_init__(self) -> None:
+        """Two objects of one kind and name would replace each other when applied: refused."""
+        seen: dict[tuple[str, str], int] = {}
+        for n, obj in enumerate(self.objects):
+            key = (str(obj.get("kind")), str(obj.get("metadata", {}).get("name")))
+            if key in seen:
+                raise InputError(
+                    f"two {key[0]} objects would both be named {key[1]!r} (objects {seen[key] + 1} and {n + 1}): "
+                    "applying them, the second would replace the first",
+                    fix="give the placements ids that differ in their first 40 characters, or launch each plan "
+                    "with its own --name-prefix",
+                )
+            seen[key] = n
+
 
 def _ids(doc: PlanDoc, launches: Sequence[NodeLaunch], repeated: frozenset[str] | None = None) -> list[GpuIds]:
     """The GPU ids of each launch (``repeated``: the cluster's repeated UUIDs, found here when not given)."""
@@ -814,8 +850,8 @@ def placement_warnings(
         warnings.append(
             f"device-plugin mode: placement {placement.id} uses {len(x.gpus)} of the "
             f"{len(doc.cluster.node(x.node).gpus)} GPUs of {where}; the device plugin picks which without knowing "
-            "the plan, so the planned GPUs are only preferred and a pod that gets others stops at start "
-            "(--gpu-request dra pins them through the NVIDIA DRA driver)"
+            "the plan, so a pod given other GPUs stops at start and, as the kubelet keeps a pod's devices across "
+            "restarts, crash-loops until it is deleted (--gpu-request dra pins them through the NVIDIA DRA driver)"
         )
     fabric = doc.cluster.fabric
     nodes = {r.node for r in placement.ranks}
@@ -823,6 +859,14 @@ def placement_warnings(
     rdma = rdma or (
         fabric is not None and bool(fabric.kind == "ETHERNET" or fabric.rdma_resource or fabric.host_network)
     )
+    if len(nodes) > 1 and one_clique:
+        warnings.append(
+            f"placement {placement.id} spans {len(nodes)} nodes of one multi-node NVLink domain, but its pods get "
+            "no IMEX channel: NCCL uses multi-node NVLink only inside a working IMEX domain (in Kubernetes a "
+            "ComputeDomain of the NVIDIA DRA driver, whose channel claim the pods take); toposched does not emit "
+            "one, so create a ComputeDomain and add its channel's resourceClaimTemplate to these pods, or NCCL "
+            "falls back to the network between the trays"
+        )
     if len(nodes) > 1 and not one_clique and not rdma:
         warnings.append(
             f"placement {placement.id} spans {len(nodes)} nodes but its pods request no RDMA device: set "
