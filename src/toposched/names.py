@@ -95,6 +95,17 @@ def label_value_problem(value: object, what: str = "label value") -> str | None:
     return None if value == "" else label_problem(value, what)
 
 
+_GPU_MODEL_RE = re.compile(r"[A-Za-z0-9][A-Za-z0-9 ._-]*", re.ASCII)
+
+
+def gpu_model_problem(value: object) -> str | None:
+    """Why ``value`` is not a GPU model name as NVML gives it (``NVIDIA H100 80GB HBM3``), or None. GPU
+    feature discovery turns it into the ``nvidia.com/gpu.product`` label value (spaces as '-'), so it
+    keeps to what a label value may hold."""
+    rule = "is not a GPU model name: use letters, digits, spaces, '.', '_' and '-' only"
+    return _problem(value, "GPU model", 63, _GPU_MODEL_RE, rule)
+
+
 def word_problem(value: object, what: str = "name") -> str | None:
     """Why ``value`` is not one safe word (NIC, interface, device names: ``mlx5_0``, ``eth0``)."""
     if not isinstance(value, str):
@@ -146,6 +157,9 @@ LabelValue = Annotated[str, AfterValidator(_pydantic(label_value_problem))]
 
 Label = Annotated[str, AfterValidator(_pydantic(label_problem))]
 """A pydantic field type for racks, zones and label keys/values."""
+
+GpuModel = Annotated[str, AfterValidator(_pydantic(gpu_model_problem))]
+"""A pydantic field type for GPU model names (NVML's ``nvmlDeviceGetName``)."""
 
 Word = Annotated[str, AfterValidator(_pydantic(word_problem))]
 """A pydantic field type for NIC and interface names."""

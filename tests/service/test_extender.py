@@ -159,3 +159,14 @@ def test_gpu_quantities_as_numbers_and_lower_case_keys_are_read(sqlite_server: S
     pod = {"spec": {"containers": [{"resources": {"requests": {"nvidia.com/gpu": 8}}}]}}
     ranked = sqlite_server.client.post("/v1/extender/prioritize", json={"pod": pod, "nodenames": [NODE]})
     assert ranked.json() == [{"Host": NODE, "Score": 10}]  # 8 of 8 free: tightest fit
+
+
+def test_text_that_is_not_utf8_is_echoed_escaped_not_a_500(sqlite_server: Server) -> None:
+    """The filter answer echoes the node objects (and unknown fields) it was sent; a lone surrogate from a
+    JSON escape is sent back escaped, as it came, and a placement name is shown the same way."""
+    nodes = b'{"Pod": {}, "Nodes": {"items": [{"metadata": {"name": "' + NODE.encode() + b'"}}], "kind": "\\ud800"}}'
+    answer = sqlite_server.client.post("/v1/extender/filter", content=nodes)
+    assert answer.status_code == 200 and b'"kind":"\\ud800"' in answer.content
+    named = b'{"Pod": {"metadata": {"annotations": {"toposched.io/placement": "\\ud800"}}}, "NodeNames": ["x"]}'
+    answer = sqlite_server.client.post("/v1/extender/filter", content=named)
+    assert answer.status_code == 200 and answer.json()["Error"] == ""

@@ -391,3 +391,23 @@ def test_seeded_mutations_only_raise_parse_errors() -> None:
         except TopologyParseError:
             continue
         assert len(result.node.links) == len(result.node.gpus) * (len(result.node.gpus) - 1) // 2
+
+
+@pytest.mark.parametrize(
+    ("text", "phrase"),
+    [
+        ("\tGPU0\tGPU1\tCPU Affinity\nGPU0\t X \tNV0\t0-7\nGPU1\tNV0\t X \t0-7\n", "'NV0' is not a count of 1 to 64"),
+        (f"\tGPU0\tGPU1\tCPU Affinity\nGPU0\t X \tNV{'9' * 30}\t0-7\nGPU1\tNV{'9' * 30}\t X \t0-7\n", "NVLinks"),
+        ("\tGPU0\tGPU00\tCPU Affinity\nGPU0\t X \tNV4\t0-7\nGPU00\tNV4\t X \t0-7\n", "names the same GPU"),
+        (f"\tGPU0\tGPU{'9' * 5000}\tCPU Affinity\nGPU0\t X \tNV4\t0-7\nGPU{'9' * 5000}\tNV4\t X \t0-7\n", "too large"),
+        ("\tGPU0\tGPU1\tNUMA Affinity\nGPU0\t X \tNV4\t" + "9" * 5000 + "\nGPU1\tNV4\t X \t0\n", "NUMA Affinity"),
+        ("\tGPU0\tGPU\u0661\tCPU Affinity\nGPU0\t X \tNV4\t0-7\nGPU\u0661\tNV4\t X \t0-7\n", "cannot read header"),
+        ("\tGPU0\tGPU1\tCPU Affinity\nGPU0\t X \tNV\u0661\u0668\t0-7\nGPU1\tNV4\t X \t0-7\n", "not a link value"),
+    ],
+)
+def test_numbers_out_of_any_real_range_are_parse_errors(text: str, phrase: str) -> None:
+    """Digit runs that no GPU has (NV0, 5,000-digit indices or NUMA nodes, non-ASCII digits that ``int``
+    would read): one ``TopologyParseError`` each, not a traceback, and a short message."""
+    with pytest.raises(TopologyParseError) as info:
+        parse_topo_matrix(text, source="x.txt")
+    assert phrase in str(info.value) and len(str(info.value)) < 300, str(info.value)[:300]

@@ -125,10 +125,23 @@ STALE_WEIGHT = 0.25  # weight of the latest reserve in that moving average
 
 
 def split_url(url: str) -> tuple[str, str]:
-    """``http://HOST:PORT[/NAMESPACE]`` -> (endpoint, namespace)."""
-    parts = urlsplit(url if "://" in url else f"http://{url}")
-    if parts.scheme not in ("http", "https") or not parts.netloc:
-        raise InputError(f"not an etcd endpoint: {url!r}", fix="give it as etcd:http://HOST:PORT")
+    """``http://HOST:PORT[/NAMESPACE]`` -> (endpoint, namespace). User and password are refused: the
+    endpoint appears in error messages, and etcd's own authentication is not supported."""
+    fix = "give it as etcd:http://HOST:PORT[/NAMESPACE], PORT from 1 to 65535"
+    try:
+        parts = urlsplit(url if "://" in url else f"http://{url}")
+        port = parts.port  # ValueError: not a number, or out of range
+    except ValueError as exc:
+        raise InputError(f"not an etcd endpoint: {url[:200]!r} ({exc})", fix=fix) from None
+    if parts.scheme not in ("http", "https") or not parts.hostname:
+        raise InputError(f"not an etcd endpoint: {url[:200]!r}", fix=fix)
+    if parts.username is not None or parts.password is not None:
+        raise InputError(
+            "an etcd endpoint with a user or password is not supported (it would show in error messages)",
+            fix="give it as etcd:http://HOST:PORT; restrict access to etcd by network or client certificates",
+        )
+    if port == 0 or not parts.netloc.isascii():
+        raise InputError(f"not an etcd endpoint: {url[:200]!r} (port 0 or non-ASCII characters)", fix=fix)
     return f"{parts.scheme}://{parts.netloc}", parts.path.strip("/") or "toposched"
 
 

@@ -22,6 +22,7 @@ There is no ``bind`` verb: GPU bookings go through ``POST /v1/placements``.
 
 from __future__ import annotations
 
+import json
 import re
 from collections.abc import Callable, Coroutine
 from typing import Annotated, Any
@@ -63,10 +64,19 @@ Quantity = StrictStr | StrictInt
 """A ``resource.Quantity``: Go writes a string ("4", "500m"); a number is accepted too."""
 
 
+class AsciiJSONResponse(JSONResponse):
+    """JSON with every non-ASCII character escaped: the filter answer echoes the node list it was sent (and
+    its unknown fields), which may hold text that is not valid UTF-8 (a lone surrogate from a JSON escape
+    such as backslash-u-d800); escaped, it is still the JSON that came in, where UTF-8 would fail (a 500)."""
+
+    def render(self, content: Any) -> bytes:
+        return json.dumps(content, ensure_ascii=True, allow_nan=False, separators=(",", ":")).encode("ascii")
+
+
 def gpu_count(value: Quantity) -> int:
     """A ``nvidia.com/gpu`` quantity as a count: a whole number from 0 to MAX_GPUS, else ValueError."""
     text = str(value).strip()
-    if not re.fullmatch(r"\d{1,7}", text) or int(text) > MAX_GPUS:
+    if not re.fullmatch(r"[0-9]{1,7}", text) or int(text) > MAX_GPUS:  # ASCII digits only (int() takes others)
         raise ValueError(f"{GPU_RESOURCE} is {str(value)[:40]!r}: not a whole number of GPUs (0 to {MAX_GPUS})")
     return int(text)
 
@@ -196,7 +206,7 @@ class FilterRoute(APIRoute):
             except (RequestValidationError, HTTPException) as exc:
                 if isinstance(exc, HTTPException) and (exc.status_code != 400 or too_large(exc)):
                     raise  # 413: the app's handler answers
-                return JSONResponse(filter_error(malformed(exc)))
+                return AsciiJSONResponse(filter_error(malformed(exc)))
 
         return answer
 
@@ -309,7 +319,7 @@ def build_extender(state: ServiceState) -> APIRouter:
                 if item.metadata.name in keep
             ]
             result["Nodes"] = {**sent, "items": kept}
-        return JSONResponse(result)
+        return AsciiJSONResponse(result)
 
     router.add_api_route(
         "/filter",

@@ -149,8 +149,8 @@ def _check_mix(mix: dict[str, float], what: str) -> None:
     bad = [c for c in mix if c not in SLO_CLASS_NAMES]
     if bad:
         raise ValueError(f"{what} has unknown classes {bad}; use realtime, interactive, standard, batch")
-    if not mix or min(mix.values()) < 0 or sum(mix.values()) <= 0:
-        raise ValueError(f"{what} needs non-negative shares with a positive sum")
+    if not mix or min(mix.values()) < 0 or not 0 < sum(mix.values()) < math.inf:
+        raise ValueError(f"{what} needs non-negative shares with a positive, finite sum")
 
 
 class Tenant(_Value):
@@ -593,7 +593,7 @@ def load_scenario(ref: str) -> Scenario:
 def load_cluster(ref: str) -> Cluster:
     """A preset, ``NxPRESET`` (N copies of a one-node preset, racks of 8, zones of 64, 8x400G IB) or a spec."""
     _check_ref(ref, "cluster")
-    m = re.fullmatch(r"(\d+)x(.+)", ref)
+    m = re.fullmatch(r"([0-9]+)x([A-Za-z0-9][A-Za-z0-9._-]*)", ref)  # ASCII digits, a preset name (no spaces)
     if m and not _exists(ref):
         digits, preset = m.group(1), m.group(2)
         count = int(digits) if len(digits) <= 6 else MAX_NODES + 1

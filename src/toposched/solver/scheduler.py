@@ -88,6 +88,11 @@ class Scheduler:
         budget_gbps: float = DEFAULT_BUDGET_GBPS,
         seed: int = 0,
     ) -> None:
+        if not (isinstance(budget_gbps, int | float) and 0 < budget_gbps <= 1e9):  # NaN fails too
+            raise InputError(
+                f"cross-domain budget {budget_gbps!r} GB/s is not a positive number",
+                fix="give the budget in GB/s, more than 0 and at most 1e9 (e.g. --budget-gbps 256)",
+            )
         self.cluster = cluster
         self.gpu_override = gpu
         self.gpu_of_node: dict[str, GpuSpec] = {

@@ -32,7 +32,7 @@ from typing import Annotated, Literal
 
 from pydantic import AfterValidator, BaseModel, ConfigDict, Field, model_validator
 
-from toposched.names import Label, LabelValue, NodeName, Word
+from toposched.names import GpuModel, Label, LabelValue, NodeName, Word
 
 SCHEMA_VERSION = 1
 
@@ -111,6 +111,12 @@ class Health(StrEnum):
     UNAVAILABLE = "unavailable"
 
 
+MAX_GPU_INDEX = 4095
+"""Far more GPUs than one node has; an index over it is not real (and would reach CUDA_VISIBLE_DEVICES)."""
+MAX_NUMA_NODE = 4095
+"""Linux's largest NUMA node number (CONFIG_NODES_SHIFT is at most 10: 1,024 nodes) with room to spare."""
+
+
 class _Value(BaseModel):
     model_config = ConfigDict(frozen=True, extra="forbid")
 
@@ -118,14 +124,18 @@ class _Value(BaseModel):
 class GPU(_Value):
     """One GPU as a node sees it."""
 
-    index: int = Field(ge=0, description="nvidia-smi index as the source gave it")
+    index: int = Field(ge=0, le=MAX_GPU_INDEX, description="nvidia-smi index as the source gave it")
     uuid: Label | None = Field(default=None, description="'GPU-<hex>', or MIG's 'MIG-GPU-<hex>/1/0'")
     pci_bus_id: Word | None = Field(default=None, description="e.g. '00000000:18:00.0'")
-    model: str | None = None
+    model: GpuModel | None = None
     hbm_gib: float | None = Field(default=None, gt=0)
-    numa_node: int | None = Field(default=None, description="single NUMA node, or None when unknown/many")
-    numa_affinity: str | None = Field(default=None, description="raw NUMA affinity text (e.g. '0-1', 'N/A')")
-    cpu_affinity: str | None = Field(default=None, description="CPU list, e.g. '0-51,104-155'")
+    numa_node: int | None = Field(
+        default=None, ge=0, le=MAX_NUMA_NODE, description="single NUMA node, or None when unknown/many"
+    )
+    numa_affinity: str | None = Field(
+        default=None, max_length=1000, description="raw NUMA affinity text (e.g. '0-1', 'N/A')"
+    )
+    cpu_affinity: str | None = Field(default=None, max_length=4000, description="CPU list, e.g. '0-51,104-155'")
     health: Health = Health.OK
 
 

@@ -52,8 +52,8 @@ MAX_P2P_BYTES = 1024 * 1024
 CAPTURE_FIX = "capture it on the node with `nvidia-smi topo -p2p r > p2p.txt`"
 
 _ANSI = re.compile(r"\x1b\[[0-9;?]*[A-Za-z]")
-_GPU = re.compile(r"GPU(\d+)")
-_TOPO_M_WORDS = re.compile(r"\b(?:CPU|NUMA|Affinity|NIC\d+|mlx\d+_\d+|NV\d+|PIX|PXB|PHB|NODE|SYS|SOC)\b")
+_GPU = re.compile(r"GPU(\d{1,4})", re.ASCII)  # ASCII digits; more than 4 is not a real index
+_TOPO_M_WORDS = re.compile(r"\b(?:CPU|NUMA|Affinity|NIC\d+|mlx\d+_\d+|NV\d+|PIX|PXB|PHB|NODE|SYS|SOC)\b", re.ASCII)
 
 
 class P2PStatus(StrEnum):

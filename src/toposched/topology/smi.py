@@ -36,21 +36,21 @@ from pydantic import ValidationError
 
 from toposched.errors import TopologyParseError
 from toposched.names import node_name_problem, word_problem
-from toposched.topology.model import GPU, NIC, Link, LinkKind, NicLink, Node, nominal_link
+from toposched.topology.model import GPU, MAX_GPU_INDEX, NIC, Link, LinkKind, NicLink, Node, nominal_link
 
 MAX_DEVICES = 512
 """Most header columns (GPUs + NICs) read; a real ``nvidia-smi topo -m`` shows a few dozen."""
 
 _ANSI = re.compile(r"\x1b\[[0-9;?]*[A-Za-z]")
-_CELL = re.compile(r"[ \t]*(X|NV\d+|PIX|PXB|PHB|NODE|SYS|SOC)")
+_CELL = re.compile(r"[ \t]*(X|NV\d+|PIX|PXB|PHB|NODE|SYS|SOC)", re.ASCII)
 _P2P_CELL = re.compile(r"^(OK|CNS|GNS|TNS|NS|DR|U)$")
 _AFFINITY_LABELS = ("CPU Affinity", "NUMA Affinity", "GPU NUMA ID")
 _DEVICE_TOKEN = re.compile(r"GPU\d+|NIC\d+|mlx\d+_(?:bond_)?\d+|[A-Za-z][\w.:-]*", re.ASCII)
-_GLUED = re.compile(r"(?:GPU\d+|NIC\d+|mlx\d+_(?:bond_)?\d+)")
+_GLUED = re.compile(r"(?:GPU\d+|NIC\d+|mlx\d+_(?:bond_)?\d+)", re.ASCII)
 _PROMPT = re.compile(r"[\w.-]+@([\w.-]+):[^$#]*[$#]")  # matched against one word: "root@host:~#"
-_NIC_LEGEND = re.compile(r"^(NIC\d+):\s*(\S+)\s*$")
-_CPULIST = re.compile(r"^\d+(?:-\d+)?(?:,\d+(?:-\d+)?)*$")
-_NUMA_ID = re.compile(r"^\d+$")
+_NIC_LEGEND = re.compile(r"^(NIC\d+):\s*(\S+)\s*$", re.ASCII)
+_CPULIST = re.compile(r"^\d{1,6}(?:-\d{1,6})?(?:,\d{1,6}(?:-\d{1,6})?)*$", re.ASCII)
+_NUMA_ID = re.compile(r"^\d{1,4}$", re.ASCII)  # ASCII digits, a real node count
 
 
 @dataclass(frozen=True)
@@ -124,7 +124,7 @@ def _find_header(lines: list[_Line], source: str) -> _Header:
                 raise TopologyParseError(
                     f"cannot read header column {token!r}", source=source, line=line.number, column=token
                 )
-        gpus = tuple(d for d in devices if re.fullmatch(r"GPU\d+", d))
+        gpus = tuple(d for d in devices if re.fullmatch(r"GPU\d+", d, re.ASCII))
         if devices[: len(gpus)] != list(gpus):
             raise TopologyParseError(
                 "GPU columns must come before NIC columns in the header", source=source, line=line.number
@@ -162,7 +162,7 @@ def _numa_node(value: str | None) -> int | None:
         return None
     if _NUMA_ID.match(value):
         return int(value)
-    m = re.fullmatch(r"(\d+)-(\d+)", value)
+    m = re.fullmatch(r"(\d{1,4})-(\d{1,4})", value, re.ASCII)
     if m and m.group(1) == m.group(2):
         return int(m.group(1))
     return None
@@ -182,7 +182,7 @@ def _cells(text: str, count: int) -> tuple[list[str], str]:
 
 
 def _row_label(text: str) -> str:
-    m = re.match(r"(GPU\d+|NIC\d+|mlx\d+_(?:bond_)?\d+|[A-Za-z][\w.:-]*)", text)
+    m = re.match(r"(GPU\d+|NIC\d+|mlx\d+_(?:bond_)?\d+|[A-Za-z][\w.:-]*)", text, re.ASCII)
     return m.group(1) if m else ""
 
 
@@ -323,7 +323,7 @@ def _read_affinity(
         ok = value in ("", "N/A") or (_NUMA_ID.match(value) if column == "GPU NUMA ID" else _CPULIST.match(value))
         if not ok:
             raise TopologyParseError(
-                f"row {name}: {value!r} is not a valid {column} value",
+                f"row {name}: {value[:40]!r}{'...' if len(value) > 40 else ''} is not a valid {column} value",
                 source=source,
                 line=line.number,
                 column=column,
@@ -353,10 +353,26 @@ def _check_matrix(header: _Header, rows: dict[str, list[str]], source: str) -> N
                 )
 
 
+MAX_NVLINKS = 64
+"""More NVLinks between two GPUs than any NVIDIA part has (18 on H100/B200): a cell over it is not real."""
+
+
 def _kind(cell: str) -> tuple[LinkKind, int]:
     if cell.startswith("NV"):
-        return LinkKind.NVLINK, int(cell[2:])
+        digits = cell[2:]
+        if len(digits) > 2 or not 1 <= int(digits) <= MAX_NVLINKS:
+            raise ValueError(f"link cell {cell[:12]!r} is not a count of 1 to {MAX_NVLINKS} NVLinks")
+        return LinkKind.NVLINK, int(digits)
     return LinkKind(cell), 0
+
+
+def _first_error(exc: ValueError) -> str:
+    """A one-line reason from a ``ValueError`` or pydantic's ``ValidationError``."""
+    if isinstance(exc, ValidationError):
+        error = exc.errors()[0]
+        where = ".".join(str(x) for x in error["loc"])
+        return f"{where}: {error['msg']}" if where else str(error["msg"])
+    return str(exc)
 
 
 def _prompt_host(text: str) -> str | None:
@@ -431,43 +447,53 @@ def _build_node(
                 break
     legend = _legend(header, lines, source)
 
-    gpu_index = {name: int(name[3:]) for name in header.gpus}
-    gpus = []
+    gpu_index: dict[str, int] = {}
     for name in header.gpus:
-        values = affinity.get(name, {})
-        numa_text = values.get("NUMA Affinity") or None
-        cpu_text = values.get("CPU Affinity") or None
-        gpus.append(
-            GPU(
-                index=gpu_index[name],
-                numa_node=_numa_node(numa_text),
-                numa_affinity=numa_text,
-                cpu_affinity=None if cpu_text in (None, "N/A") else cpu_text,
+        if len(name) > 3 + 4 or int(name[3:]) > MAX_GPU_INDEX:
+            raise TopologyParseError(f"GPU index {name[:20]!r} is too large (at most {MAX_GPU_INDEX})", source=source)
+        index = int(name[3:])
+        if index in gpu_index.values():
+            raise TopologyParseError(f"{name} names the same GPU as another header column", source=source)
+        gpu_index[name] = index
+    try:
+        gpus = []
+        for name in header.gpus:
+            values = affinity.get(name, {})
+            numa_text = values.get("NUMA Affinity") or None
+            cpu_text = values.get("CPU Affinity") or None
+            gpus.append(
+                GPU(
+                    index=gpu_index[name],
+                    numa_node=_numa_node(numa_text),
+                    numa_affinity=numa_text,
+                    cpu_affinity=None if cpu_text in (None, "N/A") else cpu_text,
+                )
             )
-        )
-    nic_names = header.devices[len(header.gpus) :]
-    devices = {n: legend.get(n) if n.startswith("NIC") else n for n in nic_names}
-    unnamed = [n for n in nic_names if devices[n] is None]
-    if unnamed:
-        warnings.append(_unnamed_nics_warning(unnamed, legend, len(nic_names)))
-    nics = [NIC(name=n, device=devices[n]) for n in nic_names]
-    links: list[Link] = []
-    nic_links: list[NicLink] = []
-    for i, a in enumerate(header.gpus):
-        for j, b in enumerate(header.devices):
-            cell = rows[a][j]
-            if j == i:
-                continue
-            kind, lanes = _kind(cell)
-            if b in gpu_index:
-                if j > i:
-                    bandwidth, latency = nominal_link(kind, lanes)
-                    lo, hi = sorted((gpu_index[a], gpu_index[b]))
-                    links.append(
-                        Link(a=lo, b=hi, kind=kind, nvlinks=lanes, bandwidth_gbps=bandwidth, latency_us=latency)
-                    )
-            else:
-                nic_links.append(NicLink(gpu=gpu_index[a], nic=b, kind=kind))
+        nic_names = header.devices[len(header.gpus) :]
+        devices = {n: legend.get(n) if n.startswith("NIC") else n for n in nic_names}
+        unnamed = [n for n in nic_names if devices[n] is None]
+        if unnamed:
+            warnings.append(_unnamed_nics_warning(unnamed, legend, len(nic_names)))
+        nics = [NIC(name=n, device=devices[n]) for n in nic_names]
+        links: list[Link] = []
+        nic_links: list[NicLink] = []
+        for i, a in enumerate(header.gpus):
+            for j, b in enumerate(header.devices):
+                cell = rows[a][j]
+                if j == i:
+                    continue
+                kind, lanes = _kind(cell)
+                if b in gpu_index:
+                    if j > i:
+                        bandwidth, latency = nominal_link(kind, lanes)
+                        lo, hi = sorted((gpu_index[a], gpu_index[b]))
+                        links.append(
+                            Link(a=lo, b=hi, kind=kind, nvlinks=lanes, bandwidth_gbps=bandwidth, latency_us=latency)
+                        )
+                else:
+                    nic_links.append(NicLink(gpu=gpu_index[a], nic=b, kind=kind))
+    except ValueError as exc:  # a value the model refuses (ValidationError is one), a link count out of range
+        raise TopologyParseError(_first_error(exc), source=source) from None
     try:
         return Node(
             name=hostname or "localhost",

@@ -56,7 +56,7 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_valida
 
 from toposched.errors import InputError, SpecError, TopologyParseError
 from toposched.inputs import load_json, load_yaml, read_text
-from toposched.names import MAX_LABEL, MAX_NODE_NAME, Label, LabelValue, NodeName, node_name_problem
+from toposched.names import MAX_LABEL, MAX_NODE_NAME, GpuModel, Label, LabelValue, NodeName, node_name_problem
 from toposched.topology.model import NIC_MAX_GBPS, Cluster, Fabric, Node, NVLinkClique
 from toposched.topology.p2p import apply_p2p, parse_p2p_matrix, set_p2p
 from toposched.topology.presets import preset_node
@@ -88,9 +88,7 @@ class NodeSpec(_Spec):
     preset: str | None = Field(default=None, max_length=200)
     smi: FilePath | None = Field(default=None, description="path to an nvidia-smi topo -m capture")
     probe: FilePath | None = Field(default=None, description="path to a saved `topo show --live --json`")
-    gpu_model: str | None = Field(
-        default=None, max_length=200, pattern=_PRINTABLE, description="GPU model for smi captures (they do not say)"
-    )
+    gpu_model: GpuModel | None = Field(default=None, description="GPU model for smi captures (they do not say)")
     hbm_gib: float | None = Field(default=None, gt=0, le=4096, description="HBM per GPU for smi captures")
     rack: Label | None = None
     zone: Label | None = None
