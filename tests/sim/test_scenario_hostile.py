@@ -97,8 +97,10 @@ HEADER = "timestamp,model,input_len,output_len,slo_class\n"
 @pytest.mark.parametrize(
     ("rows", "phrase"),
     [
-        ("nan,m,1,1,batch\n", "timestamp 'nan' must be"),
-        ("inf,m,1,1,batch\n", "timestamp 'inf' must be"),
+        ("nan,m,1,1,batch\n", "timestamp 'nan' is not a number of seconds"),
+        ("inf,m,1,1,batch\n", "timestamp 'inf' is not a number of seconds"),
+        ("1_0,m,1,1,batch\n", "timestamp '1_0' is not a number of seconds"),
+        ("\u0661,m,1,1,batch\n", "is not a number of seconds"),
         ("1e400,m,1,1,batch\n", "timestamp '1e400' must be"),
         ("-1,m,1,1,batch\n", "timestamp '-1' must be"),
         ("x,m,1,1,batch\n", "not a number of seconds"),

@@ -20,6 +20,7 @@ import csv
 import io
 import math
 import random
+import re
 from collections.abc import Sequence
 from dataclasses import dataclass
 
@@ -144,6 +145,10 @@ def _tenant_of(row: list[str], column: dict[str, int | None], tenants: Sequence[
     )
 
 
+_NUMBER = re.compile(r"[+-]?(?:[0-9]+(?:\.[0-9]*)?|\.[0-9]+)(?:[eE][+-]?[0-9]{1,3})?", re.ASCII)
+"""A timestamp as a CSV holds it: ``12``, ``0.25``, ``1.5e3`` (no underscores, no NaN, no other digits)."""
+
+
 def _trace_row(
     row: list[str], column: dict[str, int | None], where: str, id_: int, tenants: Sequence[Tenant]
 ) -> SimRequest:
@@ -154,10 +159,13 @@ def _trace_row(
         if value is None:
             raise InputError(f"{where}: no value in column {name!r}", fix="give every column a value")
         values[name] = value
-    try:
-        arrival = float(values["timestamp"])
+    stamp = values["timestamp"]
+    try:  # plain decimal or exponent notation in ASCII: float() would also take '1_0' and other scripts' digits
+        if not _NUMBER.fullmatch(stamp):
+            raise ValueError(stamp)
+        arrival = float(stamp)
     except ValueError:
-        raise InputError(f"{where}: timestamp {values['timestamp'][:40]!r} is not a number of seconds") from None
+        raise InputError(f"{where}: timestamp {stamp[:40]!r} is not a number of seconds") from None
     if not (math.isfinite(arrival) and 0 <= arrival <= MAX_SECONDS):
         raise InputError(f"{where}: timestamp {values['timestamp'][:40]!r} must be from 0 to {MAX_SECONDS:g} s")
     lengths = []
