@@ -317,3 +317,48 @@ def test_same_fields_different_ids_each_answer_carries_its_own_id(sqlite_server:
     finally:
         for rid in ("twin-a", "twin-b"):
             sqlite_server.client.delete(f"/v1/placements/{rid}")
+
+
+def test_a_client_that_goes_away_while_waiting_leaves_the_queue_and_books_nothing(sqlite_server: Server) -> None:
+    whole = place(sqlite_server, id="whole-3", model="llama-3.1-70b", allowed_tp=[8])
+    assert whole.status_code == 201
+    try:
+        body = {"model": "llama-3.1-8b", "id": "gone", "wait_s": 30}
+        with pytest.raises(httpx.ReadTimeout):  # the client gives up after 0.5 s and closes its connection
+            url, headers = f"{sqlite_server.url}/v1/placements", sqlite_server.client.headers
+            httpx.post(url, json=body, headers=headers, timeout=0.5)
+        deadline = time.monotonic() + 10
+        while sqlite_server.client.get("/v1/queue").json()["depth"] and time.monotonic() < deadline:
+            time.sleep(0.05)
+        assert sqlite_server.client.get("/v1/queue").json()["depth"] == 0  # out of the queue, not waiting 30 s
+        assert sqlite_server.client.delete("/v1/placements/whole-3").status_code == 200
+        time.sleep(0.3)  # a request still queued would be placed by the release
+        assert sqlite_server.client.get("/v1/placements/gone").status_code == 404
+    finally:
+        for pid in ("whole-3", "gone"):
+            sqlite_server.client.delete(f"/v1/placements/{pid}")
+
+
+def test_a_retry_of_a_placed_request_is_answered_at_once_while_others_wait(sqlite_server: Server) -> None:
+    """Another request waits in the queue: a retry of one already placed (same id, same body, wait_s) gets
+    its placement (200), and another body under that id a conflict (409), not a wait and a no-capacity."""
+    mine = place(sqlite_server, id="mine", allowed_tp=[4])
+    big = place(sqlite_server, id="big", model="llama-3.1-70b", allowed_tp=[4])
+    assert (mine.status_code, big.status_code) == (201, 201)
+    got: dict[str, httpx.Response] = {}
+    wait = {"id": "w", "model": "llama-3.1-70b", "allowed_tp": [8], "wait_s": 20}  # waits longer than the retries
+    waiter = threading.Thread(target=lambda: got.setdefault("r", place(sqlite_server, **wait)))
+    waiter.start()
+    try:
+        deadline = time.monotonic() + 10
+        while not sqlite_server.client.get("/v1/queue").json()["depth"] and time.monotonic() < deadline:
+            time.sleep(0.05)
+        again = place(sqlite_server, id="mine", allowed_tp=[4], wait_s=5)
+        assert again.status_code == 200 and again.json()["id"] == "mine", again.text
+        other = place(sqlite_server, id="mine", allowed_tp=[2], wait_s=5)
+        assert other.status_code == 409 and other.json()["status"] == "conflict", other.text
+    finally:
+        for pid in ("mine", "big"):
+            sqlite_server.client.delete(f"/v1/placements/{pid}")
+        waiter.join(20)  # placed once both are gone
+        sqlite_server.client.delete("/v1/placements/w")

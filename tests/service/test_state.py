@@ -382,3 +382,44 @@ def test_the_tick_follows_the_log_and_reads_every_reservation_only_when_a_full_r
     finally:
         one.close()
         two.close()
+
+
+def test_a_replica_learns_an_id_released_and_booked_again_by_another_replica(tmp_path: Path) -> None:
+    """``one`` places x; ``two`` releases x, places y (on x's GPU) and places x again with another body (on
+    another GPU). ``one`` must see the new booking of x, not keep its old one, and releasing it works."""
+    url = f"sqlite:{tmp_path / 's.db'}"
+    one, two = make_state(url, replica="one"), make_state(url, replica="two")
+    try:
+        first = one.place(body("x"))
+        (old_gpu,) = first.instances[0].placement.gpu_refs
+        two.follow()
+        assert two.release("x") == ["x"]
+        assert two.place(body("y")).status == "placed"
+        again = two.place(body("x", slo_class="batch"))
+        (new_gpu,) = again.instances[0].placement.gpu_refs
+        assert new_gpu != old_gpu
+        one.resync()
+        (seen,) = one.lookup("x")
+        assert seen.placement.gpu_refs == (new_gpu,) and seen.body["slo_class"] == "batch"
+        assert two.release("y") == ["y"]
+        assert one.release("x") == ["x"]  # was a 500: the stale copy's GPU was free already
+        assert open_ledger(url).reservations() == []
+    finally:
+        one.close()
+        two.close()
+
+
+def test_the_same_id_with_another_body_booked_at_once_by_two_replicas_is_a_conflict(tmp_path: Path) -> None:
+    """Both replicas decide x before either sees the other's booking and pick the same GPU: the ledger's
+    ``already_held`` for the same id on the same GPUs is not the second body's, so it answers a conflict."""
+    url = f"sqlite:{tmp_path / 's.db'}"
+    one, two = make_state(url, replica="one"), make_state(url, replica="two")
+    try:
+        assert one.place(body("x")).status == "placed"
+        second = two._place(body("x", slo_class="batch"), "x")  # decides without following the log first
+        assert second.status == "conflict", second
+        (held,) = open_ledger(url).reservations()
+        assert '"slo_class":"batch"' not in held.meta["request"]
+    finally:
+        one.close()
+        two.close()

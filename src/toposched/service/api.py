@@ -25,13 +25,14 @@ import time
 from collections.abc import Callable
 from typing import Annotated, Any
 
-from fastapi import APIRouter, Path
+from fastapi import APIRouter, Path, Request
 from fastapi.responses import JSONResponse
 from prometheus_client import Histogram
 
 from toposched.names import ID_PATTERN
 from toposched.perf.profile import use_profile
 from toposched.service import defrag as service_defrag
+from toposched.service.guards import Receive
 from toposched.service.metrics import THRESHOLDS, breaches, signals
 from toposched.service.records import Decision, Instance
 from toposched.service.replica import P, R
@@ -161,8 +162,13 @@ def decision_response(state: ServiceState, decision: Decision) -> JSONResponse:
     return JSONResponse(body, status_code=code, headers=headers)
 
 
-async def place_answer(state: ServiceState, latency: Histogram, body: PlaceBody) -> JSONResponse:
-    """The answer of ``POST /v1/placements`` (the route, and ``hot.HotRoutes`` for a valid body)."""
+async def place_answer(
+    state: ServiceState, latency: Histogram, body: PlaceBody, receive: Receive | None = None
+) -> JSONResponse:
+    """The answer of ``POST /v1/placements`` (the route, and ``hot.HotRoutes`` for a valid body).
+
+    ``receive``: the request's ASGI receive, its body read already; a request waiting in the admission
+    queue watches it, so a client that goes away is taken out of the queue (or, placed meanwhile, released)."""
     started = time.perf_counter()
     if body.wait_s > 0 and body.wait_s > state.config.max_wait_s:
         problem = {"field": "body.wait_s", "message": f"at most {state.config.max_wait_s:g} s"}
@@ -171,8 +177,10 @@ async def place_answer(state: ServiceState, latency: Histogram, body: PlaceBody)
     hold_s = state.headroom_hold_s(body, body.wait_s)
     if body.wait_s == 0 or not len(state.queue):
         decision = await on_worker(state, state.place, body, headroom=state.config.keep_whole_domains if hold_s else 0)
+    elif body.id:  # others wait: an id booked already is answered now (existing, or a conflict), not queued
+        decision = await on_worker(state, state.booked_answer, body)
     if decision is None or (decision.status == "no-capacity" and body.wait_s > 0):
-        decision = await _wait_in_queue(state, body, hold_s)
+        decision = await _wait_in_queue(state, body, hold_s, receive)
         if decision is None:
             latency.labels(outcome="queue-full").observe(time.perf_counter() - started)
             full = {"error": "queue full", "detail": "retry later"}
@@ -202,8 +210,8 @@ def build_router(state: ServiceState, latency: Histogram) -> APIRouter:
         responses=placed,
         summary="Place a request's instances (all or none), waiting up to wait_s in the fair queue",
     )
-    async def create_placement(body: PlaceBody) -> JSONResponse:
-        return await place_answer(state, latency, body)
+    async def create_placement(body: PlaceBody, request: Request) -> JSONResponse:
+        return await place_answer(state, latency, body, request.receive)
 
     @router.get("/placements", responses=answers(*AUTH, ok=PlacementListOut), summary="Every live placement")
     async def list_placements() -> JSONResponse:
@@ -330,10 +338,20 @@ def build_router(state: ServiceState, latency: Histogram) -> APIRouter:
     return router
 
 
-async def _wait_in_queue(state: ServiceState, body: PlaceBody, hold_s: float = 0.0) -> Decision | None:
+async def _disconnected(receive: Receive) -> None:
+    """Returns when the client has gone away (the request's body was read before)."""
+    while (await receive())["type"] != "http.disconnect":
+        pass
+
+
+async def _wait_in_queue(
+    state: ServiceState, body: PlaceBody, hold_s: float = 0.0, receive: Receive | None = None
+) -> Decision | None:
     """Queue the request and wait for ``drain`` to place it, at most ``wait_s``; None when the queue is full.
 
-    ``hold_s``: how long it is decided with the service's headroom (``Admission.headroom_hold_s``)."""
+    ``hold_s``: how long it is decided with the service's headroom (``Admission.headroom_hold_s``).
+    ``receive``: watched while waiting; a client that goes away is taken out of the queue, and what was
+    placed for it meanwhile is released (nobody would get the answer, and nothing would renew it)."""
     loop = asyncio.get_running_loop()
     future: asyncio.Future[Decision] = loop.create_future()
 
@@ -349,9 +367,22 @@ async def _wait_in_queue(state: ServiceState, body: PlaceBody, hold_s: float = 0
     rid = await on_worker(state, state.enqueue, body, deliver, hold_s)
     if rid is None:
         return None
-    done, _pending = await asyncio.wait({future}, timeout=body.wait_s)
-    if done:
-        return future.result()
-    if not await on_worker(state, state.cancel, rid):
-        return await future  # served between the timeout and the cancel: the answer is on its way
-    return Decision("no-capacity", rid, (), (f"waited {body.wait_s:g} s in the admission queue",))
+    gone = asyncio.ensure_future(_disconnected(receive)) if receive is not None else None
+    try:
+        waits: set[asyncio.Future[Any]] = {future} if gone is None else {future, gone}
+        await asyncio.wait(waits, timeout=body.wait_s, return_when=asyncio.FIRST_COMPLETED)
+    finally:
+        if gone is not None and not gone.done():
+            gone.cancel()
+    left = gone is not None and gone.done() and not gone.cancelled() and gone.exception() is None
+    if future.done():
+        decision = future.result()
+    elif await on_worker(state, state.cancel, rid):
+        why = "the client went away while waiting" if left else f"waited {body.wait_s:g} s in the admission queue"
+        return Decision("no-capacity", rid, (), (why,))
+    else:
+        decision = await future  # served between the timeout and the cancel: the answer is on its way
+    if left and decision.status == "placed":
+        await on_worker(state, state.release, rid)  # placed for a client that is gone: nobody holds it
+        return Decision("no-capacity", rid, (), ("the client went away while waiting; what was placed is released",))
+    return decision

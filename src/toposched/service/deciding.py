@@ -62,6 +62,27 @@ class Deciding(Following):
             self.counters.decisions[decision.status] += 1
             return decision
 
+    def booked_answer(self, body: ServiceRequest) -> Decision | None:
+        """The answer for a request whose id is booked already, without deciding: ``existing`` (the same body,
+        every instance booked) or ``conflict`` (another body); None when the id is free or half booked. For
+        a request about to wait in the admission queue: a retry of one that was placed is answered now."""
+        if not body.id:
+            return None
+        with self.lock:
+            self.follow()
+            found = self.members(body.id)
+            if not found:
+                return None
+            key = body.key()
+            decision: Decision | None = None
+            if any(i.key != key for i in found):
+                decision = Decision("conflict", body.id, (), (f"id {body.id} is already used by another request",))
+            elif complete(found):
+                decision = Decision("existing", body.id, tuple(serving(found)))
+            if decision is not None:
+                self.counters.decisions[decision.status] += 1
+            return decision
+
     def check_size(self, body: ServiceRequest) -> None:
         """``InputError`` when ``body`` asks for more instances than ``ServiceConfig.max_replicas``."""
         if body.pd is not None and body.pd.prefill + body.pd.decode > self.config.max_replicas:
@@ -232,6 +253,7 @@ class Deciding(Following):
     def release(self, rid: str) -> list[str] | None:
         """Release every booked instance of a request, complete or not; None when nothing is booked."""
         with self.lock:
+            self.follow()  # another replica may have released and booked the id again: release what is booked now
             found = self.members(rid)
             if not found:
                 self.resync()

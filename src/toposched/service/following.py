@@ -24,7 +24,7 @@ import time
 
 from toposched.errors import InputError
 from toposched.ledger.base import AuditEntry, Reservation
-from toposched.service.records import expected_slots, instance_of
+from toposched.service.records import Instance, expected_slots, instance_of
 from toposched.service.replica import ReplicaCore, log
 from toposched.solver.defrag import INSTANCE
 from toposched.topology.model import Cluster
@@ -89,9 +89,13 @@ class Following(ReplicaCore):
                 scheduler.forget(pid)
                 self.instances.pop(pid, None)
         for pid, reservation in live.items():
-            if pid in self.instances:
-                self.instances[pid].expires_at = reservation.expires_at
+            known = self.instances.get(pid)
+            if known is not None and _same_booking(known, reservation):
+                known.expires_at = reservation.expires_at
                 continue
+            if known is not None:  # released and booked again by another replica since: another booking
+                scheduler.forget(pid)
+                self.instances.pop(pid, None)
             instance = instance_of(reservation)
             if instance is None:
                 continue  # booked by something else than the service: its GPUs are busy, that is all
@@ -187,3 +191,14 @@ class Following(ReplicaCore):
         from toposched.topology.domains import build_domain_map
 
         return StoredTopology(0, time.time(), source, cluster, build_domain_map(cluster))
+
+
+def _same_booking(known: Instance, reservation: Reservation) -> bool:
+    """Whether the reservation is the booking this replica knows under its id: the same request and body on
+    the same GPUs (an id released and booked again elsewhere in between is another booking)."""
+    meta = reservation.meta
+    return (
+        known.key == meta.get("request")
+        and known.request_id == meta.get("request_id", known.request_id)
+        and set(known.placement.gpu_refs) == set(reservation.gpus)
+    )

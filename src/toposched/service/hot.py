@@ -132,7 +132,7 @@ class HotRoutes:
         if body is None:
             await self.app(scope, _Replay(messages, receive), send)
             return
-        await self._answer(scope, receive, send, lambda: place_answer(self.state, self.latency, body))
+        await self._answer(scope, receive, send, lambda: place_answer(self.state, self.latency, body, receive))
 
     async def _delete(self, scope: Scope, receive: Receive, send: Send, pid: str) -> None:
         if not self._admits(scope, body=False):

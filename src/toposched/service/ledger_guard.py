@@ -70,6 +70,12 @@ class GuardedLedger:
         record = dict(meta or {})
         record["hbm_bytes"] = str(max(planned)) if planned else "0"
         result = self.inner.reserve(rid, whole, ttl_s=ttl_s, owner=owner, meta=record)
+        held = result.reservation
+        if result.status == "already_held" and held is not None and _request_of(held.meta) != _request_of(record):
+            # the id holds these GPUs for another request (the same id with another body, booked at the same
+            # moment by another replica): not ours, whatever the GPUs say
+            reason = f"id {rid} is held by another request"
+            return ReserveResult(status="conflict", reservation=held, reasons={"request": reason})
         if result.status == "reserved":
             self._mine[("reserve", rid)] += 1
         if result.ok and result.reservation is not None:
@@ -99,3 +105,8 @@ class GuardedLedger:
 
     def close(self) -> None:
         self.inner.close()
+
+
+def _request_of(meta: Mapping[str, str]) -> tuple[str | None, str | None]:
+    """What a booking is for: its request id and body (the service's records; None for other bookings)."""
+    return meta.get("request_id"), meta.get("request")

@@ -407,7 +407,9 @@ class Scheduler:
         if placement is None:
             return False
         self.ledger.release(placement_id)
-        self.index.give([r for r in placement.gpu_refs if r not in self.failed])
+        # a GPU the index already counts free (it followed another replica's change first) is free: no error
+        free = self.index.free
+        self.index.give([r for r in placement.gpu_refs if r not in self.failed and r not in free])
         cls, gbps = self._cross_of.pop(placement_id)
         self.cross_used[cls] = max(0.0, self.cross_used.get(cls, 0.0) - gbps)
         return True
