@@ -327,3 +327,75 @@ def test_the_default_grace_is_what_launched_engines_get() -> None:
     from toposched.binding.engine_args import DRAIN_S
 
     assert Scenario.model_fields["drain_grace_s"].default == DRAIN_S
+
+
+def _step_until(sim: Simulation, stop: float) -> None:
+    """Apply events (and the retries they ask for) up to ``stop`` seconds, as ``Simulation.loop`` does."""
+    import heapq
+
+    while sim._heap and sim._heap[0][0] < stop:
+        time, _, _, event = heapq.heappop(sim._heap)
+        sim.now = time
+        for follow in event.apply(sim):
+            sim.push(follow)
+        if sim.retry:
+            sim.retry = False
+            for follow in sim.admission.retry(time):
+                sim.push(follow)
+
+
+@pytest.mark.parametrize("second", ["replacement fails", "tenant leaves"])
+def test_a_move_whose_copies_both_go_before_the_replacement_is_up_ends_and_gives_its_gpus_back(second: str) -> None:
+    """The old copy's GPU fails while the replacement starts (the replacement takes over its slot), then the
+    replacement goes too before it is up: the move must end, so the GPUs held for the plan come back and
+    another defragmentation may start. It used to stay in flight, holding 7 healthy GPUs to the end."""
+    from toposched.sim.events import Departure, GpuFailure
+
+    scenario = _crafted(cross_domain=False, defrag_moves_per_window=4).model_copy(update={"instance_startup_s": 10.0})
+    sim, _ = _scattered(scenario)
+    while sim.admission.defrag is None and sim._heap:  # to the start of the plan
+        _step_until(sim, sim._heap[0][0] + 1e-9)
+    run = sim.admission.defrag
+    assert run is not None and run.active
+    move = sorted(run.active, key=lambda m: m.old.id)[0]
+    sim.push(GpuFailure(sim.now + 1.0, move.old.placement.gpu_refs[0], "gpu-down"))
+    if second == "replacement fails":
+        sim.push(GpuFailure(sim.now + 2.0, move.new.placement.gpu_refs[0], "gpu-down"))
+    else:
+        sim.push(Departure(sim.now + 2.0, move.old.unit))
+    _step_until(sim, sim.now + 60.0)
+    assert move.done and sim.admission.defrag is not run and not run.held
+    index = sim.scheduler.index
+    assert len(index.info) - len(index.free) - len(sim.scheduler.failed) == sim.gpus_held  # none held back
+    sim.loop()
+    assert check_conservation(sim) == []
+
+
+def test_requests_left_waiting_at_the_end_are_timed_out_and_trace_rows_after_the_end_are_not_offered(
+    tmp_path: object,
+) -> None:
+    """churn-tiny replayed from a trace of 2 rows/s over 200 s (its duration is 120 s): rows after the end
+    are not offered, and a request still waiting for an instance at the end was never served (timed out),
+    not rejected (rejected is for requests longer than the context the instances reserve)."""
+    from pathlib import Path
+
+    trace = Path(str(tmp_path)) / "t.csv"
+    rows = [f"{i * 0.5:.1f},200,30,small-tp1" for i in range(400)]
+    trace.write_text("timestamp,input_len,output_len,tenant\n" + "\n".join(rows) + "\n")
+    scenario = load_scenario("churn-tiny").model_copy(update={"trace": str(trace), "failures": ()})
+    metrics = run_policy(scenario, "slo", seed=0).metrics
+    assert metrics["requests"] == sum(1 for i in range(400) if i * 0.5 <= 120.0)
+    assert metrics["rejected"] == 0
+
+
+def test_hbm_utilization_counts_the_healthy_gpus_as_gpu_utilization_does() -> None:
+    failures = tuple(Failure(at_s=1.0, gpu=f"hgx-h100-1/{g}") for g in range(8))
+    scenario = load_scenario("churn-tiny").model_copy(update={"failures": failures})
+    result = run_policy(scenario, "slo", seed=0)
+    from toposched.sim.metrics import time_mean
+
+    (capacity,) = {a.capacity_bytes for a in Scheduler(_cluster(scenario)).ledger.accounts().values()}
+    end = scenario.churn.duration_s if scenario.churn else 0.0
+    healthy = capacity * (16 * 1.0 + 8 * (end - 1.0))  # byte-seconds of the healthy GPUs' HBM
+    held = time_mean(result.gpu_series, 4, 0.0, end)
+    assert result.metrics["hbm_utilization"] == pytest.approx(held / healthy, abs=1e-4)

@@ -366,9 +366,11 @@ class Admission:
                 return mr.new  # it comes up and serves; nothing left to drain
             self._finished(mr)
             return None
-        # the replacement went: the old copy keeps (or stops) serving; the domain is not freed
+        # the replacement went: the old copy keeps (or stops) serving; the domain is not freed. A draining
+        # old copy finishes the move when it has drained (old_drained); otherwise the move ends here, also
+        # when the old copy went first (it handed its slot to this replacement, which never came up)
         mr.defrag.failed = True
-        if mr.old.state == "up":
+        if mr.old.state != "draining":
             mr.old.move = None
             mr.new.move = None
             mr.done = True

@@ -164,6 +164,10 @@ class Simulation:
         self.gpus_available = self.gpus_total - len(scheduler.failed)
         self.gpus_held = 0
         self.hbm_held = 0
+        capacity = {ref: a.capacity_bytes for ref, a in scheduler.ledger.accounts().items()}
+        self.hbm_available = sum(b for ref, b in capacity.items() if ref not in scheduler.failed)
+        self.hbm_series: list[tuple[float, int]] = [(0.0, self.hbm_available)]
+        """(time s, HBM bytes of the healthy GPUs), at every failure: ``hbm_utilization``'s denominator."""
         # (time s, GPUs held, cross-domain GB/s of the bookings, GPUs available, HBM bytes held), at every change
         self.gpu_series: list[tuple[float, int, float, int, int]] = [(0.0, 0, 0.0, self.gpus_available, 0)]
         self.timeline: list[tuple[float, int, int]] = []  # (time s, waiting requests, running), ~400 samples
@@ -612,7 +616,9 @@ class Simulation:
             if unit.state in ("active", "draining"):
                 unit.state = "done"
         for req in self.requests:
-            if req.state in ("queued", "new", "waiting"):
+            if req.state in ("queued", "waiting"):
+                req.state = "timed_out"  # waited for an instance (or in one) past the end: it was never served
+            elif req.state == "new":
                 req.state = "rejected"
 
 

@@ -37,6 +37,8 @@ class Arrival(Event):
         self.request = request
 
     def apply(self, sim: Simulation) -> list[Event]:
+        if sim.closed:
+            return []  # a churn run's arrivals stop at duration_s: later trace rows are not offered
         sim.add_request(self.request)
         return sim.next_arrival()
 
@@ -186,6 +188,9 @@ class GpuFailure(Event):
             healthy = self.gpu not in sim.scheduler.failed
             victims = sim.scheduler.fail_gpu(self.gpu)
             sim.gpus_available -= int(healthy)
+            if healthy:
+                sim.hbm_available -= sim.scheduler.ledger.accounts()[self.gpu].capacity_bytes
+                sim.hbm_series.append((sim.now, sim.hbm_available))
         follow: list[Event] = []
         for pid in victims:
             inst = sim.copies.get(pid)

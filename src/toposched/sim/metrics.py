@@ -11,7 +11,8 @@ Definitions (docs/simulator.md has the full list):
   the instance that served the request (a request never served counts under its tenant's TP).
 * ``gpu_utilization`` = GPU-seconds held by instances (booked: starting, serving, draining, and
   both copies during a move) / GPU-seconds of healthy GPUs, over the run's window (a churn run's
-  duration; else until the last request finished). ``hbm_utilization`` the same for HBM bytes.
+  duration; else until the last request finished). ``hbm_utilization`` the same for HBM bytes (held by
+  instances / HBM of the healthy GPUs).
 * ``queued_for_nvlink_rate`` = instances that waited for NVLink room (a topology-aware policy could
   not place them although enough GPUs were free in all) / instance arrivals; ``migrations`` = moves
   started by defragmentation; ``held_for_headroom_rate`` = instances that waited only because they
@@ -100,7 +101,7 @@ def compute(sim: Simulation) -> dict[str, Any]:
     held = time_mean(series, 1, start, end)
     available = time_mean(series, 3, start, end)
     hbm_held = time_mean(series, 4, start, end)
-    hbm_total = sum(a.capacity_bytes for a in sim.scheduler.ledger.accounts().values())
+    hbm_available = time_mean(sim.hbm_series, 1, start, end)  # HBM of the healthy GPUs, as gpu_utilization
     cross = [v[2] for v in series if start <= v[0] <= end] or [0.0]
     budget = sim.scheduler.budget_gbps
     inside = [per_token_ms(r) for r in done if r.in_domain]
@@ -142,7 +143,7 @@ def compute(sim: Simulation) -> dict[str, Any]:
         "goodput_rps": round(met / span, 3),
         "intra_domain_rate": round(len(inside) / len(done), 4) if done else 0.0,
         "gpu_utilization": round(held / available, 4) if available > 0 else 0.0,
-        "hbm_utilization": round(hbm_held / (hbm_total * (end - start)), 4) if hbm_total else 0.0,
+        "hbm_utilization": round(hbm_held / hbm_available, 4) if hbm_available > 0 else 0.0,
         "instances": len(sim.placed_history),
         "tp_distribution": dict(sorted(Counter(str(p.tp) for p in sim.placed_history).items(), key=_int_key)),
         "instance_arrivals": len(units),
