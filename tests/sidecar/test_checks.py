@@ -83,11 +83,11 @@ def test_direct_links_drift_at_both_ends() -> None:
 def test_fabric_clique_change_is_drift(scenario: Scenario) -> None:
     fake, exp, _ = scenario("steady")
     for gpu in fake.gpus:
-        gpu.fabric = ("cluster-a", 1)
+        gpu.fabric = ("00000000-0000-0000-0000-00000000000a", 1)
     fake.advance(0)
     baseline = check_topology(fake, exp).fabric
-    assert set(baseline.values()) == {"cluster-a/1"}
-    fake.gpus[2].fabric = ("cluster-a", 7)
+    assert set(baseline.values()) == {"00000000-0000-0000-0000-00000000000a/1"}
+    fake.gpus[2].fabric = ("00000000-0000-0000-0000-00000000000a", 7)
     keys = {a.key for a in check_topology(fake, exp, fabric_baseline=baseline).alerts}
     assert keys == {("TOPOLOGY_DRIFT", f"{HGX}/2", "fabric")}
 

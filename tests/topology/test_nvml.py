@@ -111,8 +111,9 @@ def test_a_gpu_with_links_down_is_degraded() -> None:
 
 
 def test_fabric_clique_is_reported() -> None:
-    fake = FakeNvml.from_node(hgx("n", "NVIDIA GB200", 173.0), fabric=("c0ffee", 7))
-    assert probe_node(fake).fabric_clique == "c0ffee/7"
+    cluster = "7b968a6d-c8aa-45e1-9e07-e1e51be99c31"  # NVML gives 16 raw bytes; written as GFD writes them
+    fake = FakeNvml.from_node(hgx("n", "NVIDIA GB200", 173.0), fabric=(cluster, 7))
+    assert probe_node(fake).fabric_clique == f"{cluster}/7"
 
 
 def test_no_driver_is_a_clear_error() -> None:
@@ -179,3 +180,21 @@ def test_invalid_hostname_is_an_input_error() -> None:
     with pytest.raises(InputError, match="this machine's node name 'bad_host"):
         probe_node(fake, hostname="bad_host\n")
     assert fake.initialised is False
+
+
+def test_the_fake_takes_the_same_arguments_as_nvidia_ml_py() -> None:
+    """Every NVML call the fake stands in for has nvidia-ml-py's own parameters, so code that passes the
+    fake the wrong arguments (a fabric info call without the structure to fill) fails here, not on a GPU."""
+    import inspect
+
+    import pynvml
+
+    from toposched.topology.nvml_fake import FakeNvml
+
+    calls = [name for name in vars(FakeNvml) if name.startswith("nvml")]
+    assert "nvmlDeviceGetGpuFabricInfo" in calls
+    for name in calls:
+        real = inspect.signature(getattr(pynvml, name)).parameters.values()
+        required = [p for p in real if p.default is inspect.Parameter.empty]
+        fake = list(inspect.signature(getattr(FakeNvml, name)).parameters)[1:]  # without self
+        assert len(required) <= len(fake) <= len(real), (name, fake, [p.name for p in real])

@@ -34,8 +34,8 @@ from toposched.topology.nvml import (
     MAX_LINKS,
     NVLINK_DEVICE_TYPE_SWITCH,
     NvmlSession,
+    gpu_fabric,
     nvml_bus_id,
-    nvml_text,
 )
 
 AlertKind = Literal["TOPOLOGY_DRIFT", "PCIE_BUDGET_WARNING", "HBM_DRIFT"]
@@ -152,10 +152,8 @@ class TopologyResult:
 
 
 def _fabric(s: NvmlSession, handle: Any) -> str | None:
-    info = s.optional(s.lib.nvmlDeviceGetGpuFabricInfo, handle)
-    if info is None or int(info.state) != 3:
-        return None
-    return f"{nvml_text(info.clusterUuid)}/{int(info.cliqueId)}"
+    fabric = gpu_fabric(s, handle)
+    return None if fabric is None else f"{fabric[0]}/{fabric[1]}"
 
 
 def check_topology(

@@ -127,6 +127,27 @@ class NvmlSession:
             raise
 
 
+FABRIC_STATE_COMPLETED = 3  # NVML_GPU_FABRIC_STATE_COMPLETED: the GPU's fabric registration is done
+
+
+def gpu_fabric(s: NvmlSession, handle: Any) -> tuple[str, int] | None:
+    """(cluster UUID, clique id) of a GPU on a multi-node NVLink fabric whose registration completed; None
+    when it is not on one, or the driver has no ``nvmlDeviceGetGpuFabricInfo``. nvidia-ml-py's call fills a
+    ``c_nvmlGpuFabricInfo_t`` passed by reference (and returns only a status); its ``clusterUuid`` is 16
+    raw bytes, written here as a UUID, as GPU feature discovery writes ``nvidia.com/gpu.clique``."""
+    import ctypes
+    import uuid
+
+    import pynvml
+
+    info = pynvml.c_nvmlGpuFabricInfo_t()
+    if s.optional(s.lib.nvmlDeviceGetGpuFabricInfo, handle, ctypes.byref(info)) is None:
+        return None
+    if int(info.state) != FABRIC_STATE_COMPLETED:
+        return None
+    return str(uuid.UUID(bytes=bytes(info.clusterUuid))), int(info.cliqueId)
+
+
 P2P_READ = 0  # NVML_P2P_CAPS_INDEX_READ (pynvml); what `nvidia-smi topo -p2p r` shows
 P2P_OK, P2P_UNKNOWN = 0, 6  # NVML_P2P_STATUS_OK, NVML_P2P_STATUS_UNKNOWN; 1-5 are the refusals (CNS, GNS, TNS, DR, NS)
 
@@ -179,9 +200,9 @@ def _probe(s: NvmlSession, hostname: str) -> NvmlProbe:
         memory = s.call("memory info", lib.nvmlDeviceGetMemoryInfo, h, gpu=i)
         numa = s.optional(lib.nvmlDeviceGetNumaNodeId, h)
         masks = s.optional(lib.nvmlDeviceGetCpuAffinity, h, cpu_words)
-        fabric = s.optional(lib.nvmlDeviceGetGpuFabricInfo, h)
-        if fabric is not None and int(fabric.state) == 3 and int(fabric.cliqueId) != 0:
-            cliques.add(f"{nvml_text(fabric.clusterUuid)}/{int(fabric.cliqueId)}")
+        fabric = gpu_fabric(s, h)
+        if fabric is not None and fabric[1] != 0:
+            cliques.add(f"{fabric[0]}/{fabric[1]}")
         up = 0
         for link in range(MAX_LINKS):
             state = s.optional(lib.nvmlDeviceGetNvLinkState, h, link)

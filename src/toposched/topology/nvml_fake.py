@@ -9,6 +9,7 @@ pynvml's own exception classes, so the translation in ``nvml.py`` is exercised t
 from __future__ import annotations
 
 import re
+import uuid as uuids
 from dataclasses import dataclass, field
 from types import SimpleNamespace
 from typing import Any
@@ -52,7 +53,7 @@ class FakeGpu:
     numa_node: int | None = None
     cpus: tuple[int, ...] = ()
     links: list[FakeLink] = field(default_factory=list)
-    fabric: tuple[str, int] | None = None  # (clusterUuid, cliqueId)
+    fabric: tuple[str, int] | None = None  # (cluster UUID as text, cliqueId)
 
 
 def _error(code: int) -> Exception:
@@ -127,11 +128,15 @@ class FakeNvml:
                 masks[cpu // 64] |= 1 << (cpu % 64)
         return masks
 
-    def nvmlDeviceGetGpuFabricInfo(self, handle: int) -> Any:
+    def nvmlDeviceGetGpuFabricInfo(self, handle: int, info: Any) -> int:
+        """As nvidia-ml-py's: fills the ``c_nvmlGpuFabricInfo_t`` passed by reference, returns NVML_SUCCESS."""
         fabric = self._gpu(handle).fabric
         if fabric is None:
             raise _error(pynvml.NVML_ERROR_NOT_SUPPORTED)
-        return SimpleNamespace(clusterUuid=fabric[0].encode(), cliqueId=fabric[1], state=3, status=0)
+        target = info._obj  # ctypes.byref(struct)
+        target.clusterUuid[:] = list(uuids.UUID(fabric[0]).bytes)
+        target.cliqueId, target.state, target.status = fabric[1], 3, 0
+        return int(pynvml.NVML_SUCCESS)
 
     def _link(self, handle: int, link: int) -> FakeLink:
         links = self._gpu(handle).links
