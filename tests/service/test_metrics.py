@@ -65,12 +65,15 @@ def test_a_tp_group_across_domains_lowers_affinity_and_compression_is_after_over
 
 def test_sidecar_ratios_appear_once_a_sidecar_reported() -> None:
     stats = placed_stats({"allowed_tp": [1]})
-    reported = replace(stats, reports_total=4, drift_reports=1, migrations_proposed=1, placed_total=100)
+    counts = {"reports_total": 4, "drift_reports": 1, "migrations_proposed": 1}
+    reported = replace(stats, **counts, instances=100, drifted=1, moving=1)
     values = signals(reported)
-    assert values["toposched_sidecar_drift_ratio"] == 0.01
+    assert values["toposched_sidecar_drift_ratio"] == 0.01  # live instances flagged by their latest report
     assert values["toposched_migration_ratio"] == 0.01
     fired = {b["alert"] for b in breaches(reported)}
     assert {"SidecarTopologyDrift", "SidecarDriftRatioHigh", "MigrationRatioHigh"} <= fired
+    cleared = replace(reported, reports_total=40, drift_reports=30, drifted=0, moving=0)  # a later report is clean
+    assert signals(cleared)["toposched_sidecar_drift_ratio"] == 0.0 and not {b["alert"] for b in breaches(cleared)}
 
 
 def test_failed_syncs_are_a_counter_in_the_exposition() -> None:

@@ -35,10 +35,10 @@ SIGNALS: tuple[tuple[str, str], ...] = (
     ("toposched_cross_domain_traffic_budget_ratio", "Cross-domain traffic of live placements over the budget."),
     ("toposched_hbm_utilization_ratio", "HBM the live placements' plans need over the ledger's HBM capacity."),
     ("toposched_placements_by_tp", "Live placements by tensor-parallel degree."),
-    ("toposched_sidecar_drift_ratio", "Sidecar reports of topology drift over instances placed by this replica."),
+    ("toposched_sidecar_drift_ratio", "Live instances whose latest sidecar report has topology drift."),
     ("toposched_cross_domain_compression_ratio", "Cross-domain traffic after compression over before it."),
     ("toposched_comm_overlap_ratio", "Communication hidden behind compute over all communication (measured)."),
-    ("toposched_migration_ratio", "Re-placements proposed on sidecar reports over instances placed."),
+    ("toposched_migration_ratio", "Live instances with a re-placement proposed on their latest sidecar report."),
     ("toposched_cross_domain_p99_gap_seconds", "P99 latency of cross-domain instances minus intra-domain ones."),
 )
 SIGNAL_NAMES = tuple(name for name, _help in SIGNALS)
@@ -58,8 +58,7 @@ def signals(stats: Stats) -> dict[str, float | dict[str, float] | None]:
     by_tp: dict[str, float] = {}
     for p in live:
         by_tp[str(p.tp)] = by_tp.get(str(p.tp), 0.0) + 1
-    reported = stats.reports_total > 0
-    placed = max(stats.placed_total, 1)
+    watched = stats.reports_total > 0 and stats.instances > 0  # a sidecar has reported, something is live
     return {
         "toposched_nvlink_affinity_ratio": sum(map(in_one_domain, live)) / len(live) if live else None,
         "toposched_cross_domain_traffic_budget_ratio": stats.cross_used_gbps / stats.budget_gbps,
@@ -67,10 +66,10 @@ def signals(stats: Stats) -> dict[str, float | dict[str, float] | None]:
         if stats.hbm_capacity_bytes
         else None,
         "toposched_placements_by_tp": by_tp,
-        "toposched_sidecar_drift_ratio": stats.drift_reports / placed if reported else None,
+        "toposched_sidecar_drift_ratio": stats.drifted / stats.instances if watched else None,
         "toposched_cross_domain_compression_ratio": sent / raw if raw > 0 else None,
         "toposched_comm_overlap_ratio": None,
-        "toposched_migration_ratio": stats.migrations_proposed / placed if reported else None,
+        "toposched_migration_ratio": stats.moving / stats.instances if watched else None,
         "toposched_cross_domain_p99_gap_seconds": None,
     }
 

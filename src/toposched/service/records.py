@@ -128,6 +128,10 @@ class Instance:
     owner: str
     expires_at: float | None
     degraded: bool = False
+    drifted: bool = False
+    """Its sidecar's latest report has topology drift (``toposched_sidecar_drift_ratio``)."""
+    moving: bool = False
+    """A re-placement was proposed on its sidecar's latest report (``toposched_migration_ratio``)."""
     slot: str = ""
     moved_from: str | None = None
     pair: str | None = None

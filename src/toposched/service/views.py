@@ -13,6 +13,7 @@ from collections import Counter
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
+from toposched.errors import InputError
 from toposched.service.following import Following
 from toposched.service.request import ServiceRequest
 from toposched.solver.request import Placement
@@ -43,6 +44,9 @@ class Stats:
     resyncs: int
     ledger_refusals: int
     sync_failures: int = 0
+    instances: int = 0
+    drifted: int = 0
+    moving: int = 0
     degraded_gpus: frozenset[str] = frozenset()
     gpu_capacity_bytes: dict[str, int] = field(default_factory=dict)
 
@@ -57,17 +61,28 @@ class Reporting(Following):
         with self.lock:
             instance = self.instances.get(report.placement_id)
             if instance is None:
-                self.resync()
+                self.follow()  # placed by another replica since: the log says so (no full read per unknown id)
                 instance = self.instances.get(report.placement_id)
             if instance is None:
                 return None
+            placement = instance.placement
+            nodes = {r.node for r in placement.ranks}
+            if report.node not in nodes:
+                raise InputError(
+                    f"report for placement {placement.id} comes from node {report.node!r}, which it does not use"
+                )
+            stray = sorted({a.gpu for a in (*report.active_alerts, *report.new_alerts)} - set(placement.gpu_refs))
+            if stray:
+                raise InputError(f"report for placement {placement.id} names GPUs it does not use: {stray[:4]}")
             asked = ServiceRequest.model_validate(instance.body)
             request = asked.request(instance.placement.request_id)
             reaction = react(report, self.scheduler, instance.placement, request, policy=asked.policy or "slo")
             self.counters.reports_total += 1
-            if any(a.kind == "TOPOLOGY_DRIFT" for a in report.active_alerts):
+            instance.drifted = any(a.kind == "TOPOLOGY_DRIFT" for a in report.active_alerts)
+            instance.moving = reaction.proposal is not None
+            if instance.drifted:
                 self.counters.drift_reports += 1
-            if reaction.proposal is not None:
+            if instance.moving:
                 self.counters.migrations_proposed += 1
             instance.degraded = reaction.status == "degraded"
             return reaction.to_json()
@@ -82,6 +97,9 @@ class Reporting(Following):
             return Stats(
                 placements=placements,
                 degraded=sum(1 for i in self.instances.values() if i.degraded),
+                instances=len(self.instances),
+                drifted=sum(1 for i in self.instances.values() if i.drifted),
+                moving=sum(1 for i in self.instances.values() if i.moving),
                 degraded_gpus=frozenset(
                     ref for i in self.instances.values() if i.degraded for ref in i.placement.gpu_refs
                 ),
