@@ -30,7 +30,7 @@ ENGINE_CHECKS = {
     "nvlink3": ("a100_sxm_comm_nccl_2.27.3", "car_a100_sxm_comm_vllm_0.14.0:vllm_graph"),
     "nvlink4": ("h100_sxm_comm_nccl_2.27.3", "car_h100_sxm_comm_vllm_0.19.0:vllm_graph"),
     "nvlink5": ("b200_sxm_comm_nccl_2.27.3", None),
-    "pcie4-nop2p": ("l40s_comm_nccl_2.27.3", "car_l40s_comm_vllm_0.22.0:vllm_graph"),  # the AIC L40S box: P2P off
+    "pcie4-nop2p": ("l40s_comm_nccl_2.27.3", None),  # the AIC L40S box: P2P off, so NCCL alone (no custom AR)
     "pcie5": ("rtx_pro_6000_server_comm_nccl_2.29.2", None),
 }
 
