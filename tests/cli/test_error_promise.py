@@ -176,6 +176,20 @@ ARG_CASES: dict[str, str] = {
     "two sources": "topo show --preset hgx-h100 --smi SMI",
     "ledger stress --state and --backend": "ledger stress --state sqlite:STATE --backend sqlite",
     "ledger stress without a store": "ledger stress --clients 2",
+    # found by a review: these ended in tracebacks, created files, or passed
+    "state with an unknown scheme": "ledger show --state etc:http://10.0.0.5:2379",
+    "state in a folder that does not exist": "topo refresh --preset hgx-h100 --state MISSING",
+    "defrag --tp 3": "defrag --state STATE --preset hgx-h100 -m llama-3.1-70b --tp 3",
+    "sidecar --metrics-port 99999": "sidecar --placement plan-0 --plan PLAN --fake steady --iterations 1 "
+    "--metrics-port 99999",
+    "sidecar --pcie-budget-gbps nan": "sidecar --placement plan-0 --plan PLAN --fake steady --iterations 1 "
+    "--pcie-budget-gbps nan",
+    "sidecar --metrics-file in no folder": "sidecar --placement plan-0 --plan PLAN --fake steady --iterations 1 "
+    "--metrics-file MISSING",
+    "simulate --out not a folder": "simulate --scenario churn-tiny --out PLAN",
+    "launch k8s --namespace": "launch k8s --preset hgx-h100 -m llama-3.1-8b --namespace Bad_NS!",
+    "plan --busy twice": "plan --preset hgx-h100 -m llama-3.1-8b --busy 0,0",
+    "ledger stress on a live store": "ledger stress --state sqlite:LIVE --ops 4 --clients 1",
 }
 """Command lines with one bad argument; ``STATE`` is an empty ledger file, ``MISSING`` a path in a
 folder that does not exist, ``PLAN`` a valid one-placement plan file, ``SMI`` a real capture."""
@@ -244,5 +258,22 @@ def test_bad_file(command: str, kind: str, run_cli: RunCli, tmp_path: Path, stat
 @pytest.mark.parametrize("case", sorted(ARG_CASES))
 def test_bad_argument(case: str, run_cli: RunCli, tmp_path: Path, state_file: Path, plan_file: Path) -> None:
     missing = tmp_path / "no-such-folder" / "state.sqlite3"
-    _check(run_cli, _args(ARG_CASES[case], STATE=state_file, MISSING=missing, PLAN=plan_file, SMI=SMI))
+    live = tmp_path / "live.sqlite3"  # a store that holds a GPU: not a scratch one
+    ledger = open_ledger(f"sqlite:{live}")
+    ledger.set_capacity({"n/0": 1 << 30})
+    ledger.close()
+    _check(run_cli, _args(ARG_CASES[case], STATE=state_file, MISSING=missing, PLAN=plan_file, SMI=SMI, LIVE=live))
     assert not missing.parent.exists(), "a read command created state"
+
+
+def test_a_bug_is_one_line_and_exit_70(run_cli: RunCli, monkeypatch: pytest.MonkeyPatch) -> None:
+    """An exception no input explains (a bug) is not a traceback and not exit 1 ("no plan"): one line, exit 70."""
+    import toposched.cli.topo as topo_cli
+
+    def broken(*_args: object, **_kwargs: object) -> None:
+        raise RuntimeError("a bug")
+
+    monkeypatch.setattr(topo_cli, "load_source", broken)
+    result = run_cli("topo", "show", "--preset", "hgx-h100")
+    assert result.exit_code == 70, result
+    assert result.stderr.startswith("error: internal error: RuntimeError: a bug") and "Traceback" not in result.stderr

@@ -5,6 +5,8 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
+import pytest
+
 from tests.conftest import RunCli
 from toposched.ledger import open_ledger
 from toposched.ledger.base import GIB
@@ -44,8 +46,35 @@ def test_read_commands_never_create_state(run_cli: RunCli, tmp_path: Path) -> No
     missing = tmp_path / "no" / "such" / "x.sqlite3"
     for args in (("show",), ("show", "--json"), ("release", "inst-1")):
         result = run_cli("ledger", *args, "--state", f"sqlite:{missing}")
-        assert result.exit_code == 2 and result.stderr.startswith(f"error: the state file {missing} does not exist")
+        assert result.exit_code == 2 and "does not exist" in result.stderr, result.stderr
     assert not (tmp_path / "no").exists()
+    (tmp_path / "no" / "such").mkdir(parents=True)  # the folder exists, the file does not
+    for args in (("show",), ("release", "inst-1")):
+        result = run_cli("ledger", *args, "--state", f"sqlite:{missing}")
+        assert result.exit_code == 2 and result.stderr.startswith(f"error: the state file {missing} does not exist")
+    assert not missing.exists()
+
+
+@pytest.mark.parametrize(
+    ("state", "phrase"),
+    [
+        ("etc:http://10.0.0.5:2379", "unknown store 'etc'"),  # a mistyped etcd URL is not a file to create
+        ("redis://x:1", "unknown store 'redis'"),
+    ],
+)
+def test_a_state_with_an_unknown_scheme_is_refused(run_cli: RunCli, tmp_path: Path, state: str, phrase: str) -> None:
+    result = run_cli("ledger", "show", "--state", state)
+    assert result.exit_code == 2 and phrase in result.stderr, result.stderr
+
+
+def test_stress_refuses_a_store_that_is_not_a_scratch_one(run_cli: RunCli, tmp_path: Path) -> None:
+    path = tmp_path / "live.sqlite3"
+    ledger = open_ledger(f"sqlite:{path}")
+    ledger.set_capacity({"n/0": 80 * GIB})
+    ledger.close()
+    result = run_cli("ledger", "stress", "--state", f"sqlite:{path}", "--ops", "4", "--clients", "1")
+    assert result.exit_code == 2 and "not a scratch store" in result.stderr, result.stderr
+    assert list(open_ledger(f"sqlite:{path}").accounts()) == ["n/0"]  # nothing added
 
 
 def test_show_and_release(run_cli: RunCli, tmp_path: Path) -> None:

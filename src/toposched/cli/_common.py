@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import sys
 from pathlib import Path
 from typing import Any
@@ -51,12 +52,23 @@ def ledger_url(state: str | None) -> str:
     """The ``scheme:argument`` URL a ``--state`` value names (``open_ledger``'s form)."""
     if not state:
         return f"sqlite:{default_state_path()}"
-    scheme = state.partition(":")[0]
-    if scheme in ("sqlite", "etcd"):
-        return state
-    if scheme in ("http", "https"):
-        return f"etcd:{state}"
-    return f"sqlite:{state}"
+    scheme, colon, rest = state.partition(":")
+    if scheme in ("etcd", "http", "https"):
+        return state if scheme == "etcd" else f"etcd:{state}"
+    if colon and re.fullmatch(r"[A-Za-z][A-Za-z0-9+.-]{1,15}", scheme) and scheme != "sqlite":
+        # "etc:http://..." or "redis://..." is a mistyped store, not a file to create: a replica would
+        # quietly keep a ledger of its own
+        raise InputError(
+            f"--state {state[:80]!r}: unknown store {scheme!r}",
+            fix="give sqlite:PATH (or a bare path without a scheme) or etcd:http://HOST:PORT",
+        )
+    path = Path(rest if scheme == "sqlite" and colon else state).expanduser()
+    if not path.parent.is_dir():
+        raise InputError(
+            f"--state {state[:80]!r}: the folder {str(path.parent)[:80]!r} does not exist",
+            fix="create it first, or give a path in an existing folder",
+        )
+    return f"sqlite:{path}"
 
 
 def source_ref(

@@ -15,6 +15,7 @@ from __future__ import annotations
 from typing import Any
 
 import typer
+from pydantic import ValidationError
 from rich.table import Table
 
 from toposched.cli._common import CLUSTER, PRESET, STATE, console, err_console, print_json, source_ref
@@ -53,7 +54,12 @@ def _need(
     if model is None:
         assert need_gpus is not None
         return need_gpus, level or "nvlink"
-    request = PlacementRequest(id="defrag", model=model, allowed_tp=tuple(tp) if tp else None)
+    try:
+        request = PlacementRequest(id="defrag", model=model, allowed_tp=tuple(tp) if tp else None)
+    except ValidationError as exc:
+        problem = exc.errors()[0]["msg"].removeprefix("Value error, ")
+        given = " ".join(map(str, tp or []))
+        raise InputError(f"--tp {given}: {problem}", fix="give a power of two: 1, 2, 4, 8") from None
     need, resolved = defrag_need(scheduler, request)
     return need, level or resolved
 

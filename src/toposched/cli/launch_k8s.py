@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import re
 from pathlib import Path
 from typing import Any
 
@@ -128,6 +129,11 @@ def register_launch(launch_app: typer.Typer) -> None:
         one RoleBasedGroup with its Services."""
         if fmt not in ("yaml", "json"):
             raise InputError(f"--format {fmt!r} is not one of yaml, json for Kubernetes objects")
+        if not re.fullmatch(r"[a-z0-9]([-a-z0-9]{0,61}[a-z0-9])?", namespace):
+            raise InputError(
+                f"--namespace {namespace[:80]!r} is not a Kubernetes namespace",
+                fix="use lower-case letters, digits and '-', at most 63 characters, starting and ending alphanumeric",
+            )
         opts = K8sOptions(
             engine=_engine(engine), image=image, namespace=namespace, name_prefix=name_prefix, model_path=model_path,
             rack_label=rack_label, shm_size=shm_size, cpu=cpu, memory=memory, gpu_request=_gpu_request(gpu_request),

@@ -165,6 +165,22 @@ def _stress_url(state: str | None, backend: str | None, path: Path | None, endpo
     raise InputError(f"unknown --backend {backend!r}; valid: sqlite, etcd (memory is one process only)")
 
 
+def _check_scratch(url: str) -> None:
+    """``InputError`` when the store holds GPUs or reservations of something else than an earlier stress run:
+    the load test adds GPUs ``stress/N`` and audit entries to whatever it is given."""
+    ledger = open_ledger(url)
+    try:
+        others = sorted(ref for ref in ledger.accounts() if not ref.startswith("stress/"))
+        held = [r.id for r in ledger.reservations() if not all(g.startswith("stress/") for g in r.gpus)]
+    finally:
+        ledger.close()
+    if others or held:
+        raise InputError(
+            f"{url} is not a scratch store: it holds {len(others)} other GPUs and {len(held)} other reservations",
+            fix="load-test a scratch file (--state sqlite:/tmp/stress.db) or an empty etcd namespace, or add --force",
+        )
+
+
 @ledger_app.command("stress")
 def stress(
     state: str | None = typer.Option(
@@ -179,9 +195,14 @@ def stress(
     backend: str | None = typer.Option(None, "--backend", hidden=True, help="Deprecated: use --state."),
     path: Path | None = typer.Option(None, "--path", hidden=True, help="Deprecated: use --state sqlite:FILE."),
     endpoint: str | None = typer.Option(None, "--endpoint", hidden=True, help="Deprecated: use --state etcd:URL."),
+    force: bool = typer.Option(
+        False, "--force", help="Load-test a store that holds other GPUs or reservations (it adds its own)."
+    ),
 ) -> None:
     """Load-test a backend with client processes; count double bookings and lost reservations."""
     url = _stress_url(state, backend, path, endpoint)
+    if not force:
+        _check_scratch(url)
     kind: Literal["sqlite", "etcd"] = "etcd" if url.startswith("etcd:") else "sqlite"
     result = run_stress(StressConfig(url=url, clients=clients, ops=ops, gpus=gpus, ttl_s=ttl, seed=seed))
     result["backend"] = kind

@@ -132,6 +132,14 @@ def main(argv: list[str] | None = None) -> None:
         _fail(exc.format_message(), None, exc.exit_code)
     except typer.Abort:
         _fail("aborted", None, 1)
+    except Exception as exc:  # a bug: one line and exit 70, as promised (the traceback with TOPOSCHED_DEBUG=1)
+        if os.environ.get("TOPOSCHED_DEBUG") == "1":
+            raise
+        _fail(
+            f"internal error: {type(exc).__name__}: {str(exc)[:300]}",
+            "rerun with TOPOSCHED_DEBUG=1 for the traceback, and report it",
+            70,
+        )
     if isinstance(code, int) and code:  # typer.Exit(n) inside a command
         sys.exit(code)
 

@@ -238,7 +238,7 @@ def parse_gpu_list(text: str | None, cluster: Cluster, flag: str) -> list[str]:
             continue
         if "/" in item:
             ref = item
-        elif item.isdigit():
+        elif item.isascii() and item.isdigit():
             if len(cluster.nodes) != 1:
                 raise InputError(
                     f"{flag} {item!r}: this cluster has {len(cluster.nodes)} nodes", fix="write NODE/INDEX"
@@ -248,6 +248,8 @@ def parse_gpu_list(text: str | None, cluster: Cluster, flag: str) -> list[str]:
             raise InputError(f"{flag}: {item!r} is not a GPU index", fix="give indices like 0,1,2 or NODE/INDEX")
         if ref not in known:
             raise InputError(f"{flag}: GPU {ref} is not in the topology")
+        if ref in refs:
+            raise InputError(f"{flag}: GPU {ref} is listed twice", fix="name each GPU once")
         refs.append(ref)
     return refs
 

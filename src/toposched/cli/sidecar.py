@@ -9,6 +9,7 @@ only placement, ``--placement ID --plan FILE`` picks one by id. NVML is the real
 from __future__ import annotations
 
 import json
+import math
 import socket
 import sys
 from pathlib import Path
@@ -85,9 +86,13 @@ def sidecar_cmd(
     fake: str | None = typer.Option(
         None, "--fake", help="Scripted NVML scenario: steady|link-down|traffic-ramp|hbm-leak."
     ),
-    pcie_budget_gbps: float | None = typer.Option(None, "--pcie-budget-gbps", help="PCIe budget per GPU (GB/s)."),
+    pcie_budget_gbps: float | None = typer.Option(
+        None, "--pcie-budget-gbps", min=0.001, max=1e6, help="PCIe budget per GPU (GB/s)."
+    ),
     metrics_file: str | None = typer.Option(None, "--metrics-file", help="Write Prometheus text here at the end."),
-    metrics_port: int | None = typer.Option(None, "--metrics-port", help="Serve Prometheus metrics on this port."),
+    metrics_port: int | None = typer.Option(
+        None, "--metrics-port", min=1, max=65535, help="Serve Prometheus metrics on this port."
+    ),
     do_react: bool = typer.Option(False, "--react", help="Print the service's reaction to each report."),
     engine_metrics: str | None = typer.Option(
         None, "--engine-metrics", help="The engine's /metrics URL: export predicted-vs-observed latency.", metavar="URL"
@@ -99,6 +104,10 @@ def sidecar_cmd(
     here = node or (socket.gethostname() if socket.gethostname() in nodes else nodes[0])
     if here not in nodes:
         raise InputError(f"placement {chosen.id} has no GPU on node {here!r} (it uses {sorted(set(nodes))})")
+    if pcie_budget_gbps is not None and not math.isfinite(pcie_budget_gbps):
+        raise InputError(f"--pcie-budget-gbps {pcie_budget_gbps}: not a number of GB/s", fix="e.g. 16")
+    if metrics_file is not None and not Path(metrics_file).parent.is_dir():
+        raise InputError(f"--metrics-file {metrics_file!r}: its folder does not exist", fix="create it first")
     exp = expectations_from_plan(chosen, doc.cluster, node=here, pcie_budget_gbps=pcie_budget_gbps)
     try:
         config = LoopConfig(interval_s=interval, iterations=iterations, webhook=webhook, token=read_token(token_file))
@@ -118,7 +127,10 @@ def sidecar_cmd(
     if metrics_port is not None:
         from prometheus_client import start_http_server
 
-        start_http_server(metrics_port, registry=metrics.registry)
+        try:
+            start_http_server(metrics_port, registry=metrics.registry)
+        except OSError as exc:
+            raise InputError(f"--metrics-port {metrics_port}: cannot listen ({exc})", fix="a free port") from None
 
     def on_report(report: Report) -> None:
         if not do_react:

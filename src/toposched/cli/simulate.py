@@ -43,6 +43,11 @@ def simulate(
         raise InputError("--policies is empty", fix="e.g. --policies random,slo")
     for name in names:
         POLICIES.get(name)  # unknown names fail here with the valid ones
+    if out is not None:  # before the run, which may take minutes
+        try:
+            out.mkdir(parents=True, exist_ok=True)
+        except OSError as exc:
+            raise InputError(f"--out {str(out)[:80]!r}: cannot use it as a folder ({exc.strerror})") from None
     sc = load_scenario(scenario)
     cluster = load_cluster(sc.cluster)
     check_scenario_fits(sc, cluster, source=scenario)  # before any work: failures and instances the cluster has
