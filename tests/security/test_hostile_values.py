@@ -91,3 +91,36 @@ def test_scenario_values_that_would_crash_the_run_are_refused(
     scenario.write_text(f"name: x\nmodel: llama-3.1-8b\n{extra}\n")
     result = run_cli("simulate", "--scenario", str(scenario))
     assert result.exit_code != 0 and phrase in result.stderr and "Traceback" not in result.stderr, result.stderr
+
+
+@pytest.mark.parametrize("addr", ["h100-00:9999", "--headless", "a b", "host;id"])
+def test_a_master_addr_that_is_not_a_host_or_address_is_refused(run_cli: RunCli, addr: str) -> None:
+    args = ["launch", "vllm", "--preset", "cluster-32x-hgx-h100", "-m", "llama-3.1-405b", "--slo-tpot-ms", "60"]
+    result = run_cli(*args, f"--master-addr={addr}")
+    assert result.exit_code == 2 and "--master-addr" in result.stderr, result.stderr
+
+
+def test_an_ipv6_master_addr_is_bracketed_for_sglang(run_cli: RunCli, tmp_path: Path) -> None:
+    out = tmp_path / "out"
+    args = ["launch", "sglang", "--preset", "cluster-32x-hgx-h100", "-m", "llama-3.1-405b", "--slo-tpot-ms", "60"]
+    result = run_cli(*args, "--master-addr", "fe80::1", "--out", str(out))
+    assert result.exit_code == 0, result.stderr
+    scripts = "".join(p.read_text() for p in sorted(out.glob("*.sh")))
+    assert "--dist-init-addr '[fe80::1]:" in scripts or "--dist-init-addr [fe80::1]:" in scripts, scripts[:2000]
+
+
+def test_a_plan_whose_request_names_another_model_is_refused(run_cli: RunCli, tmp_path: Path) -> None:
+    made = run_cli("plan", "--preset", "hgx-h100", "-m", "llama-3.1-8b", "--json")
+    plan = json.loads(made.stdout)
+    plan["request"]["model"] = "llama-3.1-405b"  # edited by hand: 810 GB on the GPU planned for 16
+    path = tmp_path / "plan.json"
+    path.write_text(json.dumps(plan))
+    result = run_cli("launch", "vllm", "--plan", str(path))
+    assert result.exit_code == 2 and "is not the plan's model" in result.stderr, result.stderr
+
+
+def test_launch_ray_warns_when_a_placement_takes_part_of_a_node(run_cli: RunCli) -> None:
+    args = ["--preset", "l40s-8x-pcie", "-m", "llama-3.1-8b", "--tp", "2", "--busy", "0,1,2,4"]
+    result = run_cli("launch", "ray", *args)
+    assert result.exit_code == 0 and "Ray bundles pin the node" in result.stderr, result.stderr
+    assert json.loads(result.stdout)["placement_groups"]  # the warning is on stderr only

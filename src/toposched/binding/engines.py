@@ -381,7 +381,7 @@ def build_launches(
                         argv.append("--headless")
             elif dist_port is not None:
                 argv += ["--nnodes", str(len(groups)), "--node-rank", str(node_rank)]
-                argv += ["--dist-init-addr", f"{head}:{dist_port}"]
+                argv += ["--dist-init-addr", f"[{head}]:{dist_port}" if ":" in head else f"{head}:{dist_port}"]
             env, files = setup.env, {}
             if p.role is not None and engine == "sglang":
                 argv += _sglang_pd_args(p, setup, bootstrap)

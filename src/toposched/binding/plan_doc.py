@@ -49,6 +49,7 @@ from toposched.solver.options import gpu_type_for
 from toposched.solver.pd import Disaggregation, KvStore, role_ids, role_request_id
 from toposched.solver.request import HbmShare, Placement, PlacementRequest, Unplaced, instance_ids
 from toposched.topology.model import GPU, Cluster
+from toposched.workload.catalog import resolve_model
 from toposched.workload.dtypes import KV_DTYPES, parse_kv_dtype, parse_weight_dtype
 
 _FIX = "pass the output of `toposched plan --json` unedited, or plan again"
@@ -268,6 +269,10 @@ def _check_placement(
     """Ids that are the request's (or its role's) instance ids, node names by the node rule, each rank
     on its own GPU of the cluster (not one another placement holds), a memory share that fits that GPU."""
     request_id, expected = _expected_ids(p, where, doc, source)
+    wanted = doc.request.model
+    if p.model != wanted and p.model != resolve_model(wanted).name:  # the catalog name the solver writes
+        problem = f"{p.model!r:.60} is not the plan's model {wanted!r:.60} (its memory was planned for that one)"
+        raise _bad(source, f"{where}.model", problem)
     if p.request_id != request_id:
         raise _bad(source, f"{where}.request_id", f"{p.request_id!r:.60} is not the plan's request id {request_id!r}")
     if p.id not in expected:

@@ -141,6 +141,23 @@ def check_ray_engine(engine: Engine) -> None:
         raise InputError(f"launch ray --engine {engine}: not supported: {UNSUPPORTED[engine]}", fix="use --engine vllm")
 
 
+def ray_warnings(doc: PlanDoc) -> list[str]:
+    """A placement that takes part of a node: Ray's bundles pin the node (or NVLink domain), not the GPUs, so
+    Ray may hand the workers other GPUs of that node than the planned ones (ones the plan counts busy)."""
+    out = []
+    for p in doc.placements:
+        for node in sorted({r.node for r in p.ranks}):
+            planned = sorted(r.gpu for r in p.ranks if r.node == node)
+            total = len(doc.cluster.node(node).gpus)
+            if len(planned) < total:
+                out.append(
+                    f"placement {p.id} uses GPUs {planned} of the {total} of node {node}; Ray bundles pin the node "
+                    "(or NVLink domain), not the GPUs, so Ray may give its workers others on that node: start Ray "
+                    "there with CUDA_VISIBLE_DEVICES set to the planned GPUs and --num-gpus to their count"
+                )
+    return out
+
+
 def ray_document(doc: PlanDoc, *, model_path: str | None = None, engine: Engine = "vllm") -> dict[str, Any]:
     """What ``toposched launch ray`` prints: the specs and the per-node ``ray start`` flags."""
     check_ray_engine(engine)

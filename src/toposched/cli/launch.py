@@ -5,7 +5,7 @@ topology source plan first with every option ``plan`` takes (``cli/plan_source.p
 result, through the same plan document and checks (``binding/plan_doc.py``).
 
 ``launch vllm`` / ``launch sglang`` print one script when the plan has one instance on one node (so
-``toposched launch vllm ... | sh`` starts it); a plan with several scripts (several instances, or an
+``toposched launch vllm ... | bash`` starts it); a plan with several scripts (several instances, or an
 instance over several nodes) needs ``--out DIR``, one script per node and instance, or ``--format
 json``: each script ends in ``exec``, so scripts printed one after the other would start only the first.
 ``launch trtllm`` always needs ``--out`` (or json): its script reads an options YAML beside it, and a
@@ -148,6 +148,8 @@ def _engine_command(engine: Engine) -> None:
         *,
         source: PlanSource,
     ) -> None:
+        if master_addr is not None:
+            check_master_addr(master_addr)
         if engine == "trtllm" and master_addr is not None:
             raise InputError(
                 "--master-addr is the vLLM/SGLang rendezvous; TensorRT-LLM's ranks meet through MPI (mpirun/srun)",
@@ -174,3 +176,21 @@ def _engine_command(engine: Engine) -> None:
 _engine_command("vllm")
 _engine_command("sglang")
 _engine_command("trtllm")
+
+
+def check_master_addr(value: str) -> None:
+    """``--master-addr``: a host name (the node name rules) or an IP address, nothing else (a port, a flag)."""
+    import ipaddress
+
+    from toposched.names import node_name_problem
+
+    try:
+        ipaddress.ip_address(value)
+        return
+    except ValueError:
+        pass
+    if node_name_problem(value) is not None:
+        raise InputError(
+            f"--master-addr {value[:80]!r} is not a host name or an IP address",
+            fix="give the head node's name or address, without a port (the rendezvous port is chosen per instance)",
+        )

@@ -22,7 +22,7 @@ from toposched.binding.k8s_dra import GPU_REQUESTS, GpuRequest
 from toposched.binding.k8s_pd import render_pd
 from toposched.binding.kubelet import kubelet_configs
 from toposched.binding.plan_doc import PlanDoc, load_plan
-from toposched.binding.ray import check_ray_engine, ray_document
+from toposched.binding.ray import check_ray_engine, ray_document, ray_warnings
 from toposched.cli._common import console, err_console, print_json
 from toposched.cli.plan_source import PlanSource, plan_options
 from toposched.errors import InputError
@@ -207,7 +207,9 @@ def register_launch(launch_app: typer.Typer) -> None:
             raise InputError(f"--format {fmt!r} is not one of json, yaml for Ray placement groups")
         ray_engine = _engine(engine)
         check_ray_engine(ray_engine)  # before planning: the answer does not depend on the plan
-        document = ray_document(source.resolve(), model_path=model_path, engine=ray_engine)
+        doc = source.resolve()
+        document = ray_document(doc, model_path=model_path, engine=ray_engine)
+        _warn(ray_warnings(doc))
         if fmt == "json":
             print_json(document)
         else:
