@@ -100,8 +100,12 @@ class UnknownNameError(InputError):
         suggestions = [by_lower[c] for c in close]
         if suggestions:
             hint = "did you mean " + " or ".join(repr(s) for s in suggestions) + "?"
-        else:
+        elif len(valid_list) <= 12:
             hint = "valid: " + ", ".join(valid_list)
+        else:  # a long catalog is not one line of error: the first few, and where the rest are
+            short = [v for v in valid_list if "/" not in v] or valid_list  # catalog names before Hugging Face ids
+            hint = f"{len(valid_list)} valid, e.g. " + ", ".join(short[:: max(1, len(short) // 6)][:6])
+            hint += " (the catalog: docs/estimator.md)"
         shown = repr(name) if len(name) <= 60 else repr(name[:57]) + "..."
         super().__init__(f"unknown {kind} {shown}; {hint}")
         self.kind = kind
