@@ -68,3 +68,17 @@ def test_unknown_preset_fails_before_listening(
     result = run_cli("serve", "--preset", "hgx-h10", "--state", f"sqlite:{tmp_path / 's.db'}")
     assert result.exit_code == 2
     assert "did you mean" in result.stderr
+
+
+def test_a_port_in_use_is_one_line_before_anything_starts(
+    run_cli: RunCli, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    import socket
+
+    monkeypatch.setenv("TOPOSCHED_API_TOKEN", "a-long-enough-token")
+
+    with socket.create_server(("127.0.0.1", 0)) as taken:
+        port = taken.getsockname()[1]
+        result = run_cli("serve", "--preset", "hgx-h100", "--port", str(port), "--state", str(tmp_path / "s.db"))
+    assert result.exit_code == 2 and f"cannot listen on 127.0.0.1:{port}" in result.stderr, result.stderr
+    assert "serving on" not in result.stderr and not (tmp_path / "s.db").exists()

@@ -151,6 +151,24 @@ def connection_limits(config: ServiceConfig, open_files: int) -> ConnectionLimit
     )
 
 
+def _check_listen(host: str, port: int) -> None:
+    """``InputError`` when ``host:port`` cannot be listened on (taken, or not an address of this machine),
+    before the state is opened and "serving on" is printed; uvicorn would say so only after both."""
+    import socket
+
+    try:
+        infos = socket.getaddrinfo(host, port, type=socket.SOCK_STREAM, flags=socket.AI_PASSIVE)
+        family, kind, proto, _name, address = infos[0]
+        with socket.socket(family, kind, proto) as probe:
+            probe.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)  # as uvicorn binds
+            probe.bind(address)
+    except OSError as exc:
+        raise InputError(
+            f"cannot listen on {host}:{port} ({exc.strerror or exc})",
+            fix="choose another --port, or a --host this machine has",
+        ) from None
+
+
 def run(config: ServiceConfig, *, log_level: str = "warning") -> None:
     """Open the state (errors are one line), then run uvicorn until interrupted."""
     import uvicorn
@@ -161,6 +179,7 @@ def run(config: ServiceConfig, *, log_level: str = "warning") -> None:
 
     if config.host not in ("127.0.0.1", "::1", "localhost"):
         err_console.print(f"warning: listening on {config.host}, not loopback", markup=False)
+    _check_listen(config.host, config.port)
     state = ServiceState(config)
     with use_profile(config.profile):  # uvicorn's event loop (inline state work) copies this context
         try:
