@@ -189,6 +189,7 @@ ARG_CASES: dict[str, str] = {
     "simulate --out not a folder": "simulate --scenario churn-tiny --out PLAN",
     "launch k8s --namespace": "launch k8s --preset hgx-h100 -m llama-3.1-8b --namespace Bad_NS!",
     "plan --busy twice": "plan --preset hgx-h100 -m llama-3.1-8b --busy 0,0",
+    "defrag --dry-run --apply": "defrag --state STATE --preset hgx-h100 --need-gpus 8 --dry-run --apply",
     "ledger stress on a live store": "ledger stress --state sqlite:LIVE --ops 4 --clients 1",
 }
 """Command lines with one bad argument; ``STATE`` is an empty ledger file, ``MISSING`` a path in a

@@ -83,10 +83,13 @@ def defrag(
         None, "--level", help="Free an NVLink domain (nvlink) or a node (node) [default: the model's, else nvlink]."
     ),
     max_moves: int = typer.Option(4, "--max-moves", min=1, max=16, help="Most instances moved."),
-    apply: bool = typer.Option(False, "--apply/--dry-run", help="Book the replacements (default: a dry run)."),
+    apply: bool = typer.Option(False, "--apply", help="Book the replacements (default: a dry run)."),
+    dry_run: bool = typer.Option(False, "--dry-run", help="Book nothing (the default; says so explicitly)."),
     as_json: bool = JSON,
 ) -> None:
     """Print the fewest moves that free room for a large instance; --apply books the replacements."""
+    if apply and dry_run:
+        raise InputError("--apply and --dry-run contradict each other", fix="give one of them")
     if level is not None and level not in ("nvlink", "node"):
         raise InputError(f"--level {level!r}: use nvlink or node")
     url, ledger = open_existing(state)
