@@ -179,7 +179,7 @@ ARG_CASES: dict[str, str] = {
     # found by a review: these ended in tracebacks, created files, or passed
     "state with an unknown scheme": "ledger show --state etc:http://10.0.0.5:2379",
     "state in a folder that does not exist": "topo refresh --preset hgx-h100 --state MISSING",
-    "defrag --tp 3": "defrag --state STATE --preset hgx-h100 -m llama-3.1-70b --tp 3",
+    "defrag --tp 3": "defrag --state LIVE --preset hgx-h100 -m llama-3.1-70b --tp 3",
     "sidecar --metrics-port 99999": "sidecar --placement plan-0 --plan PLAN --fake steady --iterations 1 "
     "--metrics-port 99999",
     "sidecar --pcie-budget-gbps nan": "sidecar --placement plan-0 --plan PLAN --fake steady --iterations 1 "
@@ -259,9 +259,9 @@ def test_bad_file(command: str, kind: str, run_cli: RunCli, tmp_path: Path, stat
 @pytest.mark.parametrize("case", sorted(ARG_CASES))
 def test_bad_argument(case: str, run_cli: RunCli, tmp_path: Path, state_file: Path, plan_file: Path) -> None:
     missing = tmp_path / "no-such-folder" / "state.sqlite3"
-    live = tmp_path / "live.sqlite3"  # a store that holds a GPU: not a scratch one
+    live = tmp_path / "live.sqlite3"  # a service's store: it holds the GPUs of hgx-h100 (not a scratch one)
     ledger = open_ledger(f"sqlite:{live}")
-    ledger.set_capacity({"n/0": 1 << 30})
+    ledger.set_capacity({f"hgx-h100/{i}": 80 << 30 for i in range(8)})
     ledger.close()
     _check(run_cli, _args(ARG_CASES[case], STATE=state_file, MISSING=missing, PLAN=plan_file, SMI=SMI, LIVE=live))
     assert not missing.parent.exists(), "a read command created state"

@@ -329,21 +329,6 @@ def test_the_default_grace_is_what_launched_engines_get() -> None:
     assert Scenario.model_fields["drain_grace_s"].default == DRAIN_S
 
 
-def _step_until(sim: Simulation, stop: float) -> None:
-    """Apply events (and the retries they ask for) up to ``stop`` seconds, as ``Simulation.loop`` does."""
-    import heapq
-
-    while sim._heap and sim._heap[0][0] < stop:
-        time, _, _, event = heapq.heappop(sim._heap)
-        sim.now = time
-        for follow in event.apply(sim):
-            sim.push(follow)
-        if sim.retry:
-            sim.retry = False
-            for follow in sim.admission.retry(time):
-                sim.push(follow)
-
-
 @pytest.mark.parametrize("second", ["replacement fails", "tenant leaves"])
 def test_a_move_whose_copies_both_go_before_the_replacement_is_up_ends_and_gives_its_gpus_back(second: str) -> None:
     """The old copy's GPU fails while the replacement starts (the replacement takes over its slot), then the
@@ -354,7 +339,7 @@ def test_a_move_whose_copies_both_go_before_the_replacement_is_up_ends_and_gives
     scenario = _crafted(cross_domain=False, defrag_moves_per_window=4).model_copy(update={"instance_startup_s": 10.0})
     sim, _ = _scattered(scenario)
     while sim.admission.defrag is None and sim._heap:  # to the start of the plan
-        _step_until(sim, sim._heap[0][0] + 1e-9)
+        sim.loop(until=sim._heap[0][0] + 1e-9)
     run = sim.admission.defrag
     assert run is not None and run.active
     move = sorted(run.active, key=lambda m: m.old.id)[0]
@@ -363,7 +348,7 @@ def test_a_move_whose_copies_both_go_before_the_replacement_is_up_ends_and_gives
         sim.push(GpuFailure(sim.now + 2.0, move.new.placement.gpu_refs[0], "gpu-down"))
     else:
         sim.push(Departure(sim.now + 2.0, move.old.unit))
-    _step_until(sim, sim.now + 60.0)
+    sim.loop(until=sim.now + 60.0)
     assert move.done and sim.admission.defrag is not run and not run.held
     index = sim.scheduler.index
     assert len(index.info) - len(index.free) - len(sim.scheduler.failed) == sim.gpus_held  # none held back

@@ -15,7 +15,6 @@ from __future__ import annotations
 from typing import Any
 
 import typer
-from pydantic import ValidationError
 from rich.table import Table
 
 from toposched.cli._common import CLUSTER, PRESET, STATE, console, err_console, print_json, source_ref
@@ -28,6 +27,8 @@ from toposched.solver.defrag import DefragPlan, defrag_need, search_defrag, star
 from toposched.solver.request import PlacementRequest
 from toposched.topology.model import Cluster
 from toposched.topology.sources import load_source
+from toposched.workload.catalog import resolve_model
+from toposched.workload.parallel import tp_problem, valid_tps
 
 
 def register(app: typer.Typer) -> None:
@@ -54,12 +55,12 @@ def _need(
     if model is None:
         assert need_gpus is not None
         return need_gpus, level or "nvlink"
-    try:
-        request = PlacementRequest(id="defrag", model=model, allowed_tp=tuple(tp) if tp else None)
-    except ValidationError as exc:
-        problem = exc.errors()[0]["msg"].removeprefix("Value error, ")
-        given = " ".join(map(str, tp or []))
-        raise InputError(f"--tp {given}: {problem}", fix="give a power of two: 1, 2, 4, 8") from None
+    spec = resolve_model(model)
+    for t in tp or []:  # the check `plan --tp` makes
+        problem = tp_problem(spec, t)
+        if problem:
+            raise InputError(f"--tp {t}: {problem}", fix="valid tp: " + ", ".join(map(str, valid_tps(spec))))
+    request = PlacementRequest(id="defrag", model=model, allowed_tp=tuple(tp) if tp else None)
     need, resolved = defrag_need(scheduler, request)
     return need, level or resolved
 

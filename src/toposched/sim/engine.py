@@ -164,8 +164,8 @@ class Simulation:
         self.gpus_available = self.gpus_total - len(scheduler.failed)
         self.gpus_held = 0
         self.hbm_held = 0
-        capacity = {ref: a.capacity_bytes for ref, a in scheduler.ledger.accounts().items()}
-        self.hbm_available = sum(b for ref, b in capacity.items() if ref not in scheduler.failed)
+        self.gpu_capacity = {ref: a.capacity_bytes for ref, a in scheduler.ledger.accounts().items()}
+        self.hbm_available = sum(b for ref, b in self.gpu_capacity.items() if ref not in scheduler.failed)
         self.hbm_series: list[tuple[float, int]] = [(0.0, self.hbm_available)]
         """(time s, HBM bytes of the healthy GPUs), at every failure: ``hbm_utilization``'s denominator."""
         # (time s, GPUs held, cross-domain GB/s of the bookings, GPUs available, HBM bytes held), at every change
@@ -583,11 +583,12 @@ class Simulation:
         span = churn.duration_s if churn is not None else max((r.arrival_s for r in arrivals), default=1.0) * 1.5
         self._sample_every = (span or 1.0) / 400
 
-    def loop(self, progress: Callable[[Simulation], None] | None = None) -> None:
-        """Apply events in (time, priority, seq) order until none is left; then tear down."""
+    def loop(self, progress: Callable[[Simulation], None] | None = None, *, until: float = math.inf) -> None:
+        """Apply events in (time, priority, seq) order until none is left; then tear down. ``until``: stop
+        before the first event at or after this time instead, without tearing down (a test steps a run)."""
         next_sample = 0.0
         heap = self._heap
-        while heap:
+        while heap and heap[0][0] < until:
             time, _, _, event = heapq.heappop(heap)
             self.now = time
             if next_sample <= time <= self.end_s:
@@ -602,7 +603,8 @@ class Simulation:
             self.events_done += 1
             if progress is not None and self.events_done % 4096 == 0:
                 progress(self)
-        self.teardown()
+        if not heap:
+            self.teardown()
 
     def teardown(self) -> None:
         """End of run: every copy is released, the ledger emptied; what never ran is counted."""

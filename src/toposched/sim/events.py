@@ -189,7 +189,7 @@ class GpuFailure(Event):
             victims = sim.scheduler.fail_gpu(self.gpu)
             sim.gpus_available -= int(healthy)
             if healthy:
-                sim.hbm_available -= sim.scheduler.ledger.accounts()[self.gpu].capacity_bytes
+                sim.hbm_available -= sim.gpu_capacity[self.gpu]
                 sim.hbm_series.append((sim.now, sim.hbm_available))
         follow: list[Event] = []
         for pid in victims:
