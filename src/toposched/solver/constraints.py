@@ -20,7 +20,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
-from toposched.solver.request import ConstraintCheck, Placement, PlacementRequest
+from toposched.solver.request import ConstraintCheck, Placement, PlacementRequest, ValueCache
 
 if TYPE_CHECKING:
     from toposched.topology.model import Node
@@ -153,10 +153,18 @@ class CheckContext:
     ttft_ms: float
 
 
+def _make_check(name: str, held: bool, detail: str) -> ConstraintCheck:
+    return ConstraintCheck(name=name, held=held, detail=detail)
+
+
+_check = ValueCache(_make_check)
+"""The checks of one decision repeat those of the last (the same level, capacity, latency): built once."""
+
+
 def _domain_affinity(ctx: CheckContext) -> ConstraintCheck:
     held = ctx.required_level is None or LEVEL_ORDER.index(ctx.level) <= LEVEL_ORDER.index(ctx.required_level)
     required = f" (required {ctx.required_level})" if ctx.required_level else ""
-    return ConstraintCheck(name="domain-affinity", held=held, detail=f"TP groups at level {ctx.level}{required}")
+    return _check("domain-affinity", held, f"TP groups at level {ctx.level}{required}")
 
 
 def _cross_domain_budget(ctx: CheckContext) -> ConstraintCheck:
@@ -167,18 +175,12 @@ def _cross_domain_budget(ctx: CheckContext) -> ConstraintCheck:
         detail = "no traffic between NVLink domains"
     else:
         detail = f"{ctx.cross_gbps:.2f} GB/s between NVLink domains; {share}"
-    return ConstraintCheck(
-        name="cross-domain-budget", held=ctx.cross_gbps <= ctx.budget_left_gbps + 1e-9, detail=detail
-    )
+    return _check("cross-domain-budget", ctx.cross_gbps <= ctx.budget_left_gbps + 1e-9, detail)
 
 
 def _capacity(ctx: CheckContext) -> ConstraintCheck:
     copies = f" after {ctx.expert_copies} hot-expert copies" if ctx.expert_copies else ""
-    return ConstraintCheck(
-        name="capacity",
-        held=ctx.fits,
-        detail=f"{ctx.budget_gib:.2f} GiB per GPU; KV holds {ctx.kv_tokens} tokens{copies}",
-    )
+    return _check("capacity", ctx.fits, f"{ctx.budget_gib:.2f} GiB per GPU; KV holds {ctx.kv_tokens} tokens{copies}")
 
 
 def _slo(ctx: CheckContext) -> ConstraintCheck:
@@ -192,7 +194,7 @@ def _slo(ctx: CheckContext) -> ConstraintCheck:
         + f", TTFT {ctx.ttft_ms:.1f} ms"
         + (f" (SLO {request.slo_ttft_ms:g})" if request.slo_ttft_ms else "")
     )
-    return ConstraintCheck(name="slo", held=held, detail=detail)
+    return _check("slo", held, detail)
 
 
 CHECKS: tuple[Callable[[CheckContext], ConstraintCheck], ...] = (

@@ -113,9 +113,12 @@ class LevelIndex:
         return (self.whole if count == self.size[group] else self.buckets)[count]
 
     def _move(self, group: int, delta: int) -> None:
-        del self._bucket(group)[group]
-        self.free_count[group] += delta
-        self._bucket(group)[group] = None
+        # ``_bucket`` inlined: this runs once per level and group on every take and give
+        count, size = self.free_count[group], self.size[group]
+        del (self.whole if count == size else self.buckets)[count][group]
+        count += delta
+        self.free_count[group] = count
+        (self.whole if count == size else self.buckets)[count][group] = None
         if self.counts is not None:
             self.counts.add(group, delta)
 
@@ -272,8 +275,7 @@ class ClusterIndex:
             bad = next((r for r in refs if r not in free), None) or next(r for r in refs if refs.count(r) > 1)
             raise ValueError(f"GPU {bad} is not free")
         free.difference_update(refs)
-        for index in self.levels.values():
-            index.shift(refs, -1)
+        self._shift(refs, -1)
 
     def give(self, refs: Iterable[str]) -> None:
         """Mark ``refs`` free, all or none (a GPU free already, unknown, or named twice raises)."""
@@ -285,5 +287,19 @@ class ClusterIndex:
             )
             raise ValueError(f"GPU {bad} is free already or unknown")
         free.update(refs)
+        self._shift(refs, +1)
+
+    def _shift(self, refs: list[str], delta: int) -> None:
+        """``LevelIndex.shift`` on every level; one GPU in one group of a level (a one-GPU instance, the
+        most common) is moved directly, without counting the groups touched first (the same move)."""
+        if len(refs) == 1:
+            ref = refs[0]
+            for index in self.levels.values():
+                groups = index.of_gpu.get(ref, ())
+                if len(groups) == 1:
+                    index._move(groups[0], delta)
+                else:
+                    index.shift(refs, delta)
+            return
         for index in self.levels.values():
-            index.shift(refs, +1)
+            index.shift(refs, delta)

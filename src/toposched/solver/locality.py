@@ -543,6 +543,9 @@ def pick_in_group(index: ClusterIndex, candidates: Sequence[str], size: int) -> 
         gpu = info[ref]
         by_node.setdefault(gpu.node, []).append(gpu.index)
         node_order[gpu.node] = gpu.order  # nodes hold contiguous blocks of the cluster order
+    if len(by_node) == 1:  # a group inside one node (the usual case): that node holds every GPU
+        ((node, available),) = by_node.items()
+        return [gpu_ref(node, i) for i in _choice(node_topology(index, node), available, size)]
     for share in per_node_choices(size, 1, [len(v) for v in by_node.values()]):
         fits = [(len(v), node_order[n], n) for n, v in by_node.items() if len(v) >= share]
         count = size // share

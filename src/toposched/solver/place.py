@@ -33,6 +33,7 @@ from toposched.solver.request import (
     Placement,
     PlacementRequest,
     Rank,
+    ValueCache,
 )
 from toposched.topology.domains import gpu_ref
 from toposched.topology.model import Fabric
@@ -250,6 +251,9 @@ def fit_cost(index: ClusterIndex, stages: Sequence[Sequence[str]]) -> tuple[int,
 
 def _layout_problem(index: ClusterIndex, stages: list[list[str]], tp: int) -> str | None:
     refs = [r for stage in stages for r in stage]
+    info = index.info
+    if len({info[r].node for r in refs}) <= 1:
+        return None  # one node holds one block of ranks: always launchable (what layout_problem answers)
     return layout_problem([_R(n, index.info[r].node, index.info[r].index) for n, r in enumerate(refs)], tp)
 
 
@@ -416,17 +420,13 @@ def assess(
             ttft_ms=ttft,
         )
     )
+    info = index.info
     ranks = tuple(
-        Rank(rank=s * option.tp + t, node=index.info[ref].node, gpu=index.info[ref].index, stage=s, tp_rank=t)
+        _rank(s * option.tp + t, info[ref].node, info[ref].index, s, t)
         for s, stage in enumerate(stages)
         for t, ref in enumerate(stage)
     )
-    share = HbmShare(
-        weights=weights,
-        kv=kv_bytes,
-        activations=mem.activation_bytes,
-        workspace=mem.workspace_bytes,
-    )
+    share = _share(weights, kv_bytes, mem.activation_bytes, mem.workspace_bytes)
     placement = Placement(
         id=placement_id,
         request_id=request_id,
@@ -453,6 +453,19 @@ def assess(
         experts=experts,
     )
     return Assessment(placement, placement.check("slo").held, cross)
+
+
+def _make_rank(rank: int, node: str, gpu: int, stage: int, tp_rank: int) -> Rank:
+    return Rank(rank=rank, node=node, gpu=gpu, stage=stage, tp_rank=tp_rank)
+
+
+def _make_share(weights: int, kv: int, activations: int, workspace: int) -> HbmShare:
+    return HbmShare(weights=weights, kv=kv, activations=activations, workspace=workspace)
+
+
+# Ranks and HBM shares repeat from decision to decision (the same GPU, the same model): built once.
+_rank = ValueCache(_make_rank, limit=16_384)
+_share = ValueCache(_make_share)
 
 
 def _experts(request: PlacementRequest, option: DegreeOption) -> ExpertReport | None:

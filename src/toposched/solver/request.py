@@ -8,7 +8,8 @@ domain/node, so "why didn't it fit?" always has an answer.
 
 from __future__ import annotations
 
-from typing import Literal
+from collections.abc import Callable
+from typing import Generic, Literal, TypeVar
 
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
@@ -221,6 +222,33 @@ class Placement(BaseModel):
     @property
     def gpu_refs(self) -> tuple[str, ...]:
         return tuple(f"{r.node}/{r.gpu}" for r in self.ranks)
+
+
+M = TypeVar("M", bound=BaseModel)
+
+
+class ValueCache(Generic[M]):
+    """``make(*key)``, built once per key and shared: for the small frozen values every decision builds
+    again (a rank, a constraint check), whose validation costs more than a dict lookup.
+
+    ``key`` must be everything the value is made of, as str, int and bool (what the model keeps as
+    given), so equal keys make equal values; a key that fails validation is never stored (the next call
+    raises again). At ``limit`` entries the cache starts over.
+    """
+
+    def __init__(self, make: Callable[..., M], limit: int = 4096) -> None:
+        self._make = make
+        self._limit = limit
+        self._values: dict[tuple[object, ...], M] = {}
+
+    def __call__(self, *key: object) -> M:
+        value = self._values.get(key)
+        if value is None:
+            value = self._make(*key)
+            if len(self._values) >= self._limit:
+                self._values.clear()
+            self._values[key] = value
+        return value
 
 
 class Unplaced(BaseModel):

@@ -75,6 +75,29 @@ class Candidate:
     nodes: frozenset[str]
 
 
+_NOT_OPTION_FIELDS = frozenset(
+    {"id", "replicas", "priority", "near", "near_required", "spread_replicas", "allow_cross_domain"}
+)
+"""Request fields that do not change the degree options (``allow_cross_domain`` only changes where an
+option's GPUs may be, not which options there are): left out of ``Scheduler.candidates``' cache key."""
+_OPTION_FIELDS = tuple(name for name in PlacementRequest.model_fields if name not in _NOT_OPTION_FIELDS)
+
+
+def _options_key(request: PlacementRequest) -> object:
+    """``Scheduler.candidates``' cache key: the repr of every field that can change the degree options.
+
+    A plain ``PlacementRequest`` (every field a str, number, bool, None, tuple or dict, so its value is its
+    dump) takes one repr of the values in field order, a third of the cost of a dump and a repr per field
+    on every decision; equal keys still mean equal reprs field by field. Subclasses (which may add nested
+    models or fields) keep the dump.
+    """
+    if type(request) is PlacementRequest:
+        values = request.__dict__
+        return repr([values[name] for name in _OPTION_FIELDS])
+    fields = request.model_dump(exclude=set(_NOT_OPTION_FIELDS))
+    return tuple((k, repr(v)) for k, v in fields.items())
+
+
 class Scheduler:
     """Places instances on one cluster; holds the index, the ledger and the cross-domain budget."""
 
@@ -113,7 +136,7 @@ class Scheduler:
         self.cross_used: dict[str, float] = {}
         self.placements: dict[str, Placement] = {}
         self.rng = random.Random(seed)
-        self._options: dict[tuple[Any, ...], tuple[list[Candidate], list[str]]] = {}
+        self._options: dict[object, tuple[list[Candidate], list[str]]] = {}
         self._cross_of: dict[str, tuple[str, float]] = {}  # placement id -> (SLO class, GB/s)
         self._class_of: dict[str, str] = {}  # request id -> SLO class
         self.node_filters = node_filters(self.index.nodes)
@@ -138,12 +161,7 @@ class Scheduler:
         return max(0.0, min(share - self.cross_used.get(slo_class, 0.0), self.budget_gbps - used_total))
 
     def candidates(self, request: PlacementRequest) -> tuple[list[Candidate], list[str]]:
-        # fields that do not change the degree options stay out of the key (allow_cross_domain only
-        # changes where an option's GPUs may be, not which options there are)
-        fields = request.model_dump(
-            exclude={"id", "replicas", "priority", "near", "near_required", "spread_replicas", "allow_cross_domain"}
-        )
-        key = tuple((k, repr(v)) for k, v in fields.items())
+        key = _options_key(request)
         if key not in self._options:
             dropped: list[str] = []
             by_type: dict[str, set[str]] = {}
@@ -206,6 +224,8 @@ class Scheduler:
     ) -> Callable[[Group], bool]:
         """Which groups this request may use: every node of the group passes every node filter
         (``solver/constraints.py``: GPU type, selectors, racks/zones, spreading, role affinity)."""
+        if self.filters_nothing(request, nodes):
+            return _accept_all  # the common request: no filter can fail, so none runs per group
         ctx = self.filter_context(request, nodes, replica_nodes, near_strict=near_strict)
         filters, by_name = self.node_filters, self.index.nodes
         return lambda group: all(first_failure(filters, ctx, by_name[n]).ok for n in group.nodes)
@@ -468,6 +488,10 @@ class Scheduler:
             free_gpus = [g.index for g in node.gpus if gpu_ref(name, g.index) in self.index.free]
             reasons.append(f"node {name}: {len(free_gpus)} free GPU(s) {free_gpus}, need groups of {need}")
         return reasons
+
+
+def _accept_all(_group: Group) -> bool:
+    return True
 
 
 def _search(
