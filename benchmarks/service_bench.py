@@ -17,6 +17,8 @@ Why the server's CPU: on a machine with few cores the client's own CPU slows the
 per second measure both. ``server ms/pair`` is the server process's CPU (user + system, from ``/proc``)
 over a measured run divided by its pairs: the figure the service is judged by. It includes the
 server's background ticks during the run. ``client ms/pair`` is this process's CPU, for comparison.
+``commits/pair`` (SQLite): the ledger's fsync-ed commits per pair, read from its ``FILE-commits`` mark
+before and after the run: 2 with one commit per change, fewer when group commit shares commits.
 
 Rows: the ``--gpus`` cluster with no other placement at each concurrency, then the ``--live-gpus``
 cluster with no other placement and with ``--live`` placements held (booked before the measured runs)
@@ -237,18 +239,30 @@ def measure_healthz(server: subprocess.Popen[bytes], url: str, count: int, concu
     }
 
 
-def measure(server: subprocess.Popen[bytes], url: str, run: str, pairs: int, concurrency: int) -> dict[str, float]:
-    """One measured run: wall seconds and the server's and this client's CPU."""
+def ledger_commits(mark: Path) -> int:
+    """The SQLite ledger's commit count, from its ``FILE-commits`` mark (written after every commit)."""
+    return int(mark.read_text().split()[2])
+
+
+def measure(
+    server: subprocess.Popen[bytes], url: str, run: str, pairs: int, concurrency: int, mark: Path | None = None
+) -> dict[str, float]:
+    """One measured run: wall seconds, the server's and this client's CPU, and with ``mark`` (SQLite's
+    ``FILE-commits``) the ledger's fsync-ed commits per pair (2 without group commit)."""
+    commits = ledger_commits(mark) if mark is not None else 0
     server_cpu, client_cpu, began = process_cpu_s(server.pid), time.process_time(), time.perf_counter()
     bad = asyncio.run(load(url, run, pairs, concurrency))
     seconds = time.perf_counter() - began
     if bad:
         raise SystemExit(f"{len(bad)} wrong answers, first: {bad[0]}")
-    return {
+    result = {
         "pairs_per_s": pairs / seconds,
         "server_ms": (process_cpu_s(server.pid) - server_cpu) / pairs * 1e3,
         "client_ms": (time.process_time() - client_cpu) / pairs * 1e3,
     }
+    if mark is not None:
+        result["commits_per_pair"] = (ledger_commits(mark) - commits) / pairs
+    return result
 
 
 def bench(
@@ -272,8 +286,10 @@ def bench(
         if backend == "etcd":
             etcd, etcd_url = start_etcd(folder)
             state = f"etcd:{etcd_url}/bench"
+            mark = None
         else:
             state = f"sqlite:{folder / 'state.sqlite3'}"
+            mark = folder / "state.sqlite3-commits"
         server, url = start_server(state, cluster_spec(folder, gpus), folder, profile=profile)
         try:
             bad = asyncio.run(load(url, "held", live, 8, hold=True)) if live else []
@@ -282,7 +298,7 @@ def bench(
             rows = []
             for concurrency in concurrencies:
                 measure(server, url, f"warm-{concurrency}", min(pairs, 100), concurrency)
-                runs = [measure(server, url, f"c{concurrency}-r{r}", pairs, concurrency) for r in range(repeat)]
+                runs = [measure(server, url, f"c{concurrency}-r{r}", pairs, concurrency, mark) for r in range(repeat)]
                 row: dict[str, Any] = {"backend": backend, "gpus": gpus, "live": live, "concurrency": concurrency}
                 row |= {key: statistics.median(r[key] for r in runs) for key in runs[0]}
                 rows.append(row)
@@ -327,17 +343,22 @@ def paired(
                     raise SystemExit(f"booking the live placements ({side}): {bad[0]}")
                 measure(server, url, f"warm-{side}", min(pairs, 100), concurrency)
             ms: dict[str, list[float]] = {"against": [], "this": []}
+            commits: dict[str, list[float]] = {"against": [], "this": []}
             loads = []
             for r in range(repeat):
                 for side in ("against", "this") if r % 2 == 0 else ("this", "against"):
                     server, url = servers[side]
-                    ms[side].append(measure(server, url, f"{side}-r{r}", pairs, concurrency)["server_ms"])
+                    mark = folder / side / "state.sqlite3-commits"
+                    result = measure(server, url, f"{side}-r{r}", pairs, concurrency, mark)
+                    ms[side].append(result["server_ms"])
+                    commits[side].append(result["commits_per_pair"])
                 loads.append(os.getloadavg()[0])
         finally:
             for server, _url in servers.values():
                 stop(server)
     row: dict[str, Any] = {"backend": "sqlite", "gpus": gpus, "live": live, "concurrency": concurrency}
     row |= {f"{side}_server_ms": statistics.median(values) for side, values in ms.items()}
+    row |= {f"{side}_commits": statistics.median(values) for side, values in commits.items()}
     row["ratio"] = statistics.median(t / a for a, t in zip(ms["against"], ms["this"], strict=True))
     row["load_average"] = statistics.median(loads)
     if show:
@@ -347,28 +368,30 @@ def paired(
 
 PAIRED_HEADER = (
     f"{'GPUs':>5} {'live':>5} {'concurrency':>11} {'against ms/pair':>16} {'this ms/pair':>13} {'ratio':>6} "
-    f"{'load avg':>9}"
+    f"{'load avg':>9} {'commits/pair':>13}"
 )
 
 
 def format_paired_row(r: dict[str, Any]) -> str:
+    commits = f"{r['against_commits']:.2f} / {r['this_commits']:.2f}"
     return (
         f"{r['gpus']:>5} {r['live']:>5} {r['concurrency']:>11} {r['against_server_ms']:>16.3f} "
-        f"{r['this_server_ms']:>13.3f} {r['ratio']:>6.2f} {r['load_average']:>9.1f}"
+        f"{r['this_server_ms']:>13.3f} {r['ratio']:>6.2f} {r['load_average']:>9.1f} {commits:>13}"
     )
 
 
 HEADER = (
     f"{'backend':8} {'GPUs':>5} {'live':>5} {'concurrency':>11} {'pairs/s':>8} {'server ms/pair':>15} "
-    f"{'client ms/pair':>15}"
+    f"{'client ms/pair':>15} {'commits/pair':>13}"
 )
 
 
 def format_row(r: dict[str, Any]) -> str:
     """One row; a ``GET /healthz`` row counts requests where the others count pairs."""
+    commits = f"{r['commits_per_pair']:.2f}" if "commits_per_pair" in r else ""
     line = (
         f"{r['backend']:8} {r['gpus']:>5} {r['live']:>5} {r['concurrency']:>11} {r['pairs_per_s']:>8.0f} "
-        f"{r['server_ms']:>15.3f} {r['client_ms']:>15.3f}"
+        f"{r['server_ms']:>15.3f} {r['client_ms']:>15.3f} {commits:>13}"
     )
     return line + "   (GET /healthz: per request)" if r.get("route") == "healthz" else line
 
