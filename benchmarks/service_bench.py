@@ -18,7 +18,7 @@ per second measure both. ``server ms/pair`` is the server process's CPU (user + 
 over a measured run divided by its pairs: the figure the service is judged by. It includes the
 server's background ticks during the run. ``client ms/pair`` is this process's CPU, for comparison.
 ``commits/pair`` (SQLite): the ledger's fsync-ed commits per pair, read from its ``FILE-commits`` mark
-before and after the run: 2 with one commit per change, fewer when group commit shares commits.
+before and after the run (2: one per change; a version that shares commits between changes shows fewer).
 
 Rows: the ``--gpus`` cluster with no other placement at each concurrency, then the ``--live-gpus``
 cluster with no other placement and with ``--live`` placements held (booked before the measured runs)
@@ -248,7 +248,7 @@ def measure(
     server: subprocess.Popen[bytes], url: str, run: str, pairs: int, concurrency: int, mark: Path | None = None
 ) -> dict[str, float]:
     """One measured run: wall seconds, the server's and this client's CPU, and with ``mark`` (SQLite's
-    ``FILE-commits``) the ledger's fsync-ed commits per pair (2 without group commit)."""
+    ``FILE-commits``) the ledger's fsync-ed commits per pair (2: one per change)."""
     commits = ledger_commits(mark) if mark is not None else 0
     server_cpu, client_cpu, began = process_cpu_s(server.pid), time.process_time(), time.perf_counter()
     bad = asyncio.run(load(url, run, pairs, concurrency))

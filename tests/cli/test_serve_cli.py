@@ -20,7 +20,7 @@ def test_help_lists_the_options(run_cli: RunCli) -> None:
     result = run_cli("serve", "--help")
     assert result.exit_code == 0
     flags = ("--host", "--port", "--state", "--preset", "--cluster", "--smi", "--live", "--token-file")
-    for flag in (*flags, "--max-connections", "--header-timeout", "--body-timeout", "--no-group-commit"):
+    for flag in (*flags, "--max-connections", "--header-timeout", "--body-timeout"):
         assert flag in result.stdout, flag
 
 
@@ -82,16 +82,3 @@ def test_a_port_in_use_is_one_line_before_anything_starts(
         result = run_cli("serve", "--preset", "hgx-h100", "--port", str(port), "--state", str(tmp_path / "s.db"))
     assert result.exit_code == 2 and f"cannot listen on 127.0.0.1:{port}" in result.stderr, result.stderr
     assert "serving on" not in result.stderr and not (tmp_path / "s.db").exists()
-
-
-@pytest.mark.parametrize(("flag", "expected"), [(None, True), ("--group-commit", True), ("--no-group-commit", False)])
-def test_group_commit_is_on_unless_turned_off(
-    run_cli: RunCli, monkeypatch: pytest.MonkeyPatch, tmp_path: Path, flag: str | None, expected: bool
-) -> None:
-    seen: list[ServiceConfig] = []
-    monkeypatch.setattr("toposched.cli.serve.run", lambda config, **_kw: seen.append(config))
-    monkeypatch.setenv("TOPOSCHED_API_TOKEN", "test-token-0123456789")
-    args = ["serve", "--preset", "hgx-h100", "--state", f"sqlite:{tmp_path / 's.db'}"]
-    result = run_cli(*args, *([flag] if flag else []))
-    assert result.exit_code == 0, result.stderr
-    assert [c.group_commit for c in seen] == [expected]

@@ -79,12 +79,6 @@ def serve(
     keep_whole_wait: float = typer.Option(
         30.0, "--keep-whole-wait", help="Longest a waiting request is held by --keep-whole-domains (seconds)."
     ),
-    group_commit: bool = typer.Option(
-        True,
-        "--group-commit/--no-group-commit",
-        help="SQLite: commit the changes of requests served together with one fsync, each answer held until "
-        "its change is on disk (off: one fsync-ed commit per change).",
-    ),
     log_level: str = typer.Option("warning", "--log-level", help="uvicorn log level."),
     profile: Path | None = PROFILE,
 ) -> None:
@@ -116,7 +110,6 @@ def serve(
                 "body_timeout_s": body_timeout,
                 "keep_whole_domains": keep_whole_domains,
                 "keep_whole_wait_s": keep_whole_wait,
-                "group_commit": group_commit,
             }
         )
     except ValidationError as exc:

@@ -69,7 +69,7 @@ import sqlite3
 import threading
 import uuid
 import zlib
-from collections.abc import Callable, Iterator, Mapping, Sequence
+from collections.abc import Iterator, Mapping, Sequence
 from contextlib import contextmanager, suppress
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -199,19 +199,6 @@ class _Known:
     """The values of the audit rows this connection committed, oldest first (as ``_checked`` returns them)."""
 
 
-@dataclass(frozen=True)
-class GroupHooks:
-    """Group commit (``SqliteLedger.group_commit``): how the ledger tells its owner about a group.
-
-    ``opened()``: the first change of a group is in the open transaction (called on the group's thread,
-    with the ledger's lock held: schedule ``flush``, do not call it from here); ``settled(error)``: the
-    group's transaction ended, committed (``None``) or rolled back (the ``StateError``), from whichever
-    thread ended it. Until it settles, no answer that depends on a change of the group may be given."""
-
-    opened: Callable[[], None]
-    settled: Callable[[StateError | None], None]
-
-
 class SqliteLedger:
     """A ledger in a SQLite file. The constructor does no I/O; the file is opened on first use."""
 
@@ -244,11 +231,6 @@ class SqliteLedger:
         """The length of the line last written through ``_mark_fd`` (-1: truncate at the next write)."""
         self._mark_ino = -1
         """The inode ``_mark_fd`` writes: another at the path (deleted, replaced) makes it open that one."""
-        self._group: GroupHooks | None = None
-        """Group commit's hooks (``group_commit``): changes on ``_group_thread`` leave the transaction open."""
-        self._group_thread = 0
-        self._group_dirty = False
-        """The open group's transaction changed rows (its commit counts and fsyncs)."""
 
     @property
     def mark_path(self) -> Path:
@@ -438,9 +420,6 @@ class SqliteLedger:
             yield from self._run(conn, write=write)
 
     def _run(self, conn: sqlite3.Connection, *, write: bool) -> Iterator[tuple[sqlite3.Connection, float]]:
-        if conn.in_transaction:  # a group's transaction is open (group commit): this call joins it
-            yield from self._run_in_group(conn, write=write)
-            return
         commits: int | None = None
         try:
             conn.execute("BEGIN IMMEDIATE" if write else "BEGIN")
@@ -452,12 +431,7 @@ class SqliteLedger:
                     if known.expiry_floor <= now:
                         self._sweep(conn, now, known)
                 yield conn, now
-                changed = write and conn.total_changes != before
-                if changed and self._group is not None and self._defers():
-                    self._group.opened()  # the transaction stays open: ``flush`` commits the group
-                    self._group_dirty = True
-                    return
-                if changed:
+                if write and conn.total_changes != before:
                     known.commits += 1
                     self._put_meta(conn, "commits", str(known.commits))
                     commits = known.commits
@@ -473,114 +447,6 @@ class SqliteLedger:
             raise self._damaged(str(exc)) from exc
         if commits is not None:
             self._write_mark(self._ledger_id, commits)
-
-    def _run_in_group(self, conn: sqlite3.Connection, *, write: bool) -> Iterator[tuple[sqlite3.Connection, float]]:
-        """``_run`` inside the open group's transaction: a change runs in a savepoint, so one that fails is
-        undone alone; the group is lost (rolled back whole, ``settled`` told) only when SQLite ended the
-        transaction or undoing the change failed. A change from another thread than the group's is
-        committed before it returns, with the group's changes."""
-        intact = True  # the group's earlier changes are still in the transaction
-        try:
-            now = float(self._clock()) + 0.0
-            if not write:
-                yield conn, now
-                return
-            conn.execute("SAVEPOINT change")
-            try:
-                before = conn.total_changes
-                known = self._know(conn)
-                if known.expiry_floor <= now:
-                    self._sweep(conn, now, known)
-                yield conn, now
-                conn.execute("RELEASE change")
-            except BaseException:
-                self._known = None
-                intact = False
-                if conn.in_transaction:
-                    conn.execute("ROLLBACK TO change")
-                    conn.execute("RELEASE change")
-                    intact = True
-                raise
-            self._group_dirty |= conn.total_changes != before
-        except (sqlite3.Error, _Damaged) as exc:
-            error = self._fail(exc) if isinstance(exc, sqlite3.Error) else self._damaged(str(exc))
-            if not (intact and conn.in_transaction):
-                self._lose_group(error)
-            raise error from exc
-        if not self._defers():
-            self.flush()
-
-    # ------------------------------------------------------------------------------ group commit
-
-    def group_commit(self, hooks: GroupHooks | None) -> None:
-        """Turn group commit on for the calling thread (``hooks``) or off (``None``: the open group is
-        committed first).
-
-        With it on, a change made on that thread leaves its transaction open; later changes join it (each in
-        a savepoint) until ``flush`` commits them all with one fsync. The group's owner (the service's event
-        loop) calls ``flush`` soon after ``hooks.opened`` and gives no answer that depends on a change before
-        ``hooks.settled`` reports the group committed. Reads in between see the group's changes, as they
-        would after the commit. The group holds the file's write lock until it settles: other processes
-        wait for it as for any writer (``busy_timeout_s``). Calls from other threads, and ``close``, commit
-        the open group first."""
-        with self._lock:
-            if hooks is None:
-                self.flush()
-            self._group = hooks
-            self._group_thread = threading.get_ident()
-
-    def _defers(self) -> bool:
-        return self._group is not None and threading.get_ident() == self._group_thread
-
-    def flush(self) -> None:
-        """Commit the open group's transaction, with one fsync (nothing when no group is open).
-
-        ``StateError`` when the commit fails: every change of the group is undone, and ``settled`` says so."""
-        with self._lock:
-            conn = self._conn
-            if conn is None or self._pid != os.getpid() or not conn.in_transaction:
-                return
-            commits: int | None = None
-            try:
-                if self._group_dirty:
-                    known = self._know(conn)
-                    known.commits += 1
-                    self._put_meta(conn, "commits", str(known.commits))
-                    commits = known.commits
-                conn.execute("COMMIT")
-            except BaseException as exc:
-                if isinstance(exc, sqlite3.Error):
-                    error = self._fail(exc)
-                elif isinstance(exc, _Damaged):
-                    error = self._damaged(str(exc))
-                else:
-                    error = StateError(f"the commit of the ledger file {self.path} was interrupted ({exc!r})")
-                self._lose_group(error)
-                if isinstance(exc, (sqlite3.Error, _Damaged)):
-                    raise error from exc
-                raise
-            self._group_dirty = False
-            if commits is not None:
-                self._write_mark(self._ledger_id, commits)
-            if self._group is not None:
-                self._group.settled(None)
-
-    def _lose_group(self, error: StateError) -> None:
-        """Roll the open group back whole and tell its owner (``settled``)."""
-        conn = self._conn
-        self._known = None
-        self._decoded = {}
-        self._group_dirty = False
-        if conn is not None and conn.in_transaction:
-            with suppress(sqlite3.Error):
-                conn.execute("ROLLBACK")
-            if conn.in_transaction:  # closing undoes it: its changes must not ride along with a later commit
-                with suppress(sqlite3.Error):
-                    conn.close()
-                self._conn = None
-                self._close_mark()
-        if self._group is not None:
-            self._group.settled(error)
 
     @staticmethod
     def _put_meta(conn: sqlite3.Connection, key: str, value: str) -> None:
@@ -845,10 +711,6 @@ class SqliteLedger:
 
     def close(self) -> None:
         with self._lock:
-            try:
-                self.flush()
-            except StateError as exc:  # the group's owner learns it from ``settled``
-                log.warning("closing the ledger: %s", exc.message)
             if self._conn is not None and self._pid == os.getpid():
                 self._conn.close()
             self._close_mark()

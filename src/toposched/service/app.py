@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import json
 from collections.abc import AsyncIterator, Mapping
 from importlib import resources
 from typing import Any
@@ -24,20 +23,9 @@ from starlette.exceptions import HTTPException
 from toposched import __version__
 from toposched.errors import InputError, StateError, ToposchedError
 from toposched.service.api import ERRORS, build_router, on_worker
-from toposched.service.commits import GroupCommit
 from toposched.service.config import ServiceConfig
 from toposched.service.extender import EXTENDER_PREFIX, build_extender, drop_validation_answer
-from toposched.service.guards import (
-    TOO_LARGE,
-    BearerAuth,
-    BodyLimit,
-    BodyTooLarge,
-    Message,
-    Receive,
-    Scope,
-    Send,
-    too_large,
-)
+from toposched.service.guards import TOO_LARGE, BearerAuth, BodyLimit, BodyTooLarge, Receive, Scope, Send, too_large
 from toposched.service.hot import HotRoutes
 from toposched.service.metrics import build_registry
 from toposched.service.schemas import ErrorOut, HealthOut, ReadyOut
@@ -88,43 +76,17 @@ def http_error(request: Request, exc: HTTPException) -> JSONResponse:
     return error_response(exc.status_code, "failed", str(exc.detail), exc.headers)
 
 
-def durable_send(commits: GroupCommit, send: Send) -> Send:
-    """``send`` for one request under group commit: its answer goes out once the ledger group open when the
-    answer starts has committed; when that group was undone, a 503 in the error shape instead."""
-    replaced = False
-
-    async def durable(message: Message) -> None:
-        nonlocal replaced
-        if message["type"] == "http.response.start" and commits.pending is not None:
-            error = await asyncio.shield(commits.pending)
-            if error is not None:
-                replaced = True
-                body = json.dumps({"error": "state unavailable", "detail": error.message}).encode()
-                headers = [(b"content-type", b"application/json"), (b"content-length", str(len(body)).encode())]
-                await send({"type": "http.response.start", "status": 503, "headers": headers})
-                await send({"type": "http.response.body", "body": body})
-                return
-        if not replaced:  # (else the body of the answer the 503 replaced)
-            await send(message)
-
-    return durable
-
-
 class ServiceApp(FastAPI):
     """FastAPI with ``hot.HotRoutes`` in front: the create and delete requests that are plainly right are
     answered there, by the routes' own code, without the middleware, routing and dependency layers."""
 
     hot: HotRoutes | None = None
-    commits: GroupCommit | None = None
-    """The ledger's group commit while the app runs (SQLite): every answer waits for its changes' commit."""
     hot_layers = 0
     """``len(user_middleware)`` when ``hot`` was set: a middleware added after ``create_app`` (an audit
     log, another check) must see every request, so the hot routes step aside, as they do when a
     dependency is overridden."""
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
-        if self.commits is not None and scope["type"] == "http":
-            send = durable_send(self.commits, send)
         if self.hot is None or len(self.user_middleware) != self.hot_layers or self.dependency_overrides:
             await super().__call__(scope, receive, send)
         else:
@@ -144,7 +106,6 @@ def create_app(config: ServiceConfig, state: ServiceState | None = None) -> Fast
     async def lifespan(_app: FastAPI) -> AsyncIterator[None]:
         if not state.ready:
             await on_worker(state, state.open)
-        app.commits = state.group_commit(asyncio.get_running_loop())
         ticker = asyncio.create_task(_tick_forever(state))
         try:
             yield
@@ -152,11 +113,7 @@ def create_app(config: ServiceConfig, state: ServiceState | None = None) -> Fast
             ticker.cancel()
             with contextlib.suppress(asyncio.CancelledError):
                 await ticker
-            try:
-                if app.commits is not None:
-                    app.commits.stop()  # commits the open group
-            finally:
-                await on_worker(state, state.close)
+            await on_worker(state, state.close)
             state.worker.shutdown(wait=False)
 
     app = ServiceApp(

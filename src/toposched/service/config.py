@@ -61,10 +61,6 @@ class ServiceConfig(BaseModel):
     """Most requests waiting in the admission queue (429 above it)."""
     max_wait_s: float = Field(default=60.0, ge=0, le=3600)
     """Longest a request may ask to wait in the admission queue (``wait_s``)."""
-    group_commit: bool = True
-    """SQLite: commit the ledger changes of the requests the event loop runs in one turn together, with one
-    fsync, and hold each answer until its change is on disk (``service/commits.py``); False: one fsync-ed
-    commit per change, as the CLI does."""
     commit_retries: int = Field(default=8, ge=1, le=100)
     """How often a decision the ledger refused (another replica took a GPU) is resynced and retried."""
     follow_interval_s: float = Field(default=1.0, gt=0, le=60)

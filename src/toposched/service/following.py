@@ -45,9 +45,6 @@ class Following(ReplicaCore):
         only once the resync worked: entries read while the ledger cannot be read whole are read again next
         time, so no change is skipped.
         """
-        if self._must_resync:  # a group commit was undone: this replica's view is ahead of the ledger
-            self.resync()
-            return True
         entries = self.ledger.audit(since=self._seq)
         if not entries:
             return False
@@ -61,7 +58,6 @@ class Following(ReplicaCore):
         """Whether the background tick must read every reservation (``resync``) rather than ``follow``."""
         return bool(
             self._failed_syncs  # a failed read (a damaged row) is read again until it works
-            or self._must_resync  # a group commit was undone (``commit_lost``)
             or self.stranded  # releases to retry: the sweep does them
             or self.clock() >= self._next_resync
             or (self._stale_at is not None and self.ledger_clock() > self._stale_at)
@@ -111,7 +107,6 @@ class Following(ReplicaCore):
             self._seq = max(self._seq, max(e.seq for e in entries))
         self.counters.resyncs += 1
         self._next_resync = self.clock() + self.config.resync_interval_s
-        self._must_resync = False
 
     def _sweep(self, live: dict[str, Reservation]) -> dict[str, Reservation]:
         """Release the bookings of incomplete requests that nobody will finish; returns what stays live.
@@ -192,8 +187,6 @@ class Following(ReplicaCore):
 
     def _save(self, cluster: Cluster, source: SourceRef) -> StoredTopology:
         if self._store is not None:
-            if self._guard is not None:  # the store writes the same file: the ledger's open group would lock it out
-                self._guard.flush()
             return self._store.save(cluster, source)
         from toposched.topology.domains import build_domain_map
 

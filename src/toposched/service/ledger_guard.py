@@ -47,18 +47,6 @@ class GuardedLedger:
                 other = True
         return other
 
-    def forget_own(self) -> None:
-        """Forget the records of own changes and bookings (a group commit undid changes made since the last
-        commit): an own entry still to be read then counts as another replica's, which costs a resync."""
-        self._mine.clear()
-        self.booked.clear()
-
-    def flush(self) -> None:
-        """Commit the inner ledger's open group (group commit; a no-op for a ledger without it)."""
-        flush = getattr(self.inner, "flush", None)
-        if flush is not None:
-            flush()
-
     # ------------------------------------------------------------------ the Ledger interface
 
     def set_capacity(self, capacities: Mapping[str, int]) -> None:

@@ -117,8 +117,6 @@ class ReplicaCore:
         """``clock`` time of the background's next full resync (the safety net; ``Following.resync_due``)."""
         self._stale_at: float | None = None
         """Ledger time after which the oldest incomplete request the last full read found turns stale."""
-        self._must_resync = False
-        """A group of ledger changes was undone (``commit_lost``): resync before the next decision."""
         self.defrag_limiter = DefragLimiter(config.defrag_moves_per_window, config.defrag_window_s)
         self.head_plan: HeadPlan | None = None
         """The queue head's defragmentation plan, recomputed at most every ``defrag_plan_interval_s``."""
@@ -144,15 +142,6 @@ class ReplicaCore:
 
     def new_id(self) -> str:
         return uuid.uuid4().hex[:16]
-
-    def commit_lost(self, error: StateError) -> None:
-        """A group commit failed and SQLite undid its changes (``service/commits.py``): what this replica
-        believes it booked or released since the last commit is not so. Forget its own-change records and
-        resync before the next decision (``Following.follow``) or tick."""
-        self._must_resync = True
-        if self._guard is not None:
-            self._guard.forget_own()
-        self.last_error = f"a ledger commit failed: {error.message}"
 
     def drain_after(self, what: str) -> None:
         """``drain`` after a change that already happened (a release, a request queued): a failure to serve

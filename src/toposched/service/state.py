@@ -13,14 +13,10 @@ distinct error, counts it, keeps the reason in ``last_error`` (what /readyz answ
 
 from __future__ import annotations
 
-import asyncio
-
 from toposched.errors import InputError, StateError, ToposchedError
 from toposched.ledger.base import Ledger, capacities_from_cluster, open_ledger
 from toposched.ledger.etcd import split_url
-from toposched.ledger.sqlite import SqliteLedger
 from toposched.service.admission import Admission, Waiting
-from toposched.service.commits import GroupCommit
 from toposched.service.deciding import check_policy
 from toposched.service.ledger_guard import GuardedLedger
 from toposched.service.records import Decision, ServiceScheduler
@@ -98,16 +94,6 @@ class ServiceState(Admission, Reporting):
             return capacities_from_cluster(cluster, default_gib=default_gib)
         except ValueError as exc:
             raise InputError(str(exc), fix="pass --gpu TYPE (e.g. H100-SXM)") from exc
-
-    def group_commit(self, loop: asyncio.AbstractEventLoop) -> GroupCommit | None:
-        """Group commit on ``loop``'s thread (``service/commits.py``) when the ledger runs there (SQLite) and
-        ``config.group_commit`` is on; None otherwise. Call it on the loop, after ``open``."""
-        inner = self._guard.inner if self._guard is not None else None
-        if not (self.config.group_commit and self.inline and isinstance(inner, SqliteLedger)):
-            return None
-        commits = GroupCommit(inner, self, loop)
-        commits.start()
-        return commits
 
     def close(self) -> None:
         """Close the ledger and the topology store (call it on the worker: ``call(state.close)``)."""
