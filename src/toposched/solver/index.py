@@ -18,7 +18,7 @@ engines that claim a fixed fraction of HBM do.
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Iterator
+from collections.abc import Iterable, Iterator, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass
 
@@ -130,10 +130,16 @@ class LevelIndex:
         for g in self.of_gpu.get(ref, ()):
             self._move(g, +1)
 
-    def shift(self, refs: Iterable[str], delta: int) -> None:
+    def shift(self, refs: Sequence[str], delta: int) -> None:
         """Take (``delta`` -1) or give (+1) each of ``refs``: one bucket move per group touched, not per
-        GPU (a TP8 placement moves its node's group once per level instead of eight times)."""
+        GPU (a TP8 placement moves its node's group once per level instead of eight times). One GPU in
+        one group (a one-GPU instance, the most common) moves that group without counting first."""
         of_gpu = self.of_gpu
+        if len(refs) == 1:
+            groups = of_gpu.get(refs[0], ())
+            if len(groups) == 1:
+                self._move(groups[0], delta)
+                return
         counts: dict[int, int] = {}
         for ref in refs:
             for g in of_gpu.get(ref, ()):
@@ -275,7 +281,8 @@ class ClusterIndex:
             bad = next((r for r in refs if r not in free), None) or next(r for r in refs if refs.count(r) > 1)
             raise ValueError(f"GPU {bad} is not free")
         free.difference_update(refs)
-        self._shift(refs, -1)
+        for index in self.levels.values():
+            index.shift(refs, -1)
 
     def give(self, refs: Iterable[str]) -> None:
         """Mark ``refs`` free, all or none (a GPU free already, unknown, or named twice raises)."""
@@ -287,19 +294,5 @@ class ClusterIndex:
             )
             raise ValueError(f"GPU {bad} is free already or unknown")
         free.update(refs)
-        self._shift(refs, +1)
-
-    def _shift(self, refs: list[str], delta: int) -> None:
-        """``LevelIndex.shift`` on every level; one GPU in one group of a level (a one-GPU instance, the
-        most common) is moved directly, without counting the groups touched first (the same move)."""
-        if len(refs) == 1:
-            ref = refs[0]
-            for index in self.levels.values():
-                groups = index.of_gpu.get(ref, ())
-                if len(groups) == 1:
-                    index._move(groups[0], delta)
-                else:
-                    index.shift(refs, delta)
-            return
         for index in self.levels.values():
-            index.shift(refs, delta)
+            index.shift(refs, +1)

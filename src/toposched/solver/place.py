@@ -254,7 +254,7 @@ def _layout_problem(index: ClusterIndex, stages: list[list[str]], tp: int) -> st
     info = index.info
     if len({info[r].node for r in refs}) <= 1:
         return None  # one node holds one block of ranks: always launchable (what layout_problem answers)
-    return layout_problem([_R(n, index.info[r].node, index.info[r].index) for n, r in enumerate(refs)], tp)
+    return layout_problem([_R(n, info[r].node, info[r].index) for n, r in enumerate(refs)], tp)
 
 
 @dataclass(frozen=True)
