@@ -92,7 +92,7 @@ class LevelIndex:
         for i, g in enumerate(groups):
             for ref in g.gpus:
                 self.of_gpu.setdefault(ref, []).append(i)
-        self.free_count = [sum(1 for ref in g.gpus if ref in free) for g in groups]
+        self.free_count = [len(free.intersection(g.gpus)) for g in groups]  # (refs are distinct in a group)
         self.size = [len(g.gpus) for g in groups]
         self.max_size = max(self.size, default=0)
         self.keep_whole = False

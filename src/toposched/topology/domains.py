@@ -17,6 +17,7 @@ when it is stored (see ``store.py``).
 
 from __future__ import annotations
 
+import functools
 import hashlib
 from collections.abc import Iterable, Iterator
 from typing import Literal
@@ -117,41 +118,59 @@ def _maximal_cliques(adjacency: dict[int, set[int]]) -> Iterator[set[int]]:
     yield from expand(set(), set(adjacency), set())
 
 
-def _node_domains(node: Node) -> list[NVLinkDomain]:
-    nv_links = [link for link in node.links if link.kind is LinkKind.NVLINK]
-    members = sorted({i for link in nv_links for i in (link.a, link.b)})
-    domains = []
-    for n, component in enumerate(c for c in _components(members, [(x.a, x.b) for x in nv_links]) if len(c) > 1):
+_DomainShape = tuple[str, tuple[int, ...], tuple[tuple[int, ...], ...], int]
+"""One NVLink domain of a node in GPU indices: kind, members, maximal cliques (in ``_node_domains``'s
+order), fewest lanes."""
+
+
+@functools.lru_cache(maxsize=256)
+def _domain_shapes(nvswitch: bool | None, nv_links: tuple[tuple[int, int, int], ...]) -> tuple[_DomainShape, ...]:
+    """The NVLink domains of a node with these NVLink links ``(a, b, lanes)`` and NVSwitch flag.
+
+    A pure function of its arguments, kept for the nodes of one shape (a cluster of 8,192 HGX nodes finds
+    the cliques of one 8-GPU graph once instead of 8,192 times: issue 17's build)."""
+    members = sorted({i for a, b, _lanes in nv_links for i in (a, b)})
+    shapes: list[_DomainShape] = []
+    for component in (c for c in _components(members, [(a, b) for a, b, _lanes in nv_links]) if len(c) > 1):
         inside = set(component)
         adjacency: dict[int, set[int]] = {v: set() for v in component}
         lanes = []
-        for link in nv_links:
-            if link.a in inside:
-                adjacency[link.a].add(link.b)
-                adjacency[link.b].add(link.a)
-                lanes.append(link.nvlinks)
+        for a, b, count in nv_links:
+            if a in inside:
+                adjacency[a].add(b)
+                adjacency[b].add(a)
+                lanes.append(count)
+        # ordered as the GPU refs are (largest first, then by the refs, which compare as the indices' text:
+        # every ref of one node starts with the same "node/")
         cliques = sorted(
-            (tuple(gpu_ref(node.name, i) for i in sorted(c)) for c in _maximal_cliques(adjacency) if len(c) > 1),
-            key=lambda c: (-len(c), c),
+            (tuple(sorted(c)) for c in _maximal_cliques(adjacency) if len(c) > 1),
+            key=lambda c: (-len(c), tuple(str(i) for i in c)),
         )
         full = len(cliques) == 1 and len(cliques[0]) == len(component)
         if len(component) == 2:
-            kind: DomainKind = "bridge" if node.nvswitch is not True else "nvswitch"
-        elif full and node.nvswitch is not False:
-            kind = "nvswitch" if node.nvswitch or len(component) > 4 else "mesh"
+            kind: DomainKind = "bridge" if nvswitch is not True else "nvswitch"
+        elif full and nvswitch is not False:
+            kind = "nvswitch" if nvswitch or len(component) > 4 else "mesh"
         else:
             kind = "mesh"
-        domains.append(
-            NVLinkDomain(
-                id=f"{node.name}/nv{n}",
-                kind=kind,
-                nodes=(node.name,),
-                gpus=tuple(gpu_ref(node.name, i) for i in component),
-                cliques=tuple(cliques),
-                min_nvlinks=min(lanes),
-            )
+        shapes.append((kind, tuple(component), tuple(cliques), min(lanes)))
+    return tuple(shapes)
+
+
+def _node_domains(node: Node) -> list[NVLinkDomain]:
+    nv_links = tuple((link.a, link.b, link.nvlinks) for link in node.links if link.kind is LinkKind.NVLINK)
+    name = node.name
+    return [
+        NVLinkDomain(
+            id=f"{name}/nv{n}",
+            kind=kind,
+            nodes=(name,),
+            gpus=tuple(gpu_ref(name, i) for i in component),
+            cliques=tuple(tuple(gpu_ref(name, i) for i in clique) for clique in cliques),
+            min_nvlinks=lanes,
         )
-    return domains
+        for n, (kind, component, cliques, lanes) in enumerate(_domain_shapes(node.nvswitch, nv_links))
+    ]
 
 
 def build_domain_map(cluster: Cluster) -> DomainMap:
@@ -195,11 +214,14 @@ def build_domain_map(cluster: Cluster) -> DomainMap:
         for n, component in enumerate(c for c in _components(pix_members, pix) if len(c) > 1):
             refs = tuple(gpu_ref(node.name, i) for i in component)
             pcie_groups.append(GpuGroup(id=f"{node.name}/pcie{n}", node=node.name, gpus=refs))
+        paths: dict[int, list[tuple[int, str]]] = {}  # GPU index -> (rank, NIC), in nic_links' order
+        for nl in node.nic_links:
+            paths.setdefault(nl.gpu, []).append((nl.kind.rank, nl.nic))
         for gpu in node.gpus:
-            paths = [nl for nl in node.nic_links if nl.gpu == gpu.index]
-            if paths:
-                best = min(nl.kind.rank for nl in paths)
-                nearest[gpu_ref(node.name, gpu.index)] = tuple(nl.nic for nl in paths if nl.kind.rank == best)
+            mine = paths.get(gpu.index)
+            if mine:
+                best = min(rank for rank, _nic in mine)
+                nearest[gpu_ref(node.name, gpu.index)] = tuple(nic for rank, nic in mine if rank == best)
     gpu_domain: dict[str, str | None] = {gpu_ref(n.name, g.index): None for n in cluster.nodes for g in n.gpus}
     for domain in domains:
         for ref in domain.gpus:
