@@ -48,7 +48,13 @@ RULES = REPO / "deploy" / "prometheus" / "toposched-rules.yml"
 DOCKERFILE = REPO / "deploy" / "Dockerfile"
 K8S_VERSION = kubernetes_validate.utils.latest_version()
 TOKEN = "manifest-test-token-0123456789"
-SECRETS = {"toposched-api-token": {"token": TOKEN}}
+REPORT_TOKEN = "manifest-report-token-0123456789"
+READ_TOKEN = "manifest-read-token-0123456789"
+SECRETS = {
+    "toposched-api-token": {"token": TOKEN},
+    "toposched-report-token": {"token": REPORT_TOKEN},
+    "toposched-read-token": {"token": READ_TOKEN},
+}
 """The Secrets the operator creates (never in the repository), with stand-in values."""
 IMAGE = "registry.example.invalid/toposched:0.1.0"
 SIDECAR_NAME = "toposched-sidecar"
@@ -438,8 +444,15 @@ def test_objects_refer_to_each_other(trial: list[Obj]) -> None:
     assert selects(monitor["spec"]["selector"], service["metadata"]["labels"])
     (endpoint,) = monitor["spec"]["endpoints"]
     assert endpoint["port"] in {p["name"] for p in service["spec"]["ports"]} and endpoint["path"] == "/metrics"
-    (secret,) = [v["secret"] for v in spec["volumes"] if "secret" in v]
-    assert endpoint["authorization"]["credentials"] == {"name": secret["secretName"], "key": secret["items"][0]["key"]}
+    # ... with the read token (it may only GET), the Secret mounted where --read-token-file reads
+    mounts = {m["name"]: m["mountPath"] for m in container["volumeMounts"]}
+    secrets = {v["secret"]["secretName"]: v for v in spec["volumes"] if "secret" in v}
+    read = secrets["toposched-read-token"]
+    assert endpoint["authorization"]["credentials"] == {
+        "name": "toposched-read-token",
+        "key": read["secret"]["items"][0]["key"],
+    }
+    assert f"--read-token-file={mounts[read['name']]}/{read['secret']['items'][0]['path']}" in container["args"]
     # the NetworkPolicies: toposched's pods take Prometheus, the scheduler and clients; etcd only toposched
     for policy in (o for o in trial if o["kind"] == "NetworkPolicy"):
         target = one(trial, "StatefulSet") if "etcd" in policy["metadata"]["name"] else deployment
@@ -473,7 +486,8 @@ def assert_locked(container: Obj) -> None:
     for var in container.get("env", []):
         if re.search("TOKEN|PASSWORD|SECRET", var["name"]):
             assert "secretKeyRef" in var.get("valueFrom", {}), f"{name}: {var['name']} is not from a Secret"
-    assert not [a for a in container.get("args", []) if "token" in a.lower() and not a.startswith("--token-file=")]
+    token_files = ("--token-file=", "--report-token-file=", "--read-token-file=")
+    assert not [a for a in container.get("args", []) if "token" in a.lower() and not a.startswith(token_files)]
 
 
 def test_image_matches_the_manifests(base: list[Obj]) -> None:
@@ -519,6 +533,7 @@ def test_service_args_run_the_real_cli(
     (config,) = started
     state = next(o for o in base if o["kind"] == "ConfigMap" and "state" in o["data"])["data"]["state"]
     assert (config.token, config.state, config.replica) == (TOKEN, state, pod.name)
+    assert (config.report_token, config.read_token) == (REPORT_TOKEN, READ_TOKEN)
     assert config.state.startswith("etcd:") and config.open_extender is True
     assert (config.host, config.port) == ("0.0.0.0", template["spec"]["containers"][0]["ports"][0]["containerPort"])
     cluster = load_source(config.source).cluster  # the example cluster spec in the ConfigMap loads
@@ -565,6 +580,10 @@ def _check_service(url: str, trial: list[Obj], container: Obj, server: _Process)
     assert metrics.status_code == 200
     assert [s for s in SIGNAL_NAMES if f"# TYPE {s} gauge" not in metrics.text] == []
     assert httpx.get(url + monitor["path"], timeout=5).status_code == 401
+    # the scrape's token may only read: booking with it is refused
+    body = {"model": "llama-3.1-8b"}
+    booking = httpx.post(f"{url}/v1/placements", json=body, headers={"Authorization": f"Bearer {token}"}, timeout=5)
+    assert booking.status_code == 403
     # --open-extender: kube-scheduler's call needs no token
     args = {"Pod": {"metadata": {"name": "p"}, "spec": {"containers": []}}, "NodeNames": ["gpu-node-00"]}
     assert httpx.post(f"{url}/v1/extender/filter", json=args, timeout=5).json()["NodeNames"] == ["gpu-node-00"]
@@ -669,6 +688,9 @@ def test_sidecar_component_on_launched_engines(
             pod = Pod(objects, template, containers[SIDECAR_NAME], tmp_path / f"pod{runs}", node=node_of(template))
             argv = pod.argv()
             assert argv[0] == "sidecar"
+            # the sidecar holds the report token, never the API token (which books and releases GPUs)
+            env = pod.env()
+            assert env["TOPOSCHED_REPORT_TOKEN"] == REPORT_TOKEN and "TOPOSCHED_API_TOKEN" not in env
             result = run_cli(*argv, "--fake", "steady", "--iterations", "1")
             assert result.exit_code == 0, result.stderr
             (check,) = [e for e in map(yaml.safe_load, result.stdout.splitlines()) if e["event"] == "check"]

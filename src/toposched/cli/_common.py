@@ -99,13 +99,18 @@ def source_ref(
 
 
 TOKEN_ENV = "TOPOSCHED_API_TOKEN"
+REPORT_TOKEN_ENV = "TOPOSCHED_REPORT_TOKEN"
+"""The token that may only post sidecar reports (``serve --report-token-file``; the sidecar reads it first)."""
+READ_TOKEN_ENV = "TOPOSCHED_READ_TOKEN"
+"""The token that may only read (``serve --read-token-file``)."""
 
 
-def read_token(token_file: Path | None) -> str | None:
-    """The API token: ``--token-file`` first, then ``$TOPOSCHED_API_TOKEN``; surrounding blanks dropped."""
+def read_token(token_file: Path | None, *, env: str = TOKEN_ENV, flag: str = "--token-file") -> str | None:
+    """A token: the file ``flag`` names first, then ``$env`` (the API token's by default); surrounding blanks
+    dropped."""
     if token_file is not None:
-        text = read_text(token_file, what="--token-file", max_bytes=64 * 1024).strip()
+        text = read_text(token_file, what=flag, max_bytes=64 * 1024).strip()
         if not text:
-            raise InputError(f"--token-file {token_file} is empty", fix="write the token into it")
+            raise InputError(f"{flag} {token_file} is empty", fix="write the token into it")
         return text
-    return os.environ.get(TOKEN_ENV, "").strip() or None
+    return os.environ.get(env, "").strip() or None

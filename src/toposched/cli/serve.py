@@ -14,6 +14,8 @@ from toposched.cli._common import (
     LIVE,
     P2P,
     PRESET,
+    READ_TOKEN_ENV,
+    REPORT_TOKEN_ENV,
     SMI,
     STATE,
     TOKEN_ENV,
@@ -50,6 +52,18 @@ def serve(
     gpu: str | None = typer.Option(None, "--gpu", help="GPU type when the topology does not say (e.g. H100-SXM)."),
     token_file: Path | None = typer.Option(
         None, "--token-file", help=f"File holding the API token [default: ${TOKEN_ENV}].", metavar="FILE"
+    ),
+    report_token_file: Path | None = typer.Option(
+        None,
+        "--report-token-file",
+        help=f"File holding a token that may only POST /v1/reports, for sidecars [default: ${REPORT_TOKEN_ENV}].",
+        metavar="FILE",
+    ),
+    read_token_file: Path | None = typer.Option(
+        None,
+        "--read-token-file",
+        help=f"File holding a token that may only read (GET: /metrics, placements...) [default: ${READ_TOKEN_ENV}].",
+        metavar="FILE",
     ),
     policy: str = typer.Option(
         "slo",
@@ -89,8 +103,11 @@ def serve(
             "no API token: the service needs one",
             fix=f"export {TOKEN_ENV}=... or pass --token-file FILE",
         )
-    if len(token) < 16:
-        err_console.print("warning: the API token is shorter than 16 characters", markup=False)
+    report_token = read_token(report_token_file, env=REPORT_TOKEN_ENV, flag="--report-token-file")
+    read_only_token = read_token(read_token_file, env=READ_TOKEN_ENV, flag="--read-token-file")
+    for what, value in (("API token", token), ("report token", report_token), ("read token", read_only_token)):
+        if value is not None and len(value) < 16:
+            err_console.print(f"warning: the {what} is shorter than 16 characters", markup=False)
     try:
         config = ServiceConfig.model_validate(
             {
@@ -101,6 +118,8 @@ def serve(
                 "gpu": gpu,
                 "profile": profile_option(profile),
                 "token": token,
+                "report_token": report_token,
+                "read_token": read_only_token,
                 "policy": policy,
                 "budget_gbps": budget_gbps,
                 "replica": replica,
@@ -115,7 +134,12 @@ def serve(
     except ValidationError as exc:
         err = exc.errors()[0]
         name = str(err["loc"][0]) if err["loc"] else "token"
-        flag = f"${TOKEN_ENV}" if name == "token" else "--" + name.removesuffix("_s").replace("_", "-")
+        flags = {
+            "token": f"${TOKEN_ENV}",
+            "report_token": f"--report-token-file (${REPORT_TOKEN_ENV})",
+            "read_token": f"--read-token-file (${READ_TOKEN_ENV})",
+        }
+        flag = flags.get(name) or "--" + name.removesuffix("_s").replace("_", "-")
         raise InputError(f"{flag}: {err['msg']}") from exc
     run(config, log_level=log_level)
 

@@ -19,7 +19,7 @@ import typer
 from pydantic import ValidationError
 
 from toposched.binding.plan_doc import PlanDoc, load_plan
-from toposched.cli._common import read_token
+from toposched.cli._common import REPORT_TOKEN_ENV, read_token
 from toposched.errors import InputError, NoDriverError, UnknownNameError
 from toposched.sidecar.checks import expectations_from_plan
 from toposched.sidecar.drift import LatencyDrift
@@ -33,6 +33,15 @@ from toposched.topology.nvml import NvmlSession
 
 def register(app: typer.Typer) -> None:
     app.command("sidecar")(sidecar_cmd)
+
+
+def _webhook_token(token_file: Path | None) -> str | None:
+    """``--token-file``, else ``$TOPOSCHED_REPORT_TOKEN`` (may only post reports), else ``$TOPOSCHED_API_TOKEN``."""
+    return (
+        read_token(token_file, env=REPORT_TOKEN_ENV)
+        if token_file is not None
+        else (read_token(None, env=REPORT_TOKEN_ENV) or read_token(None))
+    )
 
 
 def _resolve(placement: str, plan: str | None) -> tuple[PlanDoc, Placement]:
@@ -81,7 +90,10 @@ def sidecar_cmd(
     iterations: int | None = typer.Option(None, "--iterations", help="Stop after N cycles (default: run forever)."),
     webhook: str | None = typer.Option(None, "--webhook", help="POST each report with new alerts to this URL."),
     token_file: Path | None = typer.Option(
-        None, "--token-file", help="Bearer token for --webhook (default: $TOPOSCHED_API_TOKEN).", metavar="FILE"
+        None,
+        "--token-file",
+        help="Bearer token for --webhook (default: $TOPOSCHED_REPORT_TOKEN, then $TOPOSCHED_API_TOKEN).",
+        metavar="FILE",
     ),
     fake: str | None = typer.Option(
         None, "--fake", help="Scripted NVML scenario: steady|link-down|traffic-ramp|hbm-leak."
@@ -110,7 +122,8 @@ def sidecar_cmd(
         raise InputError(f"--metrics-file {metrics_file!r}: its folder does not exist", fix="create it first")
     exp = expectations_from_plan(chosen, doc.cluster, node=here, pcie_budget_gbps=pcie_budget_gbps)
     try:
-        config = LoopConfig(interval_s=interval, iterations=iterations, webhook=webhook, token=read_token(token_file))
+        token = _webhook_token(token_file)
+        config = LoopConfig(interval_s=interval, iterations=iterations, webhook=webhook, token=token)
     except ValidationError as exc:
         err = exc.errors()[0]
         flag = {"interval_s": "--interval", "iterations": "--iterations", "webhook": "--webhook"}.get(

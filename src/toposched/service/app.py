@@ -203,7 +203,13 @@ def create_app(config: ServiceConfig, state: ServiceState | None = None) -> Fast
     app.add_middleware(BodyLimit, limit=config.max_body_bytes, limits={EXTENDER_PREFIX: config.max_extender_body_bytes})
     extender = (EXTENDER_PREFIX,) if config.open_extender else ()
     token = config.token if config.auth else None
-    app.add_middleware(BearerAuth, token=token, open_prefixes=extender)
+    app.add_middleware(
+        BearerAuth,
+        token=token,
+        open_prefixes=extender,
+        report_token=config.report_token if config.auth else None,
+        read_token=config.read_token if config.auth else None,
+    )
     app.hot = HotRoutes(
         app.full,
         state,

@@ -33,6 +33,12 @@ class ServiceConfig(BaseModel):
     """Cost-model profile predictions use for the service's lifetime (``--profile``); None: the shipped one."""
     token: str | None = Field(default=None, min_length=1, max_length=4096, repr=False)
     """Bearer token every API call but /healthz and /readyz must carry; None only with ``auth=False``."""
+    report_token: str | None = Field(default=None, min_length=1, max_length=4096, repr=False)
+    """A second token that may only ``POST /v1/reports`` (what sidecars send), so the engine pods that run a
+    sidecar need not hold the API token, which may create and delete placements; None: no such token."""
+    read_token: str | None = Field(default=None, min_length=1, max_length=4096, repr=False)
+    """A token that may only read (``GET``/``HEAD``: ``/metrics``, placements, topology, queue, alerts, the
+    OpenAPI spec), for Prometheus and dashboards; None: no such token."""
     auth: bool = True
     """Require the bearer token (switching it off is for tests of the open parts only)."""
     open_extender: bool = False
@@ -91,4 +97,7 @@ class ServiceConfig(BaseModel):
     def _token_when_auth(self) -> ServiceConfig:
         if self.auth and not self.token:
             raise ValueError("auth is on but no token was given (TOPOSCHED_API_TOKEN or --token-file)")
+        given = [t for t in (self.token, self.report_token, self.read_token) if t is not None]
+        if len(set(given)) != len(given):  # the scope of a token is decided by which one it is
+            raise ValueError("the API token, the report token and the read token must all differ")
         return self

@@ -57,12 +57,30 @@ async def _reply(send: Send, status: int, body: dict[str, Any], headers: tuple[t
     await send({"type": "http.response.body", "body": data})
 
 
-class BearerAuth:
-    """401 unless ``Authorization: Bearer TOKEN`` matches (constant-time compare)."""
+READ_METHODS = frozenset({"GET", "HEAD"})
+REPORTS_PATH = "/v1/reports"
 
-    def __init__(self, app: ASGIApp, token: str | None, open_prefixes: tuple[str, ...] = ()) -> None:
+
+class BearerAuth:
+    """401 unless ``Authorization: Bearer TOKEN`` carries a token of the service (constant-time compares).
+
+    ``token`` may do everything. ``report_token`` may only ``POST /v1/reports`` and ``read_token`` only
+    ``GET``/``HEAD`` (every read route has no effect on state); either, used outside its scope, gets 403.
+    """
+
+    def __init__(
+        self,
+        app: ASGIApp,
+        token: str | None,
+        open_prefixes: tuple[str, ...] = (),
+        *,
+        report_token: str | None = None,
+        read_token: str | None = None,
+    ) -> None:
         self.app = app
         self.expected = f"Bearer {token}".encode() if token else None
+        self.report = f"Bearer {report_token}".encode() if report_token else None
+        self.read = f"Bearer {read_token}".encode() if read_token else None
         self.open_prefixes = OPEN_PREFIXES + open_prefixes
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
@@ -74,15 +92,27 @@ class BearerAuth:
             await self.app(scope, receive, send)
             return
         given = next((v for k, v in scope["headers"] if k == b"authorization"), b"")
-        if not hmac.compare_digest(given, self.expected):
-            await _reply(
-                send,
-                401,
-                {"error": "unauthorized", "detail": "send the header Authorization: Bearer TOKEN"},
-                ((b"www-authenticate", b'Bearer realm="toposched"'),),
-            )
+        if hmac.compare_digest(given, self.expected):
+            await self.app(scope, receive, send)
             return
-        await self.app(scope, receive, send)
+        # every compare runs, whichever token it is: the time taken does not tell which scope a guess hit
+        report = self.report is not None and hmac.compare_digest(given, self.report)
+        read = self.read is not None and hmac.compare_digest(given, self.read)
+        if report or read:
+            method: str = scope["method"]
+            if (report and method == "POST" and path == REPORTS_PATH) or (read and method in READ_METHODS):
+                await self.app(scope, receive, send)
+                return
+            allowed = f"POST {REPORTS_PATH} (sidecar reports)" if report else "GET and HEAD (it reads)"
+            detail = f"this token may only {allowed}; {method} {path} needs the API token"
+            await _reply(send, 403, {"error": "forbidden", "detail": detail})
+            return
+        await _reply(
+            send,
+            401,
+            {"error": "unauthorized", "detail": "send the header Authorization: Bearer TOKEN"},
+            ((b"www-authenticate", b'Bearer realm="toposched"'),),
+        )
 
 
 class BodyTooLarge(InputError):

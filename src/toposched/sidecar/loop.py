@@ -54,7 +54,8 @@ class LoopConfig(BaseModel):
     webhook_timeout_s: float = Field(default=2.0, gt=0, le=60)
     """Timeout of one webhook POST."""
     token: SecretStr | None = None
-    """Bearer token for the webhook; None: ``$TOPOSCHED_API_TOKEN`` (if set)."""
+    """Bearer token for the webhook; None: ``$TOPOSCHED_REPORT_TOKEN`` (the service's token for reports only),
+    else ``$TOPOSCHED_API_TOKEN`` (if set)."""
 
 
 @dataclass(frozen=True)
@@ -247,7 +248,11 @@ class Sidecar:
         if not self.config.webhook:
             return
         try:
-            token = self.config.token.get_secret_value() if self.config.token else os.environ.get("TOPOSCHED_API_TOKEN")
+            token = (
+                self.config.token.get_secret_value()
+                if self.config.token
+                else os.environ.get("TOPOSCHED_REPORT_TOKEN", "").strip() or os.environ.get("TOPOSCHED_API_TOKEN")
+            )
             headers = {"Authorization": f"Bearer {token}"} if token else {}
             response = httpx.post(
                 self.config.webhook, json=report.to_json(), headers=headers, timeout=self.config.webhook_timeout_s
