@@ -52,7 +52,11 @@ def test_drift_ratio_per_kind(engine: str) -> None:
     assert value(metrics, "toposched_sidecar_latency_drift_ratio", placement="inst-0", kind="ttft") == (
         pytest.approx(24.0 / 20.0)
     )
-    assert value(metrics, "toposched_sidecar_predicted_latency_ms", placement="inst-0", kind="tpot") == 8.0
+    # in seconds (Prometheus' base unit): 8 ms predicted, 12 ms observed
+    assert value(metrics, "toposched_sidecar_predicted_latency_seconds", placement="inst-0", kind="tpot") == 0.008
+    assert value(metrics, "toposched_sidecar_observed_latency_seconds", placement="inst-0", kind="tpot") == (
+        pytest.approx(0.012)
+    )
     assert value(metrics, "toposched_sidecar_engine_running_requests", placement="inst-0") == 8
     assert 'toposched_sidecar_latency_drift_ratio{kind="tpot",placement="inst-0"} 1.5' in metrics.text()
 

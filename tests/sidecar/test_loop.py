@@ -43,7 +43,10 @@ def test_metrics(scenario: Scenario) -> None:
     assert 'toposched_sidecar_alerts_total{kind="HBM_DRIFT"} 0.0' in text
     assert 'toposched_sidecar_active_alerts{kind="PCIE_BUDGET_WARNING"} 2.0' in text
     assert "toposched_sidecar_check_cpu_seconds " in text
-    assert 'toposched_sidecar_pcie_gbps{gpu="hgx-h100/0"} 17.6' in text  # 110% of 16 GB/s at cycle 3
+    # 110% of 16 GB/s at cycle 3, in bytes per second (Prometheus' base units)
+    pcie = sidecar.metrics.registry.get_sample_value("toposched_sidecar_pcie_bytes_per_second", {"gpu": "hgx-h100/0"})
+    assert pcie == pytest.approx(17.6e9)
+    assert "_gbps" not in text and "_ms" not in text
     names = {line.split("{")[0].split(" ")[0] for line in text.splitlines() if not line.startswith("#")}
     assert all(n.startswith("toposched_sidecar_") for n in names)
 

@@ -5,8 +5,9 @@ compares the means over the window since the previous scrape with what the place
 
 * ``toposched_sidecar_latency_drift_ratio{placement,kind}``: observed / predicted, ``kind`` ``ttft``
   or ``tpot`` (1.0: as predicted; 1.5: 50 % slower). Set only when a request finished in the window.
-* ``toposched_sidecar_observed_latency_ms{placement,kind}`` and
-  ``toposched_sidecar_predicted_latency_ms{placement,kind}``: the two figures.
+* ``toposched_sidecar_observed_latency_seconds{placement,kind}`` and
+  ``toposched_sidecar_predicted_latency_seconds{placement,kind}``: the two figures (in seconds, Prometheus'
+  base unit; the cost model and the engines' readers work in milliseconds).
 * ``toposched_sidecar_engine_running_requests{placement}``: the engine's running batch. The
   prediction is for the batch and lengths the placement was planned for; a ratio away from 1 at a
   very different batch is load, not model error. Samples at the planned load are what
@@ -37,10 +38,10 @@ class DriftMetrics:
             "toposched_sidecar_latency_drift_ratio", "Observed / predicted latency, by kind.", labels, registry=r
         )
         self.observed = Gauge(
-            "toposched_sidecar_observed_latency_ms", "Engine's mean latency over the window (ms).", labels, registry=r
+            "toposched_sidecar_observed_latency_seconds", "Engine's mean latency over the window.", labels, registry=r
         )
         self.predicted = Gauge(
-            "toposched_sidecar_predicted_latency_ms", "Placement's predicted latency (ms).", labels, registry=r
+            "toposched_sidecar_predicted_latency_seconds", "Placement's predicted latency.", labels, registry=r
         )
         self.running = Gauge(
             "toposched_sidecar_engine_running_requests", "Engine's running requests.", ["placement"], registry=r
@@ -62,7 +63,7 @@ class LatencyDrift:
         exp = self.scrape(self.url)
         previous, self.last = self.last, (now, exp)
         for kind, value in self.predicted.items():
-            metrics.predicted.labels(placement=self.placement_id, kind=kind).set(value)
+            metrics.predicted.labels(placement=self.placement_id, kind=kind).set(value / 1e3)
         if previous is None:
             return None
         window = observe(exp, previous[1], seconds=max(now - previous[0], 1e-9))
@@ -72,7 +73,7 @@ class LatencyDrift:
             predicted = self.predicted.get(kind)
             if observed is None or not predicted:
                 continue
-            metrics.observed.labels(placement=self.placement_id, kind=kind).set(observed)
+            metrics.observed.labels(placement=self.placement_id, kind=kind).set(observed / 1e3)
             metrics.ratio.labels(placement=self.placement_id, kind=kind).set(observed / predicted)
         return window
 

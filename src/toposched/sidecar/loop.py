@@ -33,7 +33,7 @@ from prometheus_client import CollectorRegistry, Counter, Gauge, generate_latest
 from pydantic import BaseModel, ConfigDict, Field, SecretStr
 
 from toposched.errors import ToposchedError
-from toposched.sidecar.checks import ALERT_KINDS, Alert, Expectations, NvlinkSample, check_hbm, check_topology
+from toposched.sidecar.checks import ALERT_KINDS, GB, Alert, Expectations, NvlinkSample, check_hbm, check_topology
 from toposched.sidecar.checks import check_traffic as _check_traffic
 from toposched.sidecar.drift import DriftMetrics, LatencyDrift
 
@@ -107,8 +107,11 @@ class SidecarMetrics:
         self.errors = Counter("toposched_sidecar_errors", "Check cycles that failed to read NVML.", registry=r)
         self.cpu = Gauge("toposched_sidecar_check_cpu_seconds", "CPU time of the last check cycle.", registry=r)
         self.wall = Gauge("toposched_sidecar_check_seconds", "Wall time of the last check cycle.", registry=r)
-        self.pcie = Gauge("toposched_sidecar_pcie_gbps", "PCIe throughput (max of TX/RX), GB/s.", ["gpu"], registry=r)
-        self.nvlink = Gauge("toposched_sidecar_nvlink_gbps", "NVLink data throughput, GB/s.", ["gpu"], registry=r)
+        # Prometheus' base units (bytes, seconds), as its naming guide asks; the checks reason in GB/s
+        self.pcie = Gauge(
+            "toposched_sidecar_pcie_bytes_per_second", "PCIe throughput (max of TX/RX).", ["gpu"], registry=r
+        )
+        self.nvlink = Gauge("toposched_sidecar_nvlink_bytes_per_second", "NVLink data throughput.", ["gpu"], registry=r)
         self.hbm = Gauge("toposched_sidecar_hbm_used_bytes", "HBM in use.", ["gpu"], registry=r)
         self.drift = DriftMetrics(r)
         for kind in ALERT_KINDS:
@@ -190,10 +193,10 @@ class Sidecar:
         self.samples = dict(traffic.samples)
         found = [*topo.alerts, *traffic.alerts, *hbm.alerts]
         for g in exp.gpus:
-            self.metrics.pcie.labels(gpu=g.ref).set(traffic.pcie_gbps.get(g.index, 0.0))
+            self.metrics.pcie.labels(gpu=g.ref).set(traffic.pcie_gbps.get(g.index, 0.0) * GB)
             rate = traffic.nvlink_gbps.get(g.index)
             if rate is not None:
-                self.metrics.nvlink.labels(gpu=g.ref).set(rate)
+                self.metrics.nvlink.labels(gpu=g.ref).set(rate * GB)
             self.metrics.hbm.labels(gpu=g.ref).set(hbm.used.get(g.index, 0))
         now = {a.key: a for a in found}
         new = [a for k, a in now.items() if k not in self.active]
