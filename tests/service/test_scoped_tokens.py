@@ -1,5 +1,5 @@
 """Scoped tokens: a report token that may only ``POST /v1/reports`` (sidecars) and a read token that may only
-``GET``/``HEAD`` (Prometheus, dashboards), next to the API token that may do everything.
+``GET`` (Prometheus, dashboards), next to the API token that may do everything.
 
 In process (``TestClient`` on ``create_app`` with the in-memory state), so the hot routes in front of FastAPI
 are in the path too: a scoped token on ``POST /v1/placements`` must not be answered there.
@@ -88,7 +88,7 @@ def test_the_read_token_may_only_read(client: TestClient) -> None:
     ]
     for answer in refused:
         assert answer.status_code == 403, answer.text
-        assert "GET and HEAD" in answer.json()["detail"]
+        assert "may only GET" in answer.json()["detail"]
     assert placements(client) == ["scoped-1"]
 
 
@@ -112,8 +112,15 @@ def test_serve_refuses_a_reused_or_empty_scoped_token(
     monkeypatch.delenv("TOPOSCHED_READ_TOKEN", raising=False)
     monkeypatch.setenv("TOPOSCHED_REPORT_TOKEN", API)
     result = run_cli("serve", "--preset", "hgx-h100", "--state", f"sqlite:{tmp_path / 's.db'}")
-    assert result.exit_code == 2 and "must all differ" in result.stderr
+    assert result.exit_code == 2 and "hold the same token" in result.stderr
+    assert "$TOPOSCHED_API_TOKEN" in result.stderr and "--report-token-file" in result.stderr
     assert not (tmp_path / "s.db").exists()
+    monkeypatch.setenv("TOPOSCHED_REPORT_TOKEN", REPORT)  # the two scoped ones alike: only they are named
+    monkeypatch.setenv("TOPOSCHED_READ_TOKEN", REPORT)
+    result = run_cli("serve", "--preset", "hgx-h100", "--state", f"sqlite:{tmp_path / 's.db'}")
+    assert result.exit_code == 2 and "hold the same token" in result.stderr
+    assert "--read-token-file" in result.stderr and "$TOPOSCHED_API_TOKEN" not in result.stderr
+    monkeypatch.delenv("TOPOSCHED_READ_TOKEN")
     monkeypatch.delenv("TOPOSCHED_REPORT_TOKEN")
     empty = tmp_path / "read"
     empty.write_text("  \n")

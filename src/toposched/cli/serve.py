@@ -105,9 +105,17 @@ def serve(
         )
     report_token = read_token(report_token_file, env=REPORT_TOKEN_ENV, flag="--report-token-file")
     read_only_token = read_token(read_token_file, env=READ_TOKEN_ENV, flag="--read-token-file")
-    for what, value in (("API token", token), ("report token", report_token), ("read token", read_only_token)):
+    named = {
+        f"${TOKEN_ENV} (--token-file)": token,
+        f"--report-token-file (${REPORT_TOKEN_ENV})": report_token,
+        f"--read-token-file (${READ_TOKEN_ENV})": read_only_token,
+    }
+    for what, value in named.items():
         if value is not None and len(value) < 16:
-            err_console.print(f"warning: the {what} is shorter than 16 characters", markup=False)
+            err_console.print(f"warning: the token of {what} is shorter than 16 characters", markup=False)
+    same = [what for what, value in named.items() if value is not None and list(named.values()).count(value) > 1]
+    if same:  # a token's scope is decided by which one it is
+        raise InputError(f"{' and '.join(same)} hold the same token", fix="give each a value of its own")
     try:
         config = ServiceConfig.model_validate(
             {

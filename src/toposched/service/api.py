@@ -71,6 +71,7 @@ ERRORS: Responses = {
         "description": "no or wrong bearer token",
         "headers": {"WWW-Authenticate": {"required": True, "schema": {"type": "string"}}},
     },
+    403: {"description": "a scoped token (report or read token) used outside its scope"},
     404: {"description": "no such placement"},
     413: {"description": "body over the limit (by Content-Length or while streaming)"},
     422: {"description": "invalid request: the fields named"},
@@ -87,7 +88,7 @@ def answers(*codes: int, ok: Any = None, created: Any = None) -> Responses:
 
 
 # the answers every authenticated route may give, and those of routes that take a body or a placement id
-AUTH = (401, 503)
+AUTH = (401, 403, 503)
 BODY = (*AUTH, 413, 422)
 BY_ID = (*AUTH, 404, 422)
 

@@ -57,7 +57,7 @@ async def _reply(send: Send, status: int, body: dict[str, Any], headers: tuple[t
     await send({"type": "http.response.body", "body": data})
 
 
-READ_METHODS = frozenset({"GET", "HEAD"})
+READ_METHODS = frozenset({"GET"})  # (no route answers HEAD: 405 whatever the token)
 REPORTS_PATH = "/v1/reports"
 
 
@@ -65,7 +65,7 @@ class BearerAuth:
     """401 unless ``Authorization: Bearer TOKEN`` carries a token of the service (constant-time compares).
 
     ``token`` may do everything. ``report_token`` may only ``POST /v1/reports`` and ``read_token`` only
-    ``GET``/``HEAD`` (every read route has no effect on state); either, used outside its scope, gets 403.
+    ``GET`` (no read route books or releases GPUs); either, used outside its scope, gets 403.
     """
 
     def __init__(
@@ -92,18 +92,19 @@ class BearerAuth:
             await self.app(scope, receive, send)
             return
         given = next((v for k, v in scope["headers"] if k == b"authorization"), b"")
-        if hmac.compare_digest(given, self.expected):
+        # every compare runs, whichever token matches: the time taken does not tell which one a guess hit
+        full = hmac.compare_digest(given, self.expected)
+        report = hmac.compare_digest(given, self.report or self.expected)
+        read = hmac.compare_digest(given, self.read or self.expected)
+        if full:
             await self.app(scope, receive, send)
             return
-        # every compare runs, whichever token it is: the time taken does not tell which scope a guess hit
-        report = self.report is not None and hmac.compare_digest(given, self.report)
-        read = self.read is not None and hmac.compare_digest(given, self.read)
         if report or read:
             method: str = scope["method"]
             if (report and method == "POST" and path == REPORTS_PATH) or (read and method in READ_METHODS):
                 await self.app(scope, receive, send)
                 return
-            allowed = f"POST {REPORTS_PATH} (sidecar reports)" if report else "GET and HEAD (it reads)"
+            allowed = f"POST {REPORTS_PATH} (sidecar reports)" if report else "GET (it reads)"
             detail = f"this token may only {allowed}; {method} {path} needs the API token"
             await _reply(send, 403, {"error": "forbidden", "detail": detail})
             return
