@@ -423,3 +423,25 @@ def test_the_same_id_with_another_body_booked_at_once_by_two_replicas_is_a_confl
     finally:
         one.close()
         two.close()
+
+
+def test_a_lookup_of_an_unknown_id_follows_the_log_instead_of_reading_everything(tmp_path: Path) -> None:
+    """A ``GET`` of an id this replica does not know reads the audit log since its last look: an id nobody
+    placed costs no full read (any reader could otherwise make the replica read every reservation at will),
+    and one another replica placed is found."""
+    url = f"sqlite:{tmp_path / 's.db'}"
+    one, two = make_state(url, replica="one"), make_state(url, replica="two")
+    try:
+        assert one.place(body("mine")).status == "placed"
+        before = two.counters.resyncs
+        assert two.lookup("nobody") == [] and two.lookup("nobody-either") == []
+        assert two.counters.resyncs == before + 1  # the first look saw one's booking: one rebuild, then none
+        assert two.place(body("theirs")).status == "placed"
+        (found,) = one.lookup("theirs")
+        assert found.placement.id == "theirs"
+        resyncs = one.counters.resyncs
+        assert [one.lookup(f"random-{i}") for i in range(5)] == [[]] * 5
+        assert one.counters.resyncs == resyncs
+    finally:
+        one.close()
+        two.close()

@@ -242,11 +242,14 @@ class Deciding(Following):
         return serving(found) if complete(found) else []
 
     def lookup(self, rid: str) -> list[Instance]:
-        """``group`` after a resync when this replica does not know the id (another replica placed it)."""
+        """``group``, after following the audit log when this replica does not know the id (another replica
+        may have placed it): only the entries since the last look are read, and another replica's change
+        rebuilds the view as the background sync would. A full read per unknown id let any reader (a
+        ``GET`` of random ids) make the replica read every reservation at will."""
         with self.lock:
             found = self.group(rid)
             if not found:
-                self.resync()
+                self.follow()
                 found = self.group(rid)
             return found
 
