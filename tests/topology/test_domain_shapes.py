@@ -12,6 +12,7 @@ from __future__ import annotations
 import itertools
 import os
 
+import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
@@ -151,3 +152,32 @@ def test_nodes_of_one_shape_share_one_computation() -> None:
     info = _domain_shapes.cache_info()
     assert (info.misses, info.hits) == (1, 63)
     assert len(dmap.domains) == 64 and {d.gpus[0] for d in dmap.domains} == {f"n{i}/0" for i in range(64)}
+
+
+def test_the_cluster_digest_is_computed_once_per_cluster_object(monkeypatch: pytest.MonkeyPatch) -> None:
+    """``plan`` needs the digest twice (the DomainMap's fingerprint, the plan's cluster summary): the second
+    comes from the first; an equal cluster built again gets the same digest, a changed one another."""
+    import hashlib
+
+    from toposched.binding.plan_schema import ClusterSummary
+    from toposched.topology import domains
+
+    cluster = load_preset("hgx-h100")
+    dumps: list[int] = []
+    real = Cluster.model_dump_json
+
+    def counting(self: Cluster, **kwargs: object) -> str:
+        dumps.append(1)
+        return real(self, **kwargs)  # type: ignore[arg-type]
+
+    monkeypatch.setattr(Cluster, "model_dump_json", counting)
+    monkeypatch.setattr(domains, "_LAST_DIGEST", None)
+    dmap = build_domain_map(cluster)
+    summary = ClusterSummary.of(cluster)
+    assert len(dumps) == 1
+    expected = hashlib.sha256(real(cluster).encode()).hexdigest()
+    assert summary.sha256 == expected and dmap.cluster_fingerprint == expected[:16]
+    again = load_preset("hgx-h100")
+    assert again is not cluster and domains.cluster_digest(again) == expected and len(dumps) == 2
+    renamed = cluster.model_copy(update={"name": "other"})
+    assert domains.cluster_digest(renamed) != expected

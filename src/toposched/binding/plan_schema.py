@@ -31,7 +31,6 @@ Versions: 1 (current). A change that an older reader would misread takes a new v
 
 from __future__ import annotations
 
-import hashlib
 import math
 from typing import Annotated, Any, Final, Literal, TypeGuard
 
@@ -39,6 +38,7 @@ from pydantic import BaseModel, BeforeValidator, ConfigDict, PlainSerializer
 
 from toposched.solver.pd import Disaggregation, KvStore
 from toposched.solver.request import ExpertReport, HbmShare, Placement, PlacementRequest, Unplaced
+from toposched.topology.domains import cluster_digest
 from toposched.topology.model import Cluster
 
 PLAN_SCHEMA_VERSION: Final = 1
@@ -111,7 +111,7 @@ class ClusterSummary(BaseModel):
 
     @classmethod
     def of(cls, cluster: Cluster) -> ClusterSummary:
-        digest = hashlib.sha256(cluster.model_dump_json().encode()).hexdigest()
+        digest = cluster_digest(cluster)
         return cls(name=cluster.name, nodes=len(cluster.nodes), gpus=cluster.gpu_count, sha256=digest)
 
 
