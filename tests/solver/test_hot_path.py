@@ -53,26 +53,41 @@ def _reference_shift(index: ClusterIndex, refs: list[str], delta: int) -> None:
             level._move(g, delta * n)
 
 
+def _pick(rng: random.Random, pool: list[str], index: ClusterIndex) -> list[str]:
+    """One GPU (most often), a few from anywhere, or a TP-like group of 2-8 from one node."""
+    roll = rng.random()
+    if roll < 0.5:
+        return rng.sample(pool, 1)
+    if roll < 0.7:
+        return rng.sample(pool, min(len(pool), 3))
+    node = index.info[rng.choice(pool)].node
+    mine = [r for r in pool if index.info[r].node == node]
+    return rng.sample(mine, min(len(mine), rng.choice([2, 4, 8])))
+
+
 @pytest.mark.parametrize("preset", ["cluster-32x-hgx-h100", "dgx1-v100", "gb200-nvl72", "l40s-8x-pcie"])
-def test_take_and_give_of_one_gpu_move_the_groups_as_counting_does(preset: str) -> None:
-    # dgx1-v100: a GPU sits in two NVLink cliques (the general path); elsewhere in one group per level
+def test_take_and_give_move_the_groups_as_counting_does(preset: str) -> None:
+    # dgx1-v100: a GPU sits in two NVLink cliques (the general path); elsewhere in one group per level, and
+    # GPUs of one node share their node's group (the shortcut) but not always their NUMA or PCIe group
     cluster = load_preset(preset)
     fast, slow = ClusterIndex(cluster), ClusterIndex(cluster)
     rng = random.Random(7)
     refs = sorted(fast.info)
-    for _ in range(300):
+    for _ in range(400):
         free = sorted(fast.free)
         taken = sorted(set(refs) - fast.free)
         if taken and (not free or rng.random() < 0.4):
-            chosen = rng.sample(taken, 1 if rng.random() < 0.7 else min(len(taken), 3))
+            chosen = _pick(rng, taken, fast)
             fast.give(chosen)
             _reference_shift(slow, chosen, +1)
         else:
-            chosen = rng.sample(free, 1 if rng.random() < 0.7 else min(len(free), 3))
+            chosen = _pick(rng, free, fast)
             fast.take(chosen)
             _reference_shift(slow, chosen, -1)
         assert fast.free == slow.free
         assert _state(fast) == _state(slow)
+    fast.take([])  # nothing to move
+    assert _state(fast) == _state(slow)
 
 
 def test_pick_in_group_on_one_node_is_the_node_key() -> None:

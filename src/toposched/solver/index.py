@@ -132,13 +132,22 @@ class LevelIndex:
 
     def shift(self, refs: Sequence[str], delta: int) -> None:
         """Take (``delta`` -1) or give (+1) each of ``refs``: one bucket move per group touched, not per
-        GPU (a TP8 placement moves its node's group once per level instead of eight times). One GPU in
-        one group (a one-GPU instance, the most common) moves that group without counting first."""
+        GPU (a TP8 placement moves its node's group once per level instead of eight times). GPUs that all
+        sit in one and the same group, and nowhere else at this level (a one-GPU instance, the most common;
+        a TP group inside one node or NVSwitch domain), move that group without counting first."""
+        if not refs:
+            return
         of_gpu = self.of_gpu
-        if len(refs) == 1:
-            groups = of_gpu.get(refs[0], ())
-            if len(groups) == 1:
+        groups = of_gpu.get(refs[0], ())
+        if len(groups) == 1:
+            if len(refs) == 1:
                 self._move(groups[0], delta)
+                return
+            for ref in refs:  # all in that one group (a TP group inside a node or an NVSwitch domain)?
+                if of_gpu.get(ref) != groups:
+                    break
+            else:
+                self._move(groups[0], delta * len(refs))
                 return
         counts: dict[int, int] = {}
         for ref in refs:
