@@ -14,7 +14,7 @@ from pydantic import ValidationError
 
 from tests.solver.builders import make_request, make_scheduler
 from toposched.solver.constraints import first_failure
-from toposched.solver.index import ClusterIndex, LevelIndex
+from toposched.solver.index import LEVELS, ClusterIndex, LevelIndex
 from toposched.solver.layout import layout_problem
 from toposched.solver.locality import choose_on_node, node_topology, pick_in_group
 from toposched.solver.place import _R, _layout_problem
@@ -190,3 +190,45 @@ def test_placements_after_the_free_gpus_change_carry_their_own_ranks_and_checks(
     assert again.ranks == first.ranks and again.constraints == first.constraints
     # a tighter budget changes the cross-domain check's detail only where traffic crosses: none here
     assert again.check("cross-domain-budget").detail == "no traffic between NVLink domains"
+
+
+def _reference_tightest(index: ClusterIndex, refs: list[str]) -> str:
+    for level in LEVELS:
+        of_gpu = index.levels[level].of_gpu
+        common = set(of_gpu.get(refs[0], ()))
+        for ref in refs[1:]:
+            common &= set(of_gpu.get(ref, ()))
+        if common:
+            return level
+    return "none"
+
+
+@pytest.mark.parametrize("preset", ["cluster-32x-hgx-h100", "dgx1-v100", "gb200-nvl72", "l40s-8x-pcie"])
+def test_tightest_level_and_domain_of_answer_as_the_set_computations(preset: str) -> None:
+    # dgx1-v100: GPUs in two NVLink cliques (quads and cross pairs), so one GPU's group list has two entries
+    index = ClusterIndex(load_preset(preset))
+    rng = random.Random(11)
+    refs = sorted(index.info)
+    for _ in range(500):
+        chosen = _pick(rng, refs, index)
+        assert index.tightest_level(chosen) == _reference_tightest(index, chosen), chosen
+        domains = {index.dmap.gpu_domain.get(r) for r in chosen}
+        assert index.domain_of(chosen) == (domains.pop() if len(domains) == 1 else None), chosen
+    assert index.domain_of([]) is None
+
+
+def test_tightest_level_when_one_gpu_is_in_two_cliques_and_the_other_in_one() -> None:
+    """A path of NVLinks 0-1-2: cliques {0,1} and {1,2}; GPU 0 is in one, GPU 1 in both. (0, 1) share a
+    clique whichever GPU comes first."""
+    from toposched.topology.model import GPU, Cluster, Link, LinkKind, Node
+
+    links = tuple(
+        Link(a=a, b=b, kind=LinkKind.NVLINK, nvlinks=4, bandwidth_gbps=100.0, latency_us=1.0)
+        for a, b in ((0, 1), (1, 2))
+    )
+    node = Node(name="path", gpus=tuple(GPU(index=i, numa_node=0) for i in range(3)), links=links)
+    index = ClusterIndex(Cluster(name="c", nodes=(node,)))
+    assert len(index.levels["nvlink"].of_gpu["path/1"]) == 2
+    for refs in (["path/0", "path/1"], ["path/1", "path/0"], ["path/1", "path/2"]):
+        assert index.tightest_level(refs) == _reference_tightest(index, refs) == "nvlink", refs
+    assert index.tightest_level(["path/0", "path/2"]) == _reference_tightest(index, ["path/0", "path/2"])

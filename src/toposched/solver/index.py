@@ -267,10 +267,16 @@ class ClusterIndex:
         """The tightest level at which all ``refs`` share one group."""
         refs = list(refs)
         for level in LEVELS:
-            index = self.levels[level]
-            common = set(index.of_gpu.get(refs[0], ()))
+            of_gpu = self.levels[level].of_gpu
+            first = of_gpu.get(refs[0], ())
+            if len(first) == 1:  # the usual case: the first GPU is in one group here; is every GPU in it?
+                group = first[0]
+                if all(group in of_gpu.get(ref, ()) for ref in refs):
+                    return level
+                continue
+            common = set(first)
             for ref in refs[1:]:
-                common &= set(index.of_gpu.get(ref, ()))
+                common &= set(of_gpu.get(ref, ()))
                 if not common:
                     break
             if common:
@@ -279,8 +285,10 @@ class ClusterIndex:
 
     def domain_of(self, refs: Iterable[str]) -> str | None:
         """The NVLink domain holding all ``refs``, or None."""
-        domains = {self.dmap.gpu_domain.get(r) for r in refs}
-        return domains.pop() if len(domains) == 1 else None
+        gpu_domain = self.dmap.gpu_domain
+        refs = list(refs)
+        first = gpu_domain.get(refs[0]) if refs else None
+        return first if all(gpu_domain.get(r) == first for r in refs) else None
 
     def take(self, refs: Iterable[str]) -> None:
         """Mark ``refs`` busy, all or none (checked first: a GPU that is not free, or named twice, raises)."""
