@@ -86,7 +86,9 @@ _LAST_DIGEST: tuple[Cluster, str] | None = None
 def cluster_digest(cluster: Cluster) -> str:
     """SHA-256 (hex) of the cluster's JSON. The last cluster's digest is kept: ``plan`` needs it twice (the
     DomainMap's fingerprint, the plan's cluster summary), and at 65,536 GPUs the JSON is 59 MB and 0.7-0.9 s
-    of CPU. A Cluster is frozen, so the same object always has the same digest."""
+    of CPU. A Cluster is a frozen model and toposched never changes one in place (a changed topology is a new
+    Cluster), so the same object has the same digest; only a node's ``labels`` dict could be changed in place,
+    and a caller that did so would get the digest from before. The kept cluster is the one being planned."""
     global _LAST_DIGEST
     last = _LAST_DIGEST
     if last is not None and last[0] is cluster:
