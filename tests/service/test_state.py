@@ -445,3 +445,21 @@ def test_a_lookup_of_an_unknown_id_follows_the_log_instead_of_reading_everything
     finally:
         one.close()
         two.close()
+
+
+def test_a_lookup_sees_another_replicas_release_at_once(tmp_path: Path) -> None:
+    """GET by id reads the log first, as a list does: a placement released through another replica is gone
+    from this one's answer without waiting for the background tick."""
+    url = f"sqlite:{tmp_path / 's.db'}"
+    one, two = make_state(url, replica="one"), make_state(url, replica="two")
+    try:
+        assert one.place(body("x")).status == "placed"
+        assert [i.placement.id for i in two.lookup("x")] == ["x"]
+        assert one.release("x") == ["x"]
+        assert two.lookup("x") == []
+        assert one.place(body("x", slo_class="batch")).status == "placed"  # booked again, another body
+        (again,) = two.lookup("x")
+        assert again.body["slo_class"] == "batch"
+    finally:
+        one.close()
+        two.close()

@@ -242,16 +242,14 @@ class Deciding(Following):
         return serving(found) if complete(found) else []
 
     def lookup(self, rid: str) -> list[Instance]:
-        """``group``, after following the audit log when this replica does not know the id (another replica
-        may have placed it): only the entries since the last look are read, and another replica's change
-        rebuilds the view as the background sync would. A full read per unknown id let any reader (a
-        ``GET`` of random ids) make the replica read every reservation at will."""
+        """``group``, after following the audit log, as a list does: another replica may have booked the id
+        or released it since the last look. Only the entries since then are read (on SQLite, one pragma when
+        nobody else committed), and another replica's change rebuilds the view as the background sync would.
+        (A full read per unknown id, as before, let any reader make the replica read every reservation at
+        will; an id it knew was answered from memory, up to a tick after another replica released it.)"""
         with self.lock:
-            found = self.group(rid)
-            if not found:
-                self.follow()
-                found = self.group(rid)
-            return found
+            self.follow()
+            return self.group(rid)
 
     def release(self, rid: str) -> list[str] | None:
         """Release every booked instance of a request, complete or not; None when nothing is booked."""
