@@ -1,6 +1,6 @@
 """Scale: building the scheduler and deciding one placement, from 64 to 65,536 GPUs (issue 17).
 
-    .venv/bin/python benchmarks/scale_bench.py [--sizes 64,256,...] [--decisions N] [--fill 0.6]
+    .venv/bin/python benchmarks/scale_bench.py [--sizes 64,256,...] [--decisions N] [--fill 0.6] [--rounds R]
 
 For each size: N x HGX H100 nodes (``NxPRESET``, racks of 8, 8 x 400G InfiniBand), then
 
@@ -10,7 +10,9 @@ For each size: N x HGX H100 nodes (``NxPRESET``, racks of 8, 8 x 400G InfiniBand
   ``--fill`` of the GPUs are held;
 * decide: N single placements with the ``slo`` policy, each timed alone in CPU time
   (``time.process_time`` around ``Scheduler.place``) and released again, so the fill stays; p50 and
-  p99. The same for ``random`` (the blind baseline), as a ratio to ``slo``'s p50.
+  p99. The same for ``random`` (the blind baseline), as a ratio to ``slo``'s p50. With ``--rounds R``
+  the two alternate R times (the order swapped each round) and each figure is the median over the
+  rounds, the ratio the median of each round's ratio: steadier on a noisy machine than one long run.
 
 CPU time, not wall time: the development machine has 2 cores shared with other work.
 """
@@ -52,7 +54,7 @@ def _decide(scheduler: Scheduler, policy: str, rng: random.Random, decisions: in
     return times
 
 
-def run(gpus: int, decisions: int, fill: float) -> None:
+def run(gpus: int, decisions: int, fill: float, rounds: int = 1) -> None:
     nodes = max(1, gpus // 8)
     tracemalloc.start()  # memory from a first build (tracing slows it down), time from a second
     Scheduler(load_cluster(f"{nodes}xhgx-h100"), seed=0)
@@ -69,10 +71,14 @@ def run(gpus: int, decisions: int, fill: float) -> None:
         out = scheduler.place(_request(rng, n), "slo")
         n += 1
         misses = 0 if out.placements else misses + 1
-    slo = _decide(scheduler, "slo", rng, decisions)
-    blind = _decide(scheduler, "random", rng, decisions)
-    p50, p99 = _pct(slo, 0.5) * 1e3, _pct(slo, 0.99) * 1e3
-    ratio = statistics.median(blind) / statistics.median(slo)
+    p50s, p99s, ratios = [], [], []
+    for r in range(rounds):  # slo and random alternate, the order swapped each round (paired under drift)
+        order = ("slo", "random") if r % 2 == 0 else ("random", "slo")
+        times = {policy: _decide(scheduler, policy, rng, decisions) for policy in order}
+        p50s.append(_pct(times["slo"], 0.5) * 1e3)
+        p99s.append(_pct(times["slo"], 0.99) * 1e3)
+        ratios.append(statistics.median(times["random"]) / statistics.median(times["slo"]))
+    p50, p99, ratio = statistics.median(p50s), statistics.median(p99s), statistics.median(ratios)
     print(
         f"{gpus:>7,} {build:>8.2f} {peak / gpus / 1024:>9.2f} {1 - len(scheduler.index.free) / gpus:>6.2f} "
         f"{p50:>9.3f} {p99:>9.3f} {ratio:>12.2f}",
@@ -85,11 +91,14 @@ def main() -> None:
     parser.add_argument("--sizes", default="64,256,1024,4096,16384,65536")
     parser.add_argument("--decisions", type=int, default=300)
     parser.add_argument("--fill", type=float, default=0.6)
+    parser.add_argument(
+        "--rounds", type=int, default=1, help="rounds of --decisions per policy; figures are medians over rounds"
+    )
     args = parser.parse_args()
     print(f"{'GPUs':>7} {'build s':>8} {'KiB/GPU':>9} {'held':>6} {'slo p50':>9} {'slo p99':>9} {'random/slo':>12}")
     print(f"{'':>7} {'(CPU)':>8} {'(peak)':>9} {'':>6} {'ms CPU':>9} {'ms CPU':>9} {'p50 ratio':>12}")
     for size in (int(s) for s in args.sizes.split(",")):
-        run(size, args.decisions, args.fill)
+        run(size, args.decisions, args.fill, args.rounds)
 
 
 if __name__ == "__main__":
