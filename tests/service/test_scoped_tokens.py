@@ -12,12 +12,13 @@ from pathlib import Path
 
 import pytest
 from fastapi.testclient import TestClient
-from pydantic import ValidationError
+from pydantic import SecretStr, ValidationError
 
 from tests.conftest import RunCli
-from toposched.cli.sidecar import _webhook_token
+from toposched.cli._common import read_token
 from toposched.service.app import create_app
 from toposched.service.config import ServiceConfig
+from toposched.sidecar.loop import webhook_token
 from toposched.topology.sources import SourceRef
 
 API = "api-token-0123456789abcdef"
@@ -131,9 +132,9 @@ def test_serve_refuses_a_reused_or_empty_scoped_token(
 def test_the_sidecar_sends_the_report_token_first(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setenv("TOPOSCHED_API_TOKEN", API)
     monkeypatch.setenv("TOPOSCHED_REPORT_TOKEN", REPORT)
-    assert _webhook_token(None) == REPORT
+    assert webhook_token(None) == REPORT
     monkeypatch.delenv("TOPOSCHED_REPORT_TOKEN")
-    assert _webhook_token(None) == API  # older deployments: the API token, as before
+    assert webhook_token(None) == API  # older deployments: the API token, as before
     given = tmp_path / "token"
     given.write_text(READ + "\n")
-    assert _webhook_token(given) == READ  # --token-file wins
+    assert webhook_token(SecretStr(read_token(given) or "")) == READ  # --token-file wins

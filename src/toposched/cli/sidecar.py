@@ -19,7 +19,7 @@ import typer
 from pydantic import ValidationError
 
 from toposched.binding.plan_doc import PlanDoc, load_plan
-from toposched.cli._common import REPORT_TOKEN_ENV, read_token
+from toposched.cli._common import read_token
 from toposched.errors import InputError, NoDriverError, UnknownNameError
 from toposched.sidecar.checks import expectations_from_plan
 from toposched.sidecar.drift import LatencyDrift
@@ -33,15 +33,6 @@ from toposched.topology.nvml import NvmlSession
 
 def register(app: typer.Typer) -> None:
     app.command("sidecar")(sidecar_cmd)
-
-
-def _webhook_token(token_file: Path | None) -> str | None:
-    """``--token-file``, else ``$TOPOSCHED_REPORT_TOKEN`` (may only post reports), else ``$TOPOSCHED_API_TOKEN``."""
-    return (
-        read_token(token_file, env=REPORT_TOKEN_ENV)
-        if token_file is not None
-        else (read_token(None, env=REPORT_TOKEN_ENV) or read_token(None))
-    )
 
 
 def _resolve(placement: str, plan: str | None) -> tuple[PlanDoc, Placement]:
@@ -122,7 +113,8 @@ def sidecar_cmd(
         raise InputError(f"--metrics-file {metrics_file!r}: its folder does not exist", fix="create it first")
     exp = expectations_from_plan(chosen, doc.cluster, node=here, pcie_budget_gbps=pcie_budget_gbps)
     try:
-        token = _webhook_token(token_file)
+        # without --token-file the loop reads the environment (sidecar.loop.webhook_token)
+        token = read_token(token_file) if token_file is not None else None
         config = LoopConfig(interval_s=interval, iterations=iterations, webhook=webhook, token=token)
     except ValidationError as exc:
         err = exc.errors()[0]

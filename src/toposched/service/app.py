@@ -207,8 +207,8 @@ def create_app(config: ServiceConfig, state: ServiceState | None = None) -> Fast
         BearerAuth,
         token=token,
         open_prefixes=extender,
-        report_token=config.report_token if config.auth else None,
-        read_token=config.read_token if config.auth else None,
+        report_token=config.report_token,  # (no API token, as with auth off: every request passes)
+        read_token=config.read_token,
     )
     app.hot = HotRoutes(
         app.full,

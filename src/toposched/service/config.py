@@ -37,8 +37,8 @@ class ServiceConfig(BaseModel):
     """A second token that may only ``POST /v1/reports`` (what sidecars send), so the engine pods that run a
     sidecar need not hold the API token, which may create and delete placements; None: no such token."""
     read_token: str | None = Field(default=None, min_length=1, max_length=4096, repr=False)
-    """A token that may only read (``GET``/``HEAD``: ``/metrics``, placements, topology, queue, alerts, the
-    OpenAPI spec), for Prometheus and dashboards; None: no such token."""
+    """A token that may only read (``GET``: ``/metrics``, placements, topology, queue, alerts, the OpenAPI
+    spec), for Prometheus and dashboards; None: no such token."""
     auth: bool = True
     """Require the bearer token (switching it off is for tests of the open parts only)."""
     open_extender: bool = False

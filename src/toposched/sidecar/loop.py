@@ -58,6 +58,18 @@ class LoopConfig(BaseModel):
     else ``$TOPOSCHED_API_TOKEN`` (if set)."""
 
 
+def webhook_token(given: SecretStr | None) -> str | None:
+    """The webhook's bearer token: ``given`` (``--token-file``), else ``$TOPOSCHED_REPORT_TOKEN`` (the service's
+    token that may only post reports), else ``$TOPOSCHED_API_TOKEN``; surrounding blanks dropped."""
+    if given is not None:
+        return given.get_secret_value()
+    return (
+        os.environ.get("TOPOSCHED_REPORT_TOKEN", "").strip()
+        or os.environ.get("TOPOSCHED_API_TOKEN", "").strip()
+        or None
+    )
+
+
 @dataclass(frozen=True)
 class Report:
     """What the sidecar tells the service after a cycle with new alerts."""
@@ -251,11 +263,7 @@ class Sidecar:
         if not self.config.webhook:
             return
         try:
-            token = (
-                self.config.token.get_secret_value()
-                if self.config.token
-                else os.environ.get("TOPOSCHED_REPORT_TOKEN", "").strip() or os.environ.get("TOPOSCHED_API_TOKEN")
-            )
+            token = webhook_token(self.config.token)
             headers = {"Authorization": f"Bearer {token}"} if token else {}
             response = httpx.post(
                 self.config.webhook, json=report.to_json(), headers=headers, timeout=self.config.webhook_timeout_s

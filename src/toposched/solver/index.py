@@ -140,9 +140,6 @@ class LevelIndex:
         of_gpu = self.of_gpu
         groups = of_gpu.get(refs[0], ())
         if len(groups) == 1:
-            if len(refs) == 1:
-                self._move(groups[0], delta)
-                return
             for ref in refs:  # all in that one group (a TP group inside a node or an NVSwitch domain)?
                 if of_gpu.get(ref) != groups:
                     break
