@@ -114,7 +114,10 @@ def test_fallbacks_and_dtypes_reach_the_engines() -> None:
     doc = _doc("hgx-h100", "llama-3.1-8b", allowed_tp=(1,))
     (p,) = doc.placements
     # the activation-checkpointing fallback sized the activation peak for its smaller token budget
-    ckpt = p.model_copy(update={"fallbacks": ("fp8-kv", "activation-checkpointing"), "kv_dtype": "fp8"})
+    # (a plan made before operating points, which carries no token budget of its own)
+    ckpt = p.model_copy(
+        update={"fallbacks": ("fp8-kv", "activation-checkpointing"), "kv_dtype": "fp8", "max_num_batched_tokens": None}
+    )
     for engine, flag in (("vllm", "--max-num-batched-tokens"), ("sglang", "--chunked-prefill-size")):
         argv = build_launches([ckpt], doc.request, doc.cluster, engine)[0].argv  # type: ignore[arg-type]
         assert _value(argv, flag) == str(MemoryConfig().checkpoint_batched_tokens)

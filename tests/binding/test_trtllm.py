@@ -235,7 +235,10 @@ def test_what_has_no_flag_goes_into_the_options_yaml() -> None:
     options = check_launch(launch, "meta-llama/Llama-3.1-8B")["options"]
     assert options["kv_cache_config"]["dtype"] == "fp8"
     assert options["dtype"] == "float16"
-    assert options["cuda_graph_config"] == {"max_batch_size": request.concurrent_seqs, "enable_padding": True}
+    # the operating point the plan chose is the engine's batch limit, and its CUDA graphs cover it
+    assert placements[0].max_num_seqs is not None and placements[0].max_num_seqs > 8
+    assert options["cuda_graph_config"] == {"max_batch_size": placements[0].max_num_seqs, "enable_padding": True}
+    assert launch.argv[launch.argv.index("--max_batch_size") + 1] == str(placements[0].max_num_seqs)
 
 
 @pytest.mark.parametrize(

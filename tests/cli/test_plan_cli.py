@@ -53,7 +53,11 @@ def test_human_output(run_cli: RunCli) -> None:
         "plan", "--preset", "l40s-8x-pcie", "--model", "llama-3.1-70b", "--weight-dtype", "fp8", "--slo-tpot-ms", "80"
     )
     assert result.exit_code == 0
-    assert "tp=4" in result.stdout and "domain-affinity" in result.stdout and "predicted TTFT" in result.stdout
+    assert (
+        "tp=4" in result.stdout
+        and "domain-affinity" in result.stdout
+        and "predicted per request: TTFT" in result.stdout
+    )
 
 
 def test_bad_input_is_one_line(run_cli: RunCli) -> None:

@@ -61,7 +61,8 @@ def test_placement_step_cost_matches_its_predicted_tpot() -> None:
     cost at the request's design batch is the TPOT the scheduler predicted for the placement."""
     cluster = load_cluster("4xhgx-h100")
     for policy, slo_class in (("slo", "interactive"), ("random", "batch"), ("random", "realtime")):
-        scheduler = Scheduler(cluster, seed=3)
+        # the design batch's figures (what the simulator plans with): decode step and batch prefill
+        scheduler = Scheduler(cluster, seed=3, prediction="design-batch")
         request = PlacementRequest(
             id="r", model="llama-3.1-70b", concurrent_seqs=16, input_len=1024, output_len=256,
             allowed_tp=(8,), slo_class=slo_class,

@@ -56,7 +56,7 @@ from typing import Any, Literal
 
 from toposched.binding.mooncake import HICACHE_FLAG_SOURCES
 from toposched.errors import InputError
-from toposched.solver.options import check_context
+from toposched.solver.options import RESERVE_SEQS, check_context
 from toposched.solver.request import Placement, PlacementRequest
 from toposched.workload import MemoryConfig, ModelSpec, resolve_model
 from toposched.workload.catalog import catalog_entry
@@ -350,12 +350,18 @@ def serve_settings(p: Placement, request: PlacementRequest, model: str, checkpoi
     """The engine settings of one placement, from the plan (see the module docstring's table)."""
     if checkpoint is not None:
         check_context(request, checkpoint)
-    cfg = MemoryConfig(max_num_seqs=request.concurrent_seqs)  # as the solver sized it (solver/options.py)
+    # The operating point the plan chose (solver/place.py); a plan made before operating points runs the
+    # request's concurrent sequences, else the 8 every plan reserved then.
+    seqs = p.max_num_seqs or request.concurrent_seqs or RESERVE_SEQS
+    cfg = MemoryConfig(max_num_seqs=seqs)  # as the solver sized it (solver/options.py)
     dtype, quantization = _weights(p, request, checkpoint)
     # The activation peak was sized for this many tokens (workload/memory.py estimate_memory; the
     # activation-checkpointing fallback lowers it); vLLM needs it at least max_num_seqs.
-    batched = cfg.checkpoint_batched_tokens if "activation-checkpointing" in p.fallbacks else cfg.max_num_batched_tokens
-    batched = max(min(batched, request.max_model_len * cfg.max_num_seqs), request.concurrent_seqs)
+    batched = p.max_num_batched_tokens
+    if batched is None:
+        ckpt = "activation-checkpointing" in p.fallbacks
+        batched = cfg.checkpoint_batched_tokens if ckpt else cfg.max_num_batched_tokens
+        batched = max(min(batched, request.max_model_len * seqs), seqs)
     hbm = p.hbm_per_gpu
     # The plan's per-GPU total is the whole budget (KV takes what is left), i.e. memory x utilization.
     static = (
@@ -374,7 +380,7 @@ def serve_settings(p: Placement, request: PlacementRequest, model: str, checkpoi
         pp=p.pp,
         ep=p.ep,
         max_model_len=request.max_model_len,
-        max_num_seqs=request.concurrent_seqs,
+        max_num_seqs=seqs,
         max_num_batched_tokens=batched,
         gpu_memory_utilization=cfg.gpu_memory_utilization,
         mem_fraction_static=static,

@@ -14,8 +14,15 @@ A placement is stored as ``solver.request.Placement`` with three differences, co
 
 * ranks without ``tp_rank`` (it is ``rank % tp``; ``stage`` may be left out too: ``rank // tp``);
 * ``hbm_per_gpu`` with its ``total`` (a reader checks it is the sum of the parts);
-* ``predicted``: TTFT and TPOT together, for readers of the JSON (the same figures as
-  ``ttft_ms`` / ``tpot_ms``).
+* ``predicted``: TTFT (one request's), TPOT and the running batch together, for readers of the JSON
+  (the same figures as ``ttft_ms`` / ``tpot_ms`` / ``max_num_seqs``), and ``batch_prefill_ms``, the
+  prefill of the whole batch at once (a static batch's TTFT, labelled as such).
+
+A placement's operating point (``perf/serving.py``): ``max_num_seqs``, ``max_num_batched_tokens``,
+``goodput_tokens_per_s``, ``served_rps``, ``batch_prefill_ms`` and ``operating_limit``; all optional, so
+plans written before them read as before (``launch`` then runs the request's ``concurrent_seqs``, else 8).
+With ``--request-rate`` the document has ``capacity`` (``solver/sizing.py``: the rate asked, the
+replicas, their GPUs and the requests/s they serve).
 
 And an expert report written before ``redundant_experts`` existed reads as if the copies were spread
 one slot at a time over the EP ranks.
@@ -38,6 +45,7 @@ from pydantic import BaseModel, BeforeValidator, ConfigDict, PlainSerializer
 
 from toposched.solver.pd import Disaggregation, KvStore
 from toposched.solver.request import ExpertReport, HbmShare, Placement, PlacementRequest, Unplaced
+from toposched.solver.sizing import Capacity
 from toposched.topology.domains import cluster_digest
 from toposched.topology.model import Cluster
 
@@ -58,7 +66,12 @@ def placement_json(p: Placement) -> dict[str, Any]:
     ``total``, the predictions together under ``predicted``."""
     data = p.model_dump(mode="json")
     data["ranks"] = [{"rank": r.rank, "node": r.node, "gpu": r.gpu, "stage": r.stage} for r in p.ranks]
-    data["predicted"] = {"ttft_ms": p.ttft_ms, "tpot_ms": p.tpot_ms}
+    data["predicted"] = {
+        "ttft_ms": p.ttft_ms,
+        "tpot_ms": p.tpot_ms,
+        "batch": p.max_num_seqs,
+        "batch_prefill_ms": p.batch_prefill_ms,
+    }
     data["hbm_per_gpu"] = {**p.hbm_per_gpu.model_dump(), "total": p.hbm_per_gpu.total}
     return data
 
@@ -136,6 +149,8 @@ class PlanDocument(BaseModel):
     """Prefill/decode disaggregation: the counts asked for and the pairs (None: a plain plan)."""
     stores: tuple[KvStore, ...] = ()
     """KV-cache store processes (host memory and RDMA NICs, no GPUs) beside the decode instances."""
+    capacity: Capacity | None = None
+    """With ``plan --request-rate``: the rate, the replicas and GPUs that serve it, what they serve."""
 
     @classmethod
     def write(
@@ -149,6 +164,7 @@ class PlanDocument(BaseModel):
         source: str,
         disaggregation: Disaggregation | None = None,
         stores: list[KvStore] | tuple[KvStore, ...] = (),
+        capacity: Capacity | None = None,
     ) -> PlanDocument:
         """The document for a plan made on ``cluster`` (the whole cluster: the document keeps the part used).
 
@@ -163,6 +179,7 @@ class PlanDocument(BaseModel):
             cluster_summary=ClusterSummary.of(cluster),
             disaggregation=disaggregation,
             stores=tuple(stores),
+            capacity=capacity,
         )
 
 

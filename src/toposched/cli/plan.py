@@ -5,7 +5,7 @@ from __future__ import annotations
 import typer
 from rich.table import Table
 
-from toposched.cli._common import console, print_json
+from toposched.cli._common import console, err_console, print_json
 from toposched.cli.plan_source import Placed, PlanSource, plan_options
 from toposched.solver.request import Placement, PlacementRequest, Unplaced
 
@@ -32,13 +32,10 @@ def _render(placements: list[Placement], unplaced: list[Unplaced], title: str, r
             f"workspace {hbm.workspace / gib:.2f} GiB",
             soft_wrap=True,
         )
-        console.print(
-            f"  predicted TTFT {p.ttft_ms:.1f} ms, TPOT {p.tpot_ms:.2f} ms at batch {request.concurrent_seqs}, "
-            f"{request.input_len} in / {request.output_len} out, over {p.link} (level {p.level}); "
-            f"cross-domain {p.cross_domain_gbps:.2f} GB/s",
-            soft_wrap=True,
-        )
+        _render_operating_point(p, request)
         for c in p.constraints:
+            if c.name == "slo" and request.slo_tpot_ms is None and request.slo_ttft_ms is None:
+                continue  # nothing to hold: no "ok slo" without an SLO
             mark = "[green]ok[/]" if c.held else "[red]broken[/]"
             console.print(f"  {mark} {c.name}: {c.detail}", soft_wrap=True)
         if p.fallbacks:
@@ -59,6 +56,40 @@ def _render(placements: list[Placement], unplaced: list[Unplaced], title: str, r
         console.print(f"[red]not placed[/] {u.request_id} replica {u.replica} ({u.status}):", soft_wrap=True)
         for reason in u.reasons:
             console.print(f"  - {reason}", soft_wrap=True, markup=False)
+
+
+def _render_operating_point(p: Placement, request: PlacementRequest) -> None:
+    """The running batch and what one request sees at it (``perf/serving.py``)."""
+    batch = p.max_num_seqs or request.concurrent_seqs
+    why = LIMITS.get(p.operating_limit or "", "")
+    console.print(
+        f"  operating point: {batch} running sequences{f' ({why})' if why else ''}, "
+        f"{p.max_num_batched_tokens or '?'} tokens per pass; {request.input_len} in / {request.output_len} out",
+        soft_wrap=True,
+    )
+    meeting = " meeting the SLO" if request.slo_tpot_ms is not None or request.slo_ttft_ms is not None else ""
+    served = (
+        f"; {p.goodput_tokens_per_s:,.0f} output tok/s{meeting}, {p.served_rps:.2f} req/s per instance"
+        if p.goodput_tokens_per_s is not None and p.served_rps is not None
+        else ""
+    )
+    console.print(
+        f"  predicted per request: TTFT {p.ttft_ms:.1f} ms, TPOT {p.tpot_ms:.2f} ms{served}; over {p.link} "
+        f"(level {p.level}); cross-domain {p.cross_domain_gbps:.2f} GB/s",
+        soft_wrap=True,
+    )
+
+
+LIMITS = {
+    "slo-tpot": "one more would miss the TPOT SLO",
+    "slo-ttft": "one more would miss the TTFT SLO",
+    "prefill": "one more and arriving prompts outrun the prefill",
+    "kv-cache": "all the KV cache holds at these lengths",
+    "engine": "the engine's batch limit",
+    "knee": "throughput knee: 90 % of the largest batch's throughput, no SLO given",
+    "fixed": "--concurrent-seqs",
+}
+"""Why a plan's running batch is not larger (``Placement.operating_limit``), as the table says it."""
 
 
 def _render_pd(placed: Placed) -> None:
@@ -91,5 +122,20 @@ def plan(
         title = f"[bold]{source.model}[/] on {placed.ref.describe()} (policy {placed.policy})"
         _render(outcome.placements, outcome.unplaced, title, placed.request)
         _render_pd(placed)
+        _render_capacity(placed)
+    if placed.shortfall:
+        err_console.print(f"error: {placed.shortfall}", markup=False, soft_wrap=True)
     if outcome.unplaced:
         raise typer.Exit(1)
+
+
+def _render_capacity(placed: Placed) -> None:
+    cap = placed.capacity
+    if cap is None:
+        return
+    console.print(
+        f"capacity: {cap.request_rate_rps:g} req/s asked; {cap.replicas} x tp={cap.tp} pp={cap.pp} on {cap.gpu} "
+        f"({cap.gpus} GPUs) at {cap.batch} running sequences each: {cap.served_rps:g} req/s together",
+        soft_wrap=True,
+        markup=False,
+    )

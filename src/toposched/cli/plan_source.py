@@ -16,8 +16,10 @@ prefill instances and the TPOT SLO the decode instances, with ``--kv-store`` sto
 
 from __future__ import annotations
 
+import dataclasses
 import functools
 import inspect
+import math
 from collections.abc import Callable
 from dataclasses import dataclass, fields
 from pathlib import Path
@@ -34,6 +36,7 @@ from toposched.perf.profile import Profile, use_profile
 from toposched.solver.pd import KV_STORES, Disaggregation, KvStore, place_pd
 from toposched.solver.request import PlacementRequest
 from toposched.solver.scheduler import POLICIES, Outcome, Scheduler
+from toposched.solver.sizing import Capacity, missing_gpus, size_for_rate
 from toposched.topology.model import Cluster
 from toposched.topology.sources import Loaded, SourceRef, load_source
 from toposched.workload import resolve_model
@@ -67,7 +70,7 @@ class PlanSource:
     slo_ttft_ms: float | None = None
     slo_class: str = "interactive"
     max_model_len: int = DEFAULT_MAX_MODEL_LEN
-    concurrent_seqs: int = 8
+    concurrent_seqs: int | None = None
     input_len: int = 1024
     output_len: int = 256
     weight_dtype: str | None = None
@@ -82,6 +85,7 @@ class PlanSource:
     pd_decode: int = 0
     kv_store: str | None = None
     pd_same_rack_required: bool = False
+    request_rate: float | None = None
 
     def topology(self) -> SourceRef | None:
         """The one topology source the flags name (None when none is given)."""
@@ -119,6 +123,15 @@ class PlanSource:
         """The placement request, checked flag by flag (errors name the flag, exit 2)."""
         if self.model is None:
             raise InputError("no model to plan", fix="pass --model NAME (a catalog name, Hugging Face id or path)")
+        if self.request_rate is not None:
+            if not (math.isfinite(self.request_rate) and 0 < self.request_rate <= 1e6):
+                raise InputError(
+                    f"--request-rate {self.request_rate:g} is not a rate", fix="give requests/s, more than 0 (e.g. 20)"
+                )
+            if self.replicas != 1:
+                raise InputError(
+                    f"--replicas {self.replicas} with --request-rate", fix="give one: the rate sizes the replicas"
+                )
         POLICIES.get(self.policy)  # unknown names fail here with the valid ones
         if self.tp is not None:
             spec = resolve_model(self.model)
@@ -140,6 +153,7 @@ class PlanSource:
                 slo_class=self.slo_class,
                 max_model_len=self.max_model_len,
                 concurrent_seqs=self.concurrent_seqs,
+                slo_required=True,
                 input_len=min(self.input_len, self.max_model_len),
                 output_len=self.output_len,
                 weight_dtype=self.weight_dtype,
@@ -169,6 +183,14 @@ class PlanSource:
         busy = parse_gpu_list(self.busy, loaded.cluster, "--busy")
         scheduler = Scheduler(loaded.cluster, gpu=self.gpu, busy=busy, budget_gbps=self.budget_gbps, seed=self.seed)
         with use_profile(chosen):
+            if self.request_rate is not None:
+                if pd is not None:
+                    raise InputError("--request-rate sizes plain instances", fix="leave out --pd-prefill/--pd-decode")
+                sizing = size_for_rate(scheduler, request, self.request_rate)
+                outcome = scheduler.place(sizing.request, policy=self.policy)
+                short = missing_gpus(scheduler, sizing, len(outcome.placements)) if outcome.unplaced else None
+                placed = Placed(sizing.request, ref, loaded, outcome, self.policy, chosen, capacity=sizing.capacity)
+                return dataclasses.replace(placed, shortfall=short)
             if pd is None:
                 return Placed(request, ref, loaded, scheduler.place(request, policy=self.policy), self.policy, chosen)
             made = place_pd(scheduler, request, pd, policy=self.policy)
@@ -211,6 +233,10 @@ class Placed:
     """The prefill/decode split and pairs of a disaggregated plan (None: a plain plan)."""
     stores: tuple[KvStore, ...] = ()
     """The KV-cache stores of a disaggregated plan."""
+    capacity: Capacity | None = None
+    """With ``--request-rate``: what the replicas were sized to serve (``solver/sizing.py``)."""
+    shortfall: str | None = None
+    """With ``--request-rate``: one line on the GPUs missing when not every replica could be placed."""
 
     def document(self, *, with_unplaced: bool = True) -> dict[str, Any]:
         """The plan document (``plan --json``), under the profile the plan was made with."""
@@ -224,6 +250,7 @@ class Placed:
                 source=self.ref.describe(),
                 disaggregation=self.disaggregation,
                 stores=self.stores,
+                capacity=self.capacity,
             )
 
 
@@ -300,9 +327,26 @@ _OPTIONS: dict[str, tuple[Any, Any]] = {
             "whole context, but a plan reserves KV for every concurrent sequence at this length).",
         ),
     ),
-    "concurrent_seqs": (int, typer.Option(8, "--concurrent-seqs", help="Sequences to reserve KV for (and batch).")),
+    "concurrent_seqs": (
+        int | None,
+        typer.Option(
+            None,
+            "--concurrent-seqs",
+            help="Running sequences per instance (the engines' max-num-seqs). Default: the operating point, the "
+            "largest batch meeting the SLO (without one, the throughput knee) that the KV cache holds.",
+        ),
+    ),
     "input_len": (int, typer.Option(1024, "--input-len", help="Typical prompt length for predictions.")),
     "output_len": (int, typer.Option(256, "--output-len", help="Typical output length for predictions.")),
+    "request_rate": (
+        float | None,
+        typer.Option(
+            None,
+            "--request-rate",
+            help="Requests/s to serve at --input-len/--output-len: plan the fewest GPUs that serve it within the "
+            "SLO (replicas, degree and operating point); exit 1 naming the GPUs missing when the cluster cannot.",
+        ),
+    ),
     "weight_dtype": (str | None, typer.Option(None, "--weight-dtype", help="bf16|fp16|fp8|int8|int4.")),
     "kv_dtype": (str | None, typer.Option(None, "--kv-dtype", help="auto|fp8|int8|int4.")),
     "affinity": (str, typer.Option("auto", "--affinity", help="auto|nvlink|pcie-switch|numa|node|none.")),

@@ -16,9 +16,10 @@ from rich.table import Table
 from toposched.cli._common import console, print_json
 from toposched.errors import InfeasibleError, InputError
 from toposched.perf.hardware import GpuSpec, get_gpu
-from toposched.perf.latency import LatencyEstimate, StepTime, predict_latency
+from toposched.perf.latency import LatencyEstimate, PassModel, StepTime, predict_latency, resolve_config
 from toposched.perf.links import get_link
 from toposched.perf.profile import load_profile, use_profile
+from toposched.perf.serving import OperatingPoint, evaluate
 from toposched.workload.catalog import resolve_model
 from toposched.workload.dtypes import parse_kv_dtype, parse_weight_dtype
 from toposched.workload.fallbacks import Fallback, capacity_fallbacks
@@ -304,13 +305,16 @@ def _step_json(s: StepTime) -> dict[str, Any]:
     }
 
 
-def _estimate_json(r: LatencyEstimate, extra: dict[str, Any]) -> dict[str, Any]:
+def _estimate_json(r: LatencyEstimate, point: OperatingPoint, extra: dict[str, Any]) -> dict[str, Any]:
     return {
         **extra,
-        "ttft_ms": r.ttft_ms,
-        "tpot_ms": r.tpot_ms,
-        "e2e_ms": r.e2e_ms,
-        "tokens_per_s": r.tokens_per_s,
+        "ttft_ms": point.ttft_ms,
+        "tpot_ms": point.tpot_ms,
+        "e2e_ms": point.ttft_ms + (extra["output_len"] - 1) * point.tpot_ms,
+        "tokens_per_s": point.throughput_tokens_per_s,
+        "requests_per_s": point.served_rps,
+        "batch_prefill_ms": r.ttft_ms,
+        "decode_step_ms": r.tpot_ms,
         "prefill": _step_json(r.prefill),
         "decode": _step_json(r.decode),
     }
@@ -353,6 +357,8 @@ def estimate(
         r = predict_latency(spec, g, tp=tp, pp=pp, link=tp_link, pp_link=between, batch=batch,
                             input_len=input_len, output_len=output_len,
                             max_batched_tokens=cfg.max_num_batched_tokens)  # fmt: skip
+        passes = PassModel(spec, g, tp=tp, pp=pp, link=tp_link, pp_link=between, cfg=resolve_config(spec, g, None))
+        point = evaluate(passes, batch, isl=input_len, osl=output_len, budget=cfg.max_num_batched_tokens)
     mem = estimate_memory(spec, gpu_memory_bytes=memory_bytes, tp=tp, pp=pp,
                           max_model_len=input_len + output_len, num_seqs=batch, config=cfg)  # fmt: skip
     context = input_len + output_len // 2
@@ -364,24 +370,30 @@ def estimate(
         "kv_tokens_capacity": mem.kv_tokens_capacity,
     }  # fmt: skip
     if json_out:
-        print_json(_estimate_json(r, extra))
+        print_json(_estimate_json(r, point, extra))
         return
     console.print(
         f"{spec.name} ({spec.weight_dtype}) on {tp * pp}x {g.name}, tp={tp} pp={pp}, link {tp_link.name}; "
         f"batch {batch}, {input_len} in / {output_len} out",
         soft_wrap=True,
     )
-    table = Table("ms", "prefill (TTFT)", "decode step (TPOT)", box=box.SIMPLE_HEAD, pad_edge=False)
+    table = Table("ms", f"prefill of all {batch} prompts", "decode step", box=box.SIMPLE_HEAD, pad_edge=False)
     for label, attr in (("HBM reads", "memory_ms"), ("compute", "compute_ms"), ("all-reduce", "comm_ms"),
                         ("small kernels", "small_kernels_ms"), ("pp hand-off", "p2p_ms"),
                         ("engine overhead", "overhead_ms"), ("total", "total_ms")):  # fmt: skip
         table.add_row(label, f"{getattr(r.prefill, attr):.2f}", f"{getattr(r.decode, attr):.2f}")
     console.print(table)
+    e2e = point.ttft_ms + (output_len - 1) * point.tpot_ms
     console.print(
-        f"TTFT {r.ttft_ms:.1f} ms for a batch of {batch} x {input_len} prompt tokens "
-        f"(chunks of {cfg.max_num_batched_tokens}); TPOT {r.tpot_ms:.2f} ms per step at batch {batch}, "
-        f"context {context} ({input_len} in + {output_len} out / 2); end to end {r.e2e_ms:.1f} ms, "
-        f"throughput {r.tokens_per_s:.1f} tokens/s",
+        f"Serving {batch} requests at once (continuous batching, chunks of {cfg.max_num_batched_tokens} tokens): "
+        f"one request's TTFT {point.ttft_ms:.1f} ms, TPOT {point.tpot_ms:.2f} ms (the decode step at context "
+        f"{context}, {input_len} in + {output_len} out / 2, with arriving prompts riding along); end to end "
+        f"{e2e:.1f} ms; {point.throughput_tokens_per_s:.1f} output tokens/s, {point.served_rps:.2f} requests/s",
+        soft_wrap=True,
+    )
+    console.print(
+        f"The prefill of all {batch} prompts at once (a static batch's TTFT) takes {r.ttft_ms:.1f} ms; "
+        f"a decode step alone {r.tpot_ms:.2f} ms.",
         soft_wrap=True,
     )
     if not mem.fits:

@@ -14,7 +14,7 @@ reference/data/anchors-train.md says:
   offline maximum-throughput runs the caller sets ``batch`` to the saturated batch (what the KV
   cache and the engine's batch limit allow). A run of ``num_requests`` identical requests runs in
   waves of ``c``; an open-loop run (``request_rate``) serves its arrivals, and no more than the
-  closed loop at ``c`` would (``_Run.tokens_per_s``).
+  closed loop at ``c`` would (``perf/serving.py`` ``ServingRun``, the same model the plans' operating points use).
 
 The sample's ``engine`` is passed on to the model (``latency.prefill_launched_from_host``: whether a
 prefill pays the host-launch cost).
@@ -34,10 +34,11 @@ import numpy as np
 
 from toposched.errors import InputError
 from toposched.perf.hardware import get_gpu
-from toposched.perf.latency import PassModel, PerfConfig, prefill_chunks
+from toposched.perf.latency import PassModel, PerfConfig
 from toposched.perf.links import get_link
 from toposched.perf.profile import ANY, Profile, ProfileEntry
 from toposched.perf.samples import Sample
+from toposched.perf.serving import ServingRun
 from toposched.workload.catalog import resolve_model
 from toposched.workload.dtypes import parse_kv_dtype, parse_weight_dtype
 from toposched.workload.spec import ModelSpec
@@ -101,7 +102,7 @@ def predict_sample(
     gpu = get_gpu(sample.gpu)
     link = get_link(sample.link or gpu.native_link)
     model = PassModel(spec, gpu, tp=sample.tp, pp=sample.pp, link=link, pp_link=link, cfg=config, engine=sample.engine)
-    run = _Run(model, sample.batch, sample.input_len, sample.output_len, max_batched_tokens)
+    run = ServingRun(model, sample.batch, sample.input_len, sample.output_len, max_batched_tokens)
     out: dict[str, float] = {}
     if sample.ttft_ms is not None:
         out["ttft_ms"] = run.ttft_ms()
@@ -110,83 +111,6 @@ def predict_sample(
     if sample.tokens_per_s is not None:
         out["tokens_per_s"] = run.tokens_per_s(sample.num_requests, sample.request_rate)
     return out
-
-
-class _Run:
-    """One benchmark run of ``c`` concurrent sequences of ``isl`` in, ``osl`` out (module docstring)."""
-
-    def __init__(self, model: PassModel, c: int, isl: int, osl: int, budget: int) -> None:
-        self.model, self.c, self.isl, self.osl, self.budget = model, c, isl, osl, budget
-        self.context = isl + osl / 2
-
-    def _decode_ms(self, seqs: int) -> float:
-        step = self.model.step(decode_seqs=seqs, decode_context=seqs * self.context)
-        return step.total_ms if step is not None else 0.0
-
-    def ttft_ms(self) -> float:
-        """One prompt's prefill, with the other ``c - 1`` sequences decoding in the same passes."""
-        riders = self.c - 1
-        # the request arrives while the engine runs a step of the others and joins at the next
-        # iteration boundary: on average half a step later
-        ttft = self._decode_ms(riders) / 2
-        done = 0
-        while done < self.isl:
-            n = min(self.budget - min(riders, self.budget - 1), self.isl - done)
-            step = self.model.step(decode_seqs=riders, decode_context=riders * self.context, chunks=[(done, n)])
-            assert step is not None
-            ttft += step.total_ms
-            done += n
-        return ttft
-
-    def tpot_ms(self) -> float:
-        """The decode step at batch ``c``, plus the other ``c - 1`` sequences' prefills riding along:
-        each prefills once per ``osl`` steps, in a pass with the decodes."""
-        decode = self._decode_ms(self.c)
-        extra = 0.0
-        if self.c > 1:
-            done = 0
-            while done < self.isl:
-                n = min(self.budget, self.isl - done)
-                mixed = self.model.step(decode_seqs=self.c, decode_context=self.c * self.context, chunks=[(done, n)])
-                assert mixed is not None
-                extra += mixed.total_ms - decode
-                done += n
-        return decode + (self.c - 1) / self.osl * extra
-
-    def _batch_ms(self, b: int) -> float:
-        """Closed loop: ``b`` prompts prefilled in budget-sized passes, then ``osl - 1`` decode steps."""
-        per_pass = max(1, self.budget // self.isl)
-        full = self.model.step(chunks=[(0, self.isl)] * per_pass) if self.isl <= self.budget else None
-        if full is not None:
-            prefill_ms = full.total_ms * b / per_pass
-        else:  # a prompt longer than the budget: its own chunked passes, one prompt after another
-            passes = (self.model.step(chunks=p) for p in prefill_chunks(1, self.isl, self.budget))
-            prefill_ms = b * sum(p.total_ms for p in passes if p is not None)
-        return prefill_ms + (self.osl - 1) * self._decode_ms(b)
-
-    def tokens_per_s(self, num_requests: int | None, request_rate: float | None) -> float:
-        """Output tokens/s of the run.
-
-        Open loop (``request_rate``): ``N`` requests arrive over ``N / rate`` seconds and the last
-        one takes its end-to-end latency after that; with a concurrency cap ``c`` (vLLM/SGLang
-        ``--max-concurrency`` with a rate) the run takes at least the closed loop's time at ``c``.
-        Closed loop with ``N`` requests of identical
-        lengths: they run in waves of ``c`` (a wave's sequences start within one prefill ramp and
-        end together, so the last, partial wave takes nearly as long as a full one). Without
-        ``N``: the steady state, ``c`` sequences forever.
-        """
-        if num_requests is None:
-            closed = self.c * self.osl / (self._batch_ms(self.c) / 1e3)
-        else:
-            full, rest = divmod(num_requests, self.c)
-            total_ms = full * self._batch_ms(self.c) + (self._batch_ms(rest) if rest else 0.0)
-            closed = num_requests * self.osl / (total_ms / 1e3)
-        if request_rate is None:
-            return closed
-        e2e_s = (self.ttft_ms() + (self.osl - 1) * self.tpot_ms()) / 1e3
-        if num_requests is None:
-            return min(request_rate * self.osl, self.c / e2e_s * self.osl, closed)
-        return min(num_requests * self.osl / (num_requests / request_rate + e2e_s), closed)
 
 
 def _residuals(samples: Sequence[Sample], config: PerfConfig) -> list[float]:

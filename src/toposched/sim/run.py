@@ -105,7 +105,8 @@ def run_policy(
     pd = scenario.pd
     if pd is not None:
         cluster = label_nodes(cluster)
-    scheduler = Scheduler(cluster, budget_gbps=scenario.budget_gbps, seed=seed)
+    # the tenants' SLO factors were set on the design batch's figures (sim/deployment.py)
+    scheduler = Scheduler(cluster, budget_gbps=scenario.budget_gbps, seed=seed, prediction="design-batch")
     deployments = deployments_for(scenario, scheduler)
     work = _fresh(arrivals if arrivals is not None else make_arrivals(scenario, seed))
     sim: Simulation

@@ -556,7 +556,7 @@ def _traffic(
         for z in out_flags:
             model.add(any_out >= z)
         parts.append(math.ceil(out_per_step * steps * 1000) * any_out)
-    handover_mbps = math.ceil(request.concurrent_seqs * option.spec.hidden_size * BF16_BYTES * steps / 1e6)
+    handover_mbps = math.ceil(option.max_batch * option.spec.hidden_size * BF16_BYTES * steps / 1e6)
     for st in range(len(stage_in) - 1):
         a, b = stage_in[st], stage_in[st + 1]
         same = []

@@ -9,22 +9,36 @@ solver can ask many times per decision.
 
 from __future__ import annotations
 
+import dataclasses
 from dataclasses import dataclass, field
 from functools import lru_cache
+from typing import Literal
 
 from toposched.errors import InfeasibleError, InputError
 from toposched.perf.hardware import GpuSpec, get_gpu, gpu_registry
-from toposched.perf.latency import LatencyEstimate, predict_latency
+from toposched.perf.latency import LatencyEstimate, PassModel, predict_latency, resolve_config
 from toposched.perf.links import get_link
+from toposched.perf.serving import CommAdjust, OperatingPoint, evaluate, operating_point
 from toposched.solver.request import PlacementRequest
 from toposched.solver.split import balanced_partition
 from toposched.workload import resolve_model
 from toposched.workload.dtypes import KvDtype, kv_element_bytes, parse_kv_dtype, parse_weight_dtype
-from toposched.workload.memory import MemoryConfig, MemoryEstimate, estimate_memory
+from toposched.workload.memory import MemoryConfig, MemoryEstimate, estimate_memory, vllm_batch_defaults
 from toposched.workload.parallel import valid_tps
 from toposched.workload.spec import ModelSpec
 
 _KV_FALLBACKS: tuple[KvDtype, ...] = ("fp8", "int8", "int4")
+
+RESERVE_SEQS = 8
+"""Without ``--concurrent-seqs``, a degree fits when its KV cache holds this many sequences of the
+whole ``max_model_len`` (as every plan before operating points did); the running batch is then chosen
+per placement (``perf/serving.py``), up to what the KV cache holds at the workload's lengths."""
+
+Prediction = Literal["operating-point", "design-batch"]
+"""What a placement's predicted TTFT and TPOT are: ``operating-point`` (plans, the service): one
+request's TTFT and the mean TPOT under continuous batching at the chosen running batch
+(``perf/serving.py``); ``design-batch`` (the simulator, whose SLO factors were set on it): the prefill
+of ``concurrent_seqs`` prompts at once and the decode step at that batch (``predict_latency``)."""
 
 
 @dataclass(frozen=True)
@@ -37,6 +51,11 @@ class DegreeOption:
     spec: ModelSpec
     memory: MemoryEstimate
     fallbacks: tuple[str, ...] = ()
+    max_batch: int = RESERVE_SEQS
+    """The largest running batch: what the KV cache holds at the workload's lengths (memory sized
+    for that many sampler rows) and the engine's limit; the request's ``concurrent_seqs`` when given."""
+    kv_limited: bool = False
+    """Whether ``max_batch`` is the KV cache's limit (else the engine's or the request's)."""
 
     @property
     def gpus(self) -> int:
@@ -55,7 +74,63 @@ class OptionSet:
     gpu: GpuSpec
     options: list[DegreeOption]
     dropped: list[str] = field(default_factory=list)
+    prediction: Prediction = "operating-point"
     _latency: dict[tuple[int, int, str, str], LatencyEstimate] = field(default_factory=dict)
+    _points: dict[tuple[object, ...], OperatingPoint] = field(default_factory=dict)
+
+    def operating(
+        self,
+        option: DegreeOption,
+        link: str,
+        pp_link: str | None = None,
+        *,
+        max_batch: int | None = None,
+        comm: tuple[str, CommAdjust] | None = None,
+    ) -> OperatingPoint:
+        """The operating point of ``option`` over these links (``perf/serving.py``): the chosen running
+        batch (at most ``max_batch``, default the option's) and the predicted per-request TTFT and TPOT.
+
+        ``comm`` is a name and a function for the all-reduce time a placement pays (compression,
+        overlap); the name keys the cache. Under ``design-batch`` the point is ``predict_latency``'s
+        design batch (TTFT the prefill of every prompt at once), adjusted by ``comm`` the same way.
+        """
+        cap = option.max_batch if max_batch is None else max(1, min(max_batch, option.max_batch))
+        key = (option.tp, option.pp, option.fallbacks, link, pp_link or link, cap, comm[0] if comm else None)
+        point = self._points.get(key)
+        if point is None:
+            point = self._operating(option, link, pp_link, cap, comm[1] if comm else None)
+            self._points[key] = point
+        return point
+
+    def _operating(
+        self, option: DegreeOption, link: str, pp_link: str | None, cap: int, comm: CommAdjust | None
+    ) -> OperatingPoint:
+        r = self.request
+        spec, gpu = option.spec, self.gpu
+        model = PassModel(
+            spec, gpu, tp=option.tp, pp=option.pp, link=get_link(link),
+            pp_link=get_link(pp_link) if pp_link else get_link(link), cfg=resolve_config(spec, gpu, None),
+        )  # fmt: skip
+        budget = batched_tokens(option, r.max_model_len, cap)
+        isl, osl, tpot_slo, ttft_slo = r.input_len, r.output_len, r.slo_tpot_ms, r.slo_ttft_ms
+        if self.prediction == "operating-point" and r.concurrent_seqs is None:
+            kv_limited = option.kv_limited and cap == option.max_batch
+            return operating_point(
+                model, isl=isl, osl=osl, budget=budget, max_batch=cap, kv_limited=kv_limited,
+                slo_tpot_ms=tpot_slo, slo_ttft_ms=ttft_slo, comm=comm,
+            )  # fmt: skip
+        point = evaluate(
+            model, cap, isl=isl, osl=osl, budget=budget, slo_tpot_ms=tpot_slo, slo_ttft_ms=ttft_slo, comm=comm
+        )
+        if self.prediction == "operating-point":
+            return point
+        est = self.latency(option, link, pp_link)
+        ttft, tpot = est.ttft_ms, est.tpot_ms
+        if comm is not None:
+            ttft += comm(est.prefill.comm_ms) - est.prefill.comm_ms
+            tpot += comm(est.decode.comm_ms) - est.decode.comm_ms
+        meets = (tpot_slo is None or tpot <= tpot_slo) and (ttft_slo is None or ttft <= ttft_slo)
+        return dataclasses.replace(point, ttft_ms=ttft, tpot_ms=tpot, meets_slo=meets)
 
     def latency(self, option: DegreeOption, link: str, pp_link: str | None = None) -> LatencyEstimate:
         key = (option.tp, option.pp, link, pp_link or link)
@@ -67,13 +142,13 @@ class OptionSet:
                 pp=option.pp,
                 link=get_link(link),
                 pp_link=get_link(pp_link) if pp_link else None,
-                batch=self.request.concurrent_seqs,
+                batch=self.request.concurrent_seqs or RESERVE_SEQS,
                 input_len=self.request.input_len,
                 output_len=self.request.output_len,
             )
         return self._latency[key]
 
-    def meets_slo(self, estimate: LatencyEstimate) -> bool:
+    def meets_slo(self, estimate: LatencyEstimate | OperatingPoint) -> bool:
         r = self.request
         return (r.slo_tpot_ms is None or estimate.tpot_ms <= r.slo_tpot_ms) and (
             r.slo_ttft_ms is None or estimate.ttft_ms <= r.slo_ttft_ms
@@ -110,11 +185,21 @@ def gpu_type_for(model_name: str | None, override: str | None = None) -> GpuSpec
 
 @lru_cache(maxsize=512)
 def _memory(
-    spec: ModelSpec, gpu_bytes: int, tp: int, pp: int, ep: int, max_len: int, seqs: int, int4: bool, ckpt: bool
+    spec: ModelSpec,
+    gpu_bytes: int,
+    tp: int,
+    pp: int,
+    ep: int,
+    max_len: int,
+    seqs: int,
+    int4: bool,
+    ckpt: bool,
+    rows: int | None = None,
 ) -> MemoryEstimate:
-    # the launch passes --max-num-seqs = the request's concurrent sequences (binding/engine_args.py), so
-    # vLLM's sampler warm-up and the forward peak are sized for that many rows, not the 1,024 default
-    cfg = MemoryConfig(allow_int4_kv=int4, max_num_seqs=seqs)
+    # the launch passes --max-num-seqs = the running batch (binding/engine_args.py), so vLLM's sampler
+    # warm-up and the forward peak are sized for that many rows (``rows``, default ``seqs``), not the
+    # 1,024 default; ``seqs`` sequences of ``max_len`` must fit in the KV cache
+    cfg = MemoryConfig(allow_int4_kv=int4, max_num_seqs=rows or seqs)
     if ckpt:
         cfg = cfg.model_copy(update={"max_num_batched_tokens": cfg.checkpoint_batched_tokens})
     return estimate_memory(
@@ -123,10 +208,59 @@ def _memory(
     )  # fmt: skip
 
 
+def batched_tokens(option: DegreeOption, max_model_len: int, batch: int) -> int:
+    """Tokens of one pass at ``batch`` running sequences: what the memory estimate profiled (8,192, or
+    the activation-checkpointing fallback's 2,048), no more than ``batch`` whole contexts, and at least
+    ``batch`` (vLLM refuses ``max_num_batched_tokens < max_num_seqs``)."""
+    cfg = MemoryConfig()
+    budget = (
+        cfg.checkpoint_batched_tokens if "activation-checkpointing" in option.fallbacks else cfg.max_num_batched_tokens
+    )
+    return max(min(budget, max_model_len * batch), batch)
+
+
+def engine_batch_limit(gpu: GpuSpec) -> int:
+    """The most running sequences a plan gives one instance on ``gpu``: vLLM 0.33's default
+    ``max_num_seqs`` for the GPU's memory tier (1,024 on H100/H200-class GPUs, 256 on others)."""
+    return vllm_batch_defaults(gpu.usable_memory_bytes, gpu.name)[1]
+
+
+def _sized(
+    request: PlacementRequest,
+    gpu: GpuSpec,
+    spec: ModelSpec,
+    est: MemoryEstimate,
+    fallbacks: tuple[str, ...],
+    tp: int,
+    pp: int,
+) -> tuple[MemoryEstimate, int, bool]:
+    """(memory, largest running batch, whether the KV cache sets it) of a fitting option.
+
+    With ``concurrent_seqs`` the batch is that. Without it, the batch may grow to what the KV cache holds
+    at the workload's lengths (``input_len + output_len`` per sequence, whole blocks) and the engine's
+    limit; the memory is then estimated again with that many sampler rows (vLLM's warm-up grows with
+    ``max_num_seqs``), which leaves a little less KV: the batch is bounded by the second estimate too.
+    """
+    if request.concurrent_seqs is not None:
+        return est, request.concurrent_seqs, False
+    per_seq = request.input_len + request.output_len
+    cap = engine_batch_limit(gpu)
+    top = min(cap, est.concurrent_seqs(per_seq))
+    if top <= RESERVE_SEQS:
+        return est, max(1, est.concurrent_seqs(per_seq)), True
+    args = (gpu.usable_memory_bytes, tp, pp, request.ep, request.max_model_len, RESERVE_SEQS, request.allow_int4_kv)
+    wider = _memory(spec, *args, "activation-checkpointing" in fallbacks, top)
+    if not wider.fits:  # the larger sampler warm-up leaves too little KV: keep the reserve's rows
+        return est, RESERVE_SEQS, True
+    held = wider.concurrent_seqs(per_seq)
+    return wider, max(1, min(top, held)), held <= cap
+
+
 def _fit_with_fallbacks(
     request: PlacementRequest, spec: ModelSpec, gpu_bytes: int, tp: int, pp: int, ep: int
 ) -> tuple[ModelSpec, MemoryEstimate, tuple[str, ...]]:
-    args = (gpu_bytes, tp, pp, ep, request.max_model_len, request.concurrent_seqs, request.allow_int4_kv)
+    seqs = request.concurrent_seqs or RESERVE_SEQS
+    args = (gpu_bytes, tp, pp, ep, request.max_model_len, seqs, request.allow_int4_kv)
     est = _memory(spec, *args, False)
     if est.fits:
         return spec, est, ()
@@ -175,7 +309,9 @@ def check_context(request: PlacementRequest, spec: ModelSpec) -> None:
         )
 
 
-def build_options(request: PlacementRequest, gpu: GpuSpec, *, max_tp: int, max_gpus: int) -> OptionSet:
+def build_options(
+    request: PlacementRequest, gpu: GpuSpec, *, max_tp: int, max_gpus: int, prediction: Prediction = "operating-point"
+) -> OptionSet:
     """Every (tp, pp, ep) that fits ``gpu`` for this request, fewest GPUs first."""
     spec = resolve_model(
         request.model,
@@ -184,7 +320,7 @@ def build_options(request: PlacementRequest, gpu: GpuSpec, *, max_tp: int, max_g
     )
     check_context(request, spec)
     tps = [t for t in valid_tps(spec, limit=max(1, max_tp)) if request.allowed_tp is None or t in request.allowed_tp]
-    result = OptionSet(request=request, gpu=gpu, options=[])
+    result = OptionSet(request=request, gpu=gpu, options=[], prediction=prediction)
     if request.allowed_tp is not None:
         result.dropped.extend(
             f"tp={t} does not shard {spec.name} or exceeds the largest group ({max_tp} GPUs)"
@@ -202,7 +338,8 @@ def build_options(request: PlacementRequest, gpu: GpuSpec, *, max_tp: int, max_g
             usable = gpu.usable_memory_bytes
             used_spec, est, fallbacks = _fit_with_fallbacks(request, spec, usable, tp, pp, request.ep)
             if est.fits:
-                result.options.append(DegreeOption(tp, pp, request.ep, used_spec, est, fallbacks))
+                est, top, kv_limited = _sized(request, gpu, used_spec, est, fallbacks, tp, pp)
+                result.options.append(DegreeOption(tp, pp, request.ep, used_spec, est, fallbacks, top, kv_limited))
                 if not fallbacks:
                     break  # more stages only cost GPUs once this pp fits as asked
             if pp == request.max_pp or tp * (pp + 1) > max_gpus:

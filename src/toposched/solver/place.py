@@ -14,6 +14,7 @@
 from __future__ import annotations
 
 import itertools
+import math
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
@@ -25,7 +26,7 @@ from toposched.solver.experts import place_experts
 from toposched.solver.index import ClusterIndex, Group, LevelIndex
 from toposched.solver.layout import layout_problem, per_node_choices
 from toposched.solver.locality import pick_in_group
-from toposched.solver.options import DegreeOption, OptionSet
+from toposched.solver.options import RESERVE_SEQS, DegreeOption, OptionSet
 from toposched.solver.request import (
     SLO_CLASSES,
     ExpertReport,
@@ -357,45 +358,18 @@ def assess(
     """
     request, gpu = options.request, options.gpu
     link, in_domain, pp_link = stage_links(index, stages, gpu)
-    estimate = options.latency(option, link, pp_link)
     spec = option.spec
-    steps_per_s = 1000.0 / estimate.tpot_ms
-    act_bytes = request.concurrent_seqs * spec.hidden_size * BF16_BYTES
-    cross = 0.0
-    if not in_domain and option.tp > 1:
-        layers_per_stage = spec.num_layers / option.pp
-        # bytes each rank sends outside its domain per all-reduce: a flat ring moves 2(n-1)/n of the
-        # activations; a two-level all-reduce (``tp_link``: g GPUs per node) reduces inside each node
-        # first, so only 2(m-1)/m of 1/g of them cross, between the m = n/g nodes
-        per_node = get_link(link).gpus_per_node or 1
-        across = option.tp // per_node
-        bus = 2 * (across - 1) / across * act_bytes / per_node
-        cross += option.pp * option.tp * 2 * layers_per_stage * bus * steps_per_s / 1e9
     domains = [index.domain_of(stage) for stage in stages]
-    for a, b in itertools.pairwise(domains):
-        if a is None or a != b:
-            cross += act_bytes * steps_per_s / 1e9
+    crossings = sum(1 for a, b in itertools.pairwise(domains) if a is None or a != b)
+    # bytes each rank sends outside its domain per all-reduce: a flat ring moves 2(n-1)/n of the
+    # activations; a two-level all-reduce (``tp_link``: g GPUs per node) reduces inside each node
+    # first, so only 2(m-1)/m of 1/g of them cross, between the m = n/g nodes
+    per_node = get_link(link).gpus_per_node or 1
+    across = option.tp // per_node
+    spans = not in_domain and option.tp > 1 and across > 1
     slo_class = SLO_CLASSES[request.slo_class]
-    compression = None
-    overlap = 0.0
-    tpot, ttft = estimate.tpot_ms, estimate.ttft_ms
-    comm, prefill_comm = estimate.decode.comm_ms, estimate.prefill.comm_ms
-    if cross > 0 and not in_domain:
-        # compression and overlap apply to every pass's all-reduces: decode steps and the prefill
-        # (perf/step.py StepCost charges them the same way, step by step)
-        if slo_class.allow_compression:
-            compression = "fp8"
-            extra = 2 * spec.num_layers * COMPRESSION_US_PER_ALLREDUCE / 1000
-            tpot += -comm * (1 - COMPRESSION_RATIO) + extra
-            ttft += -prefill_comm * (1 - COMPRESSION_RATIO) + extra
-            cross *= COMPRESSION_RATIO
-            comm *= COMPRESSION_RATIO
-            prefill_comm *= COMPRESSION_RATIO
-        if slo_class.allow_overlap:
-            overlap = OVERLAP_FRACTION
-            tpot -= comm * OVERLAP_FRACTION
-            ttft -= prefill_comm * OVERLAP_FRACTION
-    level = max((index.tightest_level(stage) for stage in stages), key=LEVEL_ORDER.index)
+    compression = "fp8" if (spans or crossings) and not in_domain and slo_class.allow_compression else None
+    overlap = OVERLAP_FRACTION if (spans or crossings) and not in_domain and slo_class.allow_overlap else 0.0
     mem = option.memory
     kv_bytes, kv_tokens, weights = max(mem.kv_budget_bytes, 0), mem.kv_tokens_capacity, mem.weights_bytes_per_gpu
     experts = _experts(request, option)
@@ -403,7 +377,31 @@ def assess(
         weights += experts.extra_bytes_per_gpu
         kv_tokens = int(kv_tokens * max(kv_bytes - experts.extra_bytes_per_gpu, 0) / kv_bytes) if kv_bytes else 0
         kv_bytes = max(kv_bytes - experts.extra_bytes_per_gpu, 0)
-    seq_tokens = request.concurrent_seqs * request.max_model_len
+    cap = option.max_batch
+    if request.concurrent_seqs is None and kv_tokens < mem.kv_tokens_capacity:  # the expert copies' share
+        cap = max(1, kv_tokens // (math.ceil((request.input_len + request.output_len) / 16) * 16))
+    raw = options.operating(option, link, pp_link, max_batch=cap)
+    point = raw
+    if compression or overlap:
+        point = options.operating(
+            option,
+            link,
+            pp_link,
+            max_batch=cap,
+            comm=(f"{compression}/{overlap}", _comm_paid(compression, overlap, spec.num_layers)),
+        )
+    steps_per_s = 1000.0 / raw.tpot_ms
+    act_bytes = point.batch * spec.hidden_size * BF16_BYTES
+    cross = 0.0
+    if spans:
+        bus = 2 * (across - 1) / across * act_bytes / per_node
+        cross += option.pp * option.tp * 2 * (spec.num_layers / option.pp) * bus * steps_per_s / 1e9
+    cross += crossings * act_bytes * steps_per_s / 1e9
+    if compression:
+        cross *= COMPRESSION_RATIO
+    tpot, ttft = point.tpot_ms, point.ttft_ms
+    level = max((index.tightest_level(stage) for stage in stages), key=LEVEL_ORDER.index)
+    seq_tokens = (request.concurrent_seqs or RESERVE_SEQS) * request.max_model_len
     fits = mem.fits and (experts is None or kv_tokens >= min(seq_tokens, mem.kv_tokens_capacity))
     checks = run_checks(
         CheckContext(
@@ -445,6 +443,12 @@ def assess(
         kv_tokens_capacity=kv_tokens,
         ttft_ms=round(ttft, 3),
         tpot_ms=round(tpot, 3),
+        max_num_seqs=point.batch,
+        max_num_batched_tokens=point.max_num_batched_tokens,
+        goodput_tokens_per_s=round(point.goodput_tokens_per_s, 1),
+        served_rps=round(point.served_rps, 4),
+        batch_prefill_ms=round(point.batch_prefill_ms, 3),
+        operating_limit=point.limit,
         cross_domain_gbps=round(cross, 4),
         compression=compression,
         overlap=overlap,
@@ -453,6 +457,18 @@ def assess(
         experts=experts,
     )
     return Assessment(placement, placement.check("slo").held, cross)
+
+
+def _comm_paid(compression: str | None, overlap: float, layers: int) -> Callable[[float], float]:
+    """All-reduce milliseconds of a pass -> what a placement pays: FP8 on the wire halves the bytes and
+    adds a quantise/dequantise per all-reduce; overlap hides a share of the (compressed) transfer."""
+    extra = 2 * layers * COMPRESSION_US_PER_ALLREDUCE / 1000 if compression else 0.0
+    ratio = COMPRESSION_RATIO if compression else 1.0
+
+    def paid(ms: float) -> float:
+        return ms * ratio + extra - ms * ratio * overlap
+
+    return paid
 
 
 def _make_rank(rank: int, node: str, gpu: int, stage: int, tp_rank: int) -> Rank:

@@ -61,12 +61,23 @@ class PlacementRequest(BaseModel):
     weight_dtype: str | None = None
     kv_dtype: str | None = None
     max_model_len: int = Field(default=8192, ge=1, le=10_000_000)
-    concurrent_seqs: int = Field(default=8, ge=1, le=100_000, description="sequences to reserve KV for")
+    concurrent_seqs: int | None = Field(
+        default=None,
+        ge=1,
+        le=100_000,
+        description="running sequences per instance (the engines' max-num-seqs); None: the operating point "
+        "that maximises goodput under the SLO, at most what the KV cache holds (docs/solver.md)",
+    )
     input_len: int = Field(default=1024, ge=1, description="typical prompt length, for predictions")
     output_len: int = Field(default=256, ge=1, description="typical output length, for predictions")
     slo_tpot_ms: float | None = Field(default=None, gt=0)
     slo_ttft_ms: float | None = Field(default=None, gt=0)
     slo_class: SloClass = "interactive"
+    slo_required: bool = Field(
+        default=False,
+        description="an instance whose predicted per-request TTFT or TPOT misses the SLO is not placed: it is "
+        "unplaced with the changes that would meet it (plan and the service set it; the simulator does not)",
+    )
     priority: int = Field(default=0, ge=0, le=100)
     replicas: int = Field(default=1, ge=1, le=10_000)
     allowed_tp: tuple[int, ...] | None = Field(default=None, min_length=1)
@@ -190,7 +201,23 @@ class Placement(BaseModel):
     kv_dtype: str
     kv_tokens_capacity: int
     ttft_ms: float
+    """Predicted time to first token of one request at the operating point (``perf/serving.py``)."""
     tpot_ms: float
+    """Predicted mean time per output token at the operating point."""
+    max_num_seqs: int | None = Field(default=None, ge=1)
+    """The operating point: running sequences the engine is launched with (None in plans made before
+    operating points: the request's ``concurrent_seqs``, else 8)."""
+    max_num_batched_tokens: int | None = Field(default=None, ge=1)
+    """Tokens of one engine pass at the operating point (chunked prefill's budget)."""
+    goodput_tokens_per_s: float | None = None
+    """Output tokens/s of requests meeting the SLO at the operating point (the throughput when the
+    predictions meet it, else 0)."""
+    served_rps: float | None = None
+    """Requests/s the instance completes at the operating point (steady state)."""
+    batch_prefill_ms: float | None = None
+    """The prefill of ``max_num_seqs`` prompts at once (a static batch's TTFT), for reference."""
+    operating_limit: str | None = None
+    """Why the batch is not larger: slo-tpot, slo-ttft, prefill, kv-cache, engine, knee or fixed."""
     cross_domain_gbps: float
     compression: str | None = None
     overlap: float = 0.0

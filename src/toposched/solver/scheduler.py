@@ -41,7 +41,7 @@ from toposched.registry import Registry
 from toposched.solver.constraints import FilterContext, first_failure, node_filters
 from toposched.solver.index import LEVELS, ClusterIndex, Group
 from toposched.solver.locality import warm_node_topologies
-from toposched.solver.options import DegreeOption, OptionSet, build_options, gpu_type_for
+from toposched.solver.options import DegreeOption, OptionSet, Prediction, build_options, gpu_type_for
 from toposched.solver.place import (
     Assessment,
     assess,
@@ -52,12 +52,18 @@ from toposched.solver.place import (
     fragmentation,
 )
 from toposched.solver.request import SLO_CLASSES, Placement, PlacementRequest, Unplaced, instance_ids
+from toposched.solver.sizing import slo_remedies
 from toposched.topology.domains import gpu_ref
 from toposched.topology.model import Cluster
 
 DEFAULT_BUDGET_GBPS = 256.0
 HEADROOM_REASON = "keep_whole_domains"
 """How an ``Unplaced`` reason refusing an option for the request's headroom starts (callers that queue on it)."""
+
+
+GOODPUT_NEAR = 0.95
+"""Degree options whose goodput per GPU is within this share of the best count as equal
+(``Scheduler._order``): the fewest GPUs among them wins."""
 
 
 @dataclass
@@ -110,7 +116,10 @@ class Scheduler:
         busy: Iterable[str] = (),
         budget_gbps: float = DEFAULT_BUDGET_GBPS,
         seed: int = 0,
+        prediction: Prediction = "operating-point",
     ) -> None:
+        """``prediction`` says what a placement's TTFT and TPOT are (``solver/options.py``): the
+        operating point's per-request figures, or the simulator's design batch."""
         if not (isinstance(budget_gbps, int | float) and 0 < budget_gbps <= 1e9):  # NaN fails too
             raise InputError(
                 f"cross-domain budget {budget_gbps!r} GB/s is not a positive number",
@@ -142,6 +151,7 @@ class Scheduler:
         self._cross_of: dict[str, tuple[str, float]] = {}  # placement id -> (SLO class, GB/s)
         self._class_of: dict[str, str] = {}  # request id -> SLO class
         self.node_filters = node_filters(self.index.nodes)
+        self.prediction: Prediction = prediction
 
     # ------------------------------------------------------------------ candidates
 
@@ -174,10 +184,12 @@ class Scheduler:
                 gpu = self.gpu_of_node[next(iter(nodes))]
                 level_cap = self._tp_cap(request)
                 max_gpus = sum(len(self.index.nodes[n].gpus) for n in nodes)
-                opts = build_options(request, gpu, max_tp=max(level_cap, 1), max_gpus=max_gpus)
+                opts = build_options(
+                    request, gpu, max_tp=max(level_cap, 1), max_gpus=max_gpus, prediction=self.prediction
+                )
                 dropped.extend(f"{name}: {d}" for d in opts.dropped)
                 cands.extend(Candidate(opts, o, frozenset(nodes)) for o in opts.options)
-            cands.sort(key=lambda c: self._layout_key(request, c))
+            cands.sort(key=self._order(request, cands))
             self._options[key] = (cands, dropped)
         cands, dropped = self._options[key]
         return cands, list(dropped)
@@ -196,6 +208,30 @@ class Scheduler:
         if request.affinity == "auto":
             return max(levels["node"].largest_group(), levels["nvlink"].largest_group())
         return levels["node"].largest_group()
+
+    def _order(self, request: PlacementRequest, cands: list[Candidate]) -> Callable[[Candidate], tuple[Any, ...]]:
+        """The sort key of the degree options (``_layout_key``), with goodput first when it decides.
+
+        When the running batch is the operating point's and there is an SLO, fewer GPUs is not better in
+        itself: one GPU at batch 1 may meet a TPOT SLO while serving a tenth of what eight serve per GPU.
+        Options that fit as asked then go in order of goodput per GPU at their operating point (over
+        the GPU's own link), options within ``GOODPUT_NEAR`` of the best counting as equal (the layout
+        key decides among them: fewest GPUs, larger TP)."""
+        has_slo = request.slo_tpot_ms is not None or request.slo_ttft_ms is not None
+        if self.prediction != "operating-point" or request.concurrent_seqs is not None or not has_slo:
+            return lambda c: self._layout_key(request, c)
+        per_gpu = {
+            id(c): c.options.operating(c.option, c.options.gpu.native_link).goodput_tokens_per_s / c.option.gpus
+            for c in cands
+        }
+        best = max(per_gpu.values(), default=0.0)
+
+        def key(c: Candidate) -> tuple[Any, ...]:
+            g = per_gpu[id(c)]
+            near = best > 0 and g >= GOODPUT_NEAR * best
+            return (len(c.option.fallbacks), not near, 0.0 if near else -g, *self._layout_key(request, c)[1:])
+
+        return key
 
     @staticmethod
     def _layout_key(request: PlacementRequest, cand: Candidate) -> tuple[Any, ...]:
@@ -276,12 +312,26 @@ class Scheduler:
                 outcome.placements.append(existing)
                 continue
             result = choose(self, request, pid, replica_nodes)
+            if not isinstance(result, Unplaced) and request.slo_required and not result.meets_slo:
+                result = self.slo_miss(request, result)
             if isinstance(result, Unplaced):
                 outcome.unplaced.append(result.model_copy(update={"replica": replica}))
                 continue
             take(result)
             outcome.placements.append(result.placement)
             replica_nodes.update(r.node for r in result.placement.ranks)
+
+    def slo_miss(self, request: PlacementRequest, result: Assessment) -> Unplaced:
+        """The verdict on a choice whose predicted latency misses a required SLO: not placed, with the
+        prediction and the changes that would meet the SLO (``solver/sizing.py``)."""
+        p = result.placement
+        reasons = [
+            f"tp={p.tp} pp={p.pp} on {p.link}: predicted {p.check('slo').detail} at batch {p.max_num_seqs or '?'} "
+            "misses the SLO (the best this cluster offers)"
+        ]
+        remedies = slo_remedies(self, request)
+        reasons += [f"would meet it: {r}" for r in remedies] or ["no change tried meets it: relax the SLO"]
+        return Unplaced(request_id=request.id, replica=0, status="rejected", reasons=tuple(reasons))
 
     def batch_order(self, requests: Sequence[PlacementRequest]) -> list[PlacementRequest]:
         """The order ``place_batch`` places a batch in: priority first, then fewest GPUs, then arrival.

@@ -1,0 +1,302 @@
+"""Serving under continuous batching: one instance at a running batch, and the batch to run it at.
+
+``perf/latency.py`` times one pass; an engine that serves (vLLM V1, SGLang, TensorRT-LLM's in-flight
+batcher) keeps ``c`` sequences running and lets each new request's prompt ride in the decode steps
+of the others, in chunks of at most ``max_num_batched_tokens``. :class:`ServingRun` gives what a
+client of such an engine measures (the definitions ``calibrate`` fits, ``perf/calibrate.py``):
+
+* ``ttft_ms``: one request's time to first token, not the prefill of the whole batch. The request
+  waits half a step of the others on average (it arrives mid-iteration), then its prompt is
+  prefilled in passes where the other ``c - 1`` sequences decode.
+* ``tpot_ms``: the decode step at batch ``c`` and context ``input_len + output_len / 2``, plus the
+  prefills of arriving requests: each of the other ``c - 1`` sequences prefills once per
+  ``output_len`` steps, in a pass with the decodes (the extra time of that mixed pass).
+* ``tokens_per_s``: output tokens/s of a benchmark run (closed or open loop).
+
+:func:`operating_point` chooses the running batch of one instance for a workload (prompt and output
+lengths) and its SLO, the rule of docs/solver.md "Operating point":
+
+* at a batch ``c`` the instance completes ``c / e2e`` requests/s (``e2e = TTFT + (output_len - 1) x
+  TPOT``) and serves ``output_len`` times that many output tokens/s; its goodput is that when the
+  predicted per-request TTFT and TPOT meet the SLO, else 0;
+* TTFT includes waiting for a prefill slot: prompts arrive at ``c / e2e`` per second and the engine
+  prefills at most ``max_num_batched_tokens - c`` prompt tokens per step; the wait is the M/D/1 mean
+  ``rho / (2 (1 - rho)) x service`` with ``rho`` the share of that prefill capacity the arrivals
+  use. A batch whose arrivals need all of it (``rho >= 1``) cannot be sustained and is never chosen;
+* with an SLO, the operating point is the largest batch that meets it (TPOT and TTFT grow with the
+  batch, so one step larger would miss it), at most what the KV cache holds at the workload's lengths
+  and the engine's batch limit: goodput grows with the batch up to there;
+* without an SLO, the throughput knee: the smallest batch whose throughput is at least
+  ``KNEE_FRACTION`` of the throughput at the largest batch the KV cache and the engine allow (past
+  the knee, a larger batch buys little throughput for a longer TPOT).
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable
+from dataclasses import dataclass, replace
+from typing import Literal
+
+from toposched.perf.latency import PassModel, StepTime, prefill_chunks
+
+KNEE_FRACTION = 0.9
+"""Without an SLO, the operating point is the smallest batch reaching this share of the largest
+batch's throughput (docs/solver.md)."""
+
+Limit = Literal["slo-tpot", "slo-ttft", "prefill", "kv-cache", "engine", "knee", "fixed"]
+"""What stops the batch from being larger: the TPOT or TTFT SLO at the next batch, the prefill
+capacity (arrivals of the next batch could not be prefilled), the KV cache (at the workload's
+lengths), the engine's batch limit, the throughput knee (no SLO), or the caller's fixed batch."""
+
+CommAdjust = Callable[[float], float]
+"""All-reduce milliseconds of a pass -> what the placement pays for them (compression, overlap)."""
+
+
+class ServingRun:
+    """One instance with ``c`` concurrent sequences of ``isl`` in, ``osl`` out (module docstring).
+
+    ``budget`` is the engine's batched-token limit per pass; ``comm`` rewrites the all-reduce time of
+    each pass (a placement's compression and overlap, ``solver/place.py``); None: paid in full.
+    """
+
+    def __init__(
+        self, model: PassModel, c: int, isl: int, osl: int, budget: int, comm: CommAdjust | None = None
+    ) -> None:
+        self.model, self.c, self.isl, self.osl, self.budget = model, c, isl, osl, budget
+        self.context = isl + osl / 2
+        self._comm = comm
+
+    def _ms(self, step: StepTime | None) -> float:
+        if step is None:
+            return 0.0
+        if self._comm is None:
+            return step.total_ms
+        return step.total_ms - step.comm_ms + self._comm(step.comm_ms)
+
+    def decode_ms(self, seqs: int) -> float:
+        """A decode step of ``seqs`` sequences at the mean context."""
+        return self._ms(self.model.step(decode_seqs=seqs, decode_context=seqs * self.context))
+
+    def ttft_ms(self) -> float:
+        """One prompt's prefill, with the other ``c - 1`` sequences decoding in the same passes."""
+        riders = self.c - 1
+        # the request arrives while the engine runs a step of the others and joins at the next
+        # iteration boundary: on average half a step later
+        ttft = self.decode_ms(riders) / 2
+        done = 0
+        while done < self.isl:
+            n = min(self.budget - min(riders, self.budget - 1), self.isl - done)
+            ttft += self._ms(
+                self.model.step(decode_seqs=riders, decode_context=riders * self.context, chunks=[(done, n)])
+            )
+            done += n
+        return ttft
+
+    def tpot_ms(self) -> float:
+        """The decode step at batch ``c``, plus the other ``c - 1`` sequences' prefills riding along:
+        each prefills once per ``osl`` steps, in a pass with the decodes."""
+        decode = self.decode_ms(self.c)
+        extra = 0.0
+        if self.c > 1:
+            done = 0
+            while done < self.isl:
+                n = min(self.budget, self.isl - done)
+                mixed = self.model.step(decode_seqs=self.c, decode_context=self.c * self.context, chunks=[(done, n)])
+                extra += self._ms(mixed) - decode
+                done += n
+        return decode + (self.c - 1) / self.osl * extra
+
+    def batch_prefill_ms(self) -> float:
+        """All ``c`` prompts prefilled together in budget-sized passes (a static batch's TTFT)."""
+        return sum(self._ms(self.model.step(chunks=p)) for p in prefill_chunks(self.c, self.isl, self.budget))
+
+    def batch_ms(self, b: int) -> float:
+        """Closed loop: ``b`` prompts prefilled in budget-sized passes, then ``osl - 1`` decode steps."""
+        per_pass = max(1, self.budget // self.isl)
+        full = self.model.step(chunks=[(0, self.isl)] * per_pass) if self.isl <= self.budget else None
+        if full is not None:
+            prefill_ms = self._ms(full) * b / per_pass
+        else:  # a prompt longer than the budget: its own chunked passes, one prompt after another
+            prefill_ms = b * sum(self._ms(self.model.step(chunks=p)) for p in prefill_chunks(1, self.isl, self.budget))
+        return prefill_ms + (self.osl - 1) * self.decode_ms(b)
+
+    def tokens_per_s(self, num_requests: int | None, request_rate: float | None) -> float:
+        """Output tokens/s of a benchmark run.
+
+        Open loop (``request_rate``): ``N`` requests arrive over ``N / rate`` seconds and the last
+        one takes its end-to-end latency after that; with a concurrency cap ``c`` (vLLM/SGLang
+        ``--max-concurrency`` with a rate) the run takes at least the closed loop's time at ``c``.
+        Closed loop with ``N`` requests of identical lengths: they run in waves of ``c`` (a wave's
+        sequences start within one prefill ramp and end together, so the last, partial wave takes
+        nearly as long as a full one). Without ``N``: the steady state, ``c`` sequences forever.
+        """
+        if num_requests is None:
+            closed = self.c * self.osl / (self.batch_ms(self.c) / 1e3)
+        else:
+            full, rest = divmod(num_requests, self.c)
+            total_ms = full * self.batch_ms(self.c) + (self.batch_ms(rest) if rest else 0.0)
+            closed = num_requests * self.osl / (total_ms / 1e3)
+        if request_rate is None:
+            return closed
+        e2e_s = (self.ttft_ms() + (self.osl - 1) * self.tpot_ms()) / 1e3
+        if num_requests is None:
+            return min(request_rate * self.osl, self.c / e2e_s * self.osl, closed)
+        return min(num_requests * self.osl / (num_requests / request_rate + e2e_s), closed)
+
+    def prefill_capacity_tokens_per_s(self) -> float:
+        """Prompt tokens per second the engine prefills while ``c`` sequences decode: passes filled to
+        the budget (``budget - c`` prompt tokens each, whole prompts of ``isl``)."""
+        room = max(self.budget - self.c, 1)
+        whole, rest = divmod(room, self.isl)
+        chunks = [(0, self.isl)] * whole + ([(0, rest)] if rest else [])
+        step = self._ms(self.model.step(decode_seqs=self.c, decode_context=self.c * self.context, chunks=chunks))
+        return room / (step / 1e3) if step > 0 else math.inf
+
+
+@dataclass(frozen=True)
+class OperatingPoint:
+    """One instance at its running batch: per-request latencies, what it serves, why this batch."""
+
+    batch: int
+    """Running sequences (the engines' ``--max-num-seqs`` / ``--max-running-requests`` / ``--max_batch_size``)."""
+    max_num_batched_tokens: int
+    """Tokens of one pass (vLLM ``--max-num-batched-tokens``, SGLang ``--chunked-prefill-size``,
+    TensorRT-LLM ``--max_num_tokens``)."""
+    ttft_ms: float
+    """One request's time to first token, the wait for a prefill slot included."""
+    tpot_ms: float
+    """Mean time per output token, the prefills of arriving requests included."""
+    served_rps: float
+    """Requests per second the instance completes at this batch (steady state)."""
+    throughput_tokens_per_s: float
+    """Output tokens/s at this batch."""
+    meets_slo: bool
+    goodput_tokens_per_s: float
+    """Output tokens/s of requests meeting the SLO: the throughput when the predictions meet it, else 0."""
+    limit: Limit
+    batch_prefill_ms: float
+    """The prefill of all ``batch`` prompts at once (a static batch's TTFT; labelled as such where shown)."""
+    prefill_load: float
+    """``rho``: the share of the prefill capacity the arrivals at this batch use (>= 1: unsustainable)."""
+    max_batch: int
+    """The largest batch the KV cache (at the workload's lengths) and the engine allow."""
+
+
+def evaluate(
+    model: PassModel,
+    batch: int,
+    *,
+    isl: int,
+    osl: int,
+    budget: int,
+    slo_tpot_ms: float | None = None,
+    slo_ttft_ms: float | None = None,
+    comm: CommAdjust | None = None,
+    limit: Limit = "fixed",
+    max_batch: int | None = None,
+) -> OperatingPoint:
+    """The operating point at ``batch`` running sequences (module docstring for the definitions)."""
+    run = ServingRun(model, batch, isl, osl, max(budget, batch), comm)  # vLLM: tokens >= seqs
+    tpot = run.tpot_ms()
+    ttft0 = run.ttft_ms()
+    e2e_s = (ttft0 + (osl - 1) * tpot) / 1e3
+    rate = batch / e2e_s
+    capacity = run.prefill_capacity_tokens_per_s()
+    rho = rate * isl / capacity
+    if rho < 1.0:
+        service_ms = isl / capacity * 1e3
+        ttft = ttft0 + rho / (2.0 * (1.0 - rho)) * service_ms
+    else:
+        ttft = math.inf
+    meets = rho < 1.0 and (slo_tpot_ms is None or tpot <= slo_tpot_ms) and (slo_ttft_ms is None or ttft <= slo_ttft_ms)
+    throughput = rate * osl
+    return OperatingPoint(
+        batch=batch,
+        max_num_batched_tokens=run.budget,
+        ttft_ms=ttft,
+        tpot_ms=tpot,
+        served_rps=rate,
+        throughput_tokens_per_s=throughput,
+        meets_slo=meets,
+        goodput_tokens_per_s=throughput if meets else 0.0,
+        limit=limit,
+        batch_prefill_ms=run.batch_prefill_ms(),
+        prefill_load=rho,
+        max_batch=max_batch if max_batch is not None else batch,
+    )
+
+
+def _largest(lo: int, hi: int, ok: Callable[[int], bool]) -> int:
+    """The largest ``b`` in ``[lo, hi]`` with ``ok(b)``, given ``ok(lo)`` and ``ok`` monotone (true then false)."""
+    while lo < hi:
+        mid = (lo + hi + 1) // 2
+        if ok(mid):
+            lo = mid
+        else:
+            hi = mid - 1
+    return lo
+
+
+def operating_point(
+    model: PassModel,
+    *,
+    isl: int,
+    osl: int,
+    budget: int,
+    max_batch: int,
+    kv_limited: bool,
+    slo_tpot_ms: float | None = None,
+    slo_ttft_ms: float | None = None,
+    comm: CommAdjust | None = None,
+) -> OperatingPoint:
+    """The batch this instance should run at (module docstring), at most ``max_batch``.
+
+    ``kv_limited`` says whether ``max_batch`` is what the KV cache holds (else the engine's limit).
+    When even one sequence misses the SLO, the point at batch 1 is returned with ``meets_slo`` false.
+    """
+    max_batch = max(1, max_batch)
+    memo: dict[int, OperatingPoint] = {}
+
+    def at(b: int) -> OperatingPoint:
+        if b not in memo:
+            memo[b] = evaluate(
+                model, b, isl=isl, osl=osl, budget=budget, slo_tpot_ms=slo_tpot_ms, slo_ttft_ms=slo_ttft_ms,
+                comm=comm, max_batch=max_batch,
+            )  # fmt: skip
+        return memo[b]
+
+    def sustainable(b: int) -> bool:
+        return at(b).prefill_load < 1.0
+
+    cap_limit: Limit = "kv-cache" if kv_limited else "engine"
+    if slo_tpot_ms is None and slo_ttft_ms is None:
+        top = max_batch if sustainable(max_batch) else _largest(1, max_batch, sustainable)
+        top_limit: Limit = cap_limit if top == max_batch else "prefill"
+        best = at(top).throughput_tokens_per_s
+        knee = _largest(1, top, lambda b: at(b).throughput_tokens_per_s < KNEE_FRACTION * best)
+        if at(knee).throughput_tokens_per_s < KNEE_FRACTION * best:
+            knee += 1  # the smallest batch reaching the share (``_largest`` found the last one below it)
+        chosen = at(min(knee, top))
+        limit: Limit = "knee" if chosen.batch < top else top_limit
+        return _with_limit(chosen, limit)
+    if not at(1).meets_slo:
+        return _with_limit(at(1), _missed(at(1), slo_tpot_ms, slo_ttft_ms))
+    b = _largest(1, max_batch, lambda n: at(n).meets_slo)
+    limit = cap_limit if b == max_batch else _missed(at(b + 1), slo_tpot_ms, slo_ttft_ms)
+    return _with_limit(at(b), limit)
+
+
+def _missed(point: OperatingPoint, slo_tpot_ms: float | None, slo_ttft_ms: float | None) -> Limit:
+    if point.prefill_load >= 1.0:
+        return "prefill"
+    if slo_tpot_ms is not None and point.tpot_ms > slo_tpot_ms:
+        return "slo-tpot"
+    return "slo-ttft"
+
+
+def _with_limit(point: OperatingPoint, limit: Limit) -> OperatingPoint:
+    return replace(point, limit=limit)
+
+
+__all__ = ["KNEE_FRACTION", "OperatingPoint", "ServingRun", "evaluate", "operating_point"]
