@@ -1,6 +1,6 @@
 # The two commands of the README:
 #   make run   - the main job on the embedded default (no GPU, no server): show an HGX H100 box's
-#                topology, plan two Llama-3.1-70B instances on it, write and print their vLLM launch scripts
+#                topology, plan two Llama-3.1-70B-Instruct instances on it, write and print their vLLM launch scripts
 #   make test  - ruff, mypy and the whole pytest suite (installs etcd-server first if it is missing)
 #   make fuzz  - the long fuzz run of every parser (docs/fuzz.md); the pytest suite runs a brief one
 #   make check-engines - every launch through the real vLLM/SGLang parsers, shellcheck, kubernetes-validate
@@ -43,9 +43,9 @@ system-deps:
 
 run: $(RUN_STAMP)
 	$(VENV)/bin/toposched topo show --preset hgx-h100
-	$(VENV)/bin/toposched plan --preset hgx-h100 --model llama-3.1-70b --slo-tpot-ms 40 --replicas 2
+	$(VENV)/bin/toposched plan --preset hgx-h100 --model llama-3.1-70b-instruct --slo-tpot-ms 40 --replicas 2
 	rm -rf $(RUN_LAUNCH)
-	$(VENV)/bin/toposched launch vllm --preset hgx-h100 --model llama-3.1-70b --slo-tpot-ms 40 --replicas 2 \
+	$(VENV)/bin/toposched launch vllm --preset hgx-h100 --model llama-3.1-70b-instruct --slo-tpot-ms 40 --replicas 2 \
 		--out $(RUN_LAUNCH)
 	@for script in $(RUN_LAUNCH)/*.sh; do echo "== $$script"; cat "$$script"; done
 

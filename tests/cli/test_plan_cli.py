@@ -296,3 +296,81 @@ def test_plan_takes_a_p2p_capture_that_changes_the_pcie_link(run_cli: RunCli, tm
     assert p_off["predicted"]["ttft_ms"] > p_on["predicted"]["ttft_ms"]
     alone = run_cli("plan", "--model", "llama-3.1-8b", "--p2p", str(tmp_path / "ok.txt"))
     assert alone.exit_code == 2 and "--p2p adds peer-to-peer status to a topology source" in alone.stderr
+
+
+def test_plan_json_carries_each_instances_operating_point(run_cli: RunCli) -> None:
+    """Issue 32's contract: max_num_seqs, max_num_batched_tokens, goodput and predicted {ttft_ms, tpot_ms, batch}."""
+    result = run_cli("plan", "--preset", "hgx-h100", "--model", "llama-3.1-70b", "--tp", "4", "--slo-tpot-ms", "40",
+                     "--json")  # fmt: skip
+    assert result.exit_code == 0, result.stderr
+    (p,) = json.loads(result.stdout)["placements"]
+    assert p["max_num_seqs"] == p["predicted"]["batch"] and p["max_num_seqs"] > 8
+    assert p["max_num_batched_tokens"] >= p["max_num_seqs"] and p["goodput_tokens_per_s"] > 0
+    assert p["predicted"]["ttft_ms"] < p["predicted"]["batch_prefill_ms"]  # one request's TTFT, labelled apart
+    assert "capacity" not in json.loads(result.stdout) or json.loads(result.stdout)["capacity"] is None
+
+
+def test_launch_runs_the_plans_operating_point_unchanged(run_cli: RunCli, tmp_path: Path) -> None:
+    plan = run_cli("plan", "--preset", "hgx-h100", "--model", "llama-3.1-70b", "--slo-tpot-ms", "40", "--json")
+    (p,) = json.loads(plan.stdout)["placements"]
+    path = tmp_path / "plan.json"
+    path.write_text(plan.stdout)
+    flags = {
+        "vllm": ("--max-num-seqs", "--max-num-batched-tokens"),
+        "sglang": ("--max-running-requests", "--chunked-prefill-size"),
+        "trtllm": ("--max_batch_size", "--max_num_tokens"),
+    }
+    for engine, (seqs, tokens) in flags.items():
+        out = run_cli("launch", engine, "--plan", str(path), "--format", "json")
+        assert out.exit_code == 0, out.stderr
+        argv = json.loads(out.stdout)["launches"][0]["argv"]
+        assert argv[argv.index(seqs) + 1] == str(p["max_num_seqs"]), engine
+        assert argv[argv.index(tokens) + 1] == str(p["max_num_batched_tokens"]), engine
+
+
+def test_an_slo_the_plan_cannot_meet_exits_1_with_a_change_that_would(run_cli: RunCli) -> None:
+    result = run_cli("plan", "--preset", "hgx-h200", "--model", "llama-3.1-405b", "--slo-tpot-ms", "30")
+    assert result.exit_code == 1
+    assert "misses the SLO" in result.stdout and "would meet it: --weight-dtype fp8" in result.stdout
+    fixed = run_cli("plan", "--preset", "hgx-h200", "--model", "llama-3.1-405b", "--slo-tpot-ms", "30",
+                    "--weight-dtype", "fp8")  # fmt: skip
+    assert fixed.exit_code == 0, fixed.stdout
+
+
+def test_no_ok_slo_line_without_an_slo(run_cli: RunCli) -> None:
+    result = run_cli("plan", "--preset", "hgx-h100", "--model", "llama-3.1-8b")
+    assert result.exit_code == 0
+    assert "slo:" not in result.stdout and "throughput knee" in result.stdout
+    with_slo = run_cli("plan", "--preset", "hgx-h100", "--model", "llama-3.1-8b", "--slo-tpot-ms", "40")
+    assert "ok slo: TPOT" in with_slo.stdout
+
+
+def test_request_rate_sizes_the_replicas_or_names_the_missing_gpus(run_cli: RunCli) -> None:
+    ok = run_cli("plan", "--preset", "cluster-32x-hgx-h100", "--model", "llama-3.1-70b", "--slo-tpot-ms", "40",
+                 "--request-rate", "20", "--json")  # fmt: skip
+    assert ok.exit_code == 0, ok.stderr
+    doc = json.loads(ok.stdout)
+    cap = doc["capacity"]
+    assert cap["request_rate_rps"] == 20 and cap["served_rps"] >= 20 and len(doc["placements"]) == cap["replicas"]
+    assert cap["gpus"] == sum(len(p["ranks"]) for p in doc["placements"])
+    assert sum(p["served_rps"] for p in doc["placements"]) == pytest.approx(cap["served_rps"], rel=1e-3)
+    short = run_cli("plan", "--preset", "hgx-h100", "--model", "llama-3.1-70b", "--slo-tpot-ms", "40",
+                    "--request-rate", "20")  # fmt: skip
+    assert short.exit_code == 1
+    (line,) = [x for x in short.stderr.splitlines() if x.startswith("error:")]
+    assert "more H100-SXM GPUs are needed" in line
+    bad = run_cli("plan", "--preset", "hgx-h100", "--model", "llama-3.1-70b", "--request-rate", "20", "--replicas", "2")
+    assert bad.exit_code == 2 and "--request-rate" in bad.stderr
+
+
+def test_a_base_checkpoint_launch_says_so_and_names_the_chat_model(run_cli: RunCli) -> None:
+    base = run_cli("launch", "vllm", "-m", "llama-3.1-70b", "--preset", "hgx-h100", "--format", "json")
+    assert base.exit_code == 0, base.stderr
+    assert "launches the base checkpoint meta-llama/Llama-3.1-70B" in base.stderr
+    assert "--model llama-3.1-70b-instruct" in base.stderr
+    chat = run_cli("launch", "vllm", "-m", "llama-3.1-70b-instruct", "--preset", "hgx-h100", "--format", "json")
+    assert chat.exit_code == 0 and "base checkpoint" not in chat.stderr
+    argv = json.loads(chat.stdout)["launches"][0]["argv"]
+    assert "meta-llama/Llama-3.1-70B-Instruct" in argv
+    chat_entry = run_cli("launch", "vllm", "-m", "llama-3.3-70b", "--preset", "hgx-h100", "--format", "json")
+    assert "base checkpoint" not in chat_entry.stderr  # the entry itself is the Instruct model

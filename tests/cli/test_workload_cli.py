@@ -48,7 +48,8 @@ def test_fit_from_config_path_with_dtypes(run_cli: Run) -> None:
 
 
 def test_fit_table_lists_options_and_fallbacks(run_cli: Run) -> None:
-    res = run_cli("fit", "--model", "llama-3.1-70b", "--gpu", "H100-SXM", "--pp", "1")
+    # the whole 131,072-token context (the default is 8,192, as plan's): TP2 then needs an FP8 KV cache
+    res = run_cli("fit", "--model", "llama-3.1-70b", "--gpu", "H100-SXM", "--pp", "1", "--max-model-len", "131072")
     assert res.exit_code == 0, res.stderr
     assert "327,680 B/token" in res.stdout and "81,920" in res.stdout
     assert "fallbacks for tp=2 pp=1" in res.stdout and "fp8-kv" in res.stdout
@@ -68,7 +69,19 @@ def test_estimate_text_and_link_choice(run_cli: Run) -> None:
     res = run_cli("estimate", "-m", "llama-3.1-70b", "-g", "h100-sxm", "--tp", "8", "--link", "ib-ndr",
                   "--batch", "4", "--input-len", "512", "--output-len", "64")  # fmt: skip
     assert res.exit_code == 0, res.stderr
-    assert "link ib-ndr" in res.stdout and "decode step (TPOT)" in res.stdout
+    assert "link ib-ndr" in res.stdout and "decode step" in res.stdout and "one request's TTFT" in res.stdout
+
+
+def test_estimate_reports_one_requests_ttft_not_the_batch_prefill(run_cli: Run) -> None:
+    """TTFT is per request (what calibrate fits); the whole batch's prefill is its own, labelled figure."""
+    res = run_cli("estimate", "-m", "llama-3.1-70b", "-g", "H100-SXM", "--tp", "4", "--batch", "8",
+                  "--input-len", "1024", "--output-len", "256", "--json")  # fmt: skip
+    doc = json.loads(res.stdout)
+    assert doc["batch_prefill_ms"] > 4 * doc["ttft_ms"]  # 8 prompts at once vs one prompt among 7 decodes
+    assert doc["tpot_ms"] > doc["decode_step_ms"]  # arriving prompts ride along the decode steps
+    one = json.loads(run_cli("estimate", "-m", "llama-3.1-70b", "-g", "H100-SXM", "--tp", "4", "--batch", "1",
+                             "--input-len", "1024", "--output-len", "256", "--json").stdout)  # fmt: skip
+    assert one["ttft_ms"] < doc["ttft_ms"] < 2 * one["ttft_ms"]
 
 
 def _one_line_error(res: CliResult, text: str) -> None:
@@ -202,8 +215,8 @@ def test_estimate_prints_latency_with_its_batch_and_lengths(run_cli: Run, tmp_pa
             "--input-len", "512", "--output-len", "64")  # fmt: skip
     res = run_cli(*args)
     assert res.exit_code == 0, res.stderr
-    assert "for a batch of 4 x 512 prompt tokens" in res.stdout
-    assert "at batch 4, context 544 (512 in + 64 out / 2)" in res.stdout
+    assert "Serving 4 requests at once" in res.stdout and "The prefill of all 4 prompts at once" in res.stdout
+    assert "context 544, 512 in + 64 out / 2" in res.stdout
     path = tmp_path / "mine.json"
     path.write_text(json.dumps({"version": 1, "name": "mine", "entries": []}))
     doc = json.loads(run_cli(*args, "--profile", str(path), "--max-num-batched-tokens", "1024", "--json").stdout)

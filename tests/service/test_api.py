@@ -362,3 +362,24 @@ def test_a_retry_of_a_placed_request_is_answered_at_once_while_others_wait(sqlit
             sqlite_server.client.delete(f"/v1/placements/{pid}")
         waiter.join(20)  # placed once both are gone
         sqlite_server.client.delete("/v1/placements/w")
+
+
+def test_a_request_rate_books_the_replicas_that_serve_it_and_an_slo_miss_is_refused(sqlite_server: Server) -> None:
+    """Issue 32: ``request_rate`` sizes the instances (each at its operating point); a required SLO that no
+    option meets is a 422 with the change that would meet it, and books nothing."""
+    body = {"model": "llama-3.1-8b", "slo_tpot_ms": 40, "request_rate": 15, "id": "rated"}
+    made = sqlite_server.client.post("/v1/placements", json=body)
+    assert made.status_code == 201, made.text
+    group = made.json()
+    served = sum(i["served_rps"] for i in group["instances"])
+    assert served >= 15 and group["replicas"] == len(group["instances"]) >= 1
+    assert all(i["max_num_seqs"] > 8 for i in group["instances"])
+    again = sqlite_server.client.post("/v1/placements", json=body)  # the same body sizes the same: idempotent
+    assert again.status_code == 200 and again.json()["id"] == "rated"
+    assert sqlite_server.client.delete("/v1/placements/rated").status_code == 200
+    missed = sqlite_server.client.post("/v1/placements", json={"model": "llama-3.1-70b", "slo_tpot_ms": 4})
+    assert missed.status_code == 422, missed.text
+    assert "misses the SLO" in " ".join(missed.json()["reasons"])
+    bad = sqlite_server.client.post("/v1/placements", json={**body, "replicas": 2})
+    assert bad.status_code == 422 and "request_rate" in bad.text
+    assert sqlite_server.client.get("/v1/placements").json()["placements"] == []

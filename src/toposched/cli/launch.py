@@ -35,7 +35,7 @@ import typer
 from toposched.binding.engines import Engine, NodeLaunch, build_launches, plain_file_name, shell_script, srun_script
 from toposched.cli import launch_k8s
 from toposched.cli._common import console, err_console, print_json
-from toposched.cli.plan_source import PlanSource, plan_options
+from toposched.cli.plan_source import PlanSource, note_base_checkpoint, plan_options
 from toposched.errors import InputError
 from toposched.names import node_name_problem, placement_id_problem
 
@@ -162,6 +162,7 @@ def _engine_command(engine: Engine) -> None:
             stores=doc.stores,
         )  # fmt: skip
         _emit(launches, fmt, json_out, out)
+        note_base_checkpoint(doc, model_path)
         if engine == "vllm" and doc.disaggregation is not None:
             err_console.print(VLLM_NO_ROUTER, markup=False, soft_wrap=True)
 

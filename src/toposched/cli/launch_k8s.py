@@ -24,7 +24,7 @@ from toposched.binding.kubelet import kubelet_configs
 from toposched.binding.plan_doc import PlanDoc, load_plan
 from toposched.binding.ray import check_ray_engine, ray_document, ray_warnings
 from toposched.cli._common import console, err_console, print_json
-from toposched.cli.plan_source import PlanSource, plan_options
+from toposched.cli.plan_source import PlanSource, note_base_checkpoint, plan_options
 from toposched.errors import InputError
 from toposched.inputs import load_json, read_text
 
@@ -160,6 +160,8 @@ def register_launch(launch_app: typer.Typer) -> None:
             print_json({"apiVersion": "v1", "kind": "List", "items": output.objects})
         else:
             print(_dump_yaml(output.objects), end="")
+        if roles is None:
+            note_base_checkpoint(doc, model_path)
 
     @launch_app.command("k8s-lint")
     @plan_options(plan_file=True)
@@ -214,3 +216,4 @@ def register_launch(launch_app: typer.Typer) -> None:
             print_json(document)
         else:
             print(_dump_yaml([document]), end="")
+        note_base_checkpoint(doc, model_path)

@@ -34,18 +34,14 @@ from toposched.cli.calibrate import PROFILE, profile_option
 from toposched.errors import InputError
 from toposched.perf.profile import Profile, use_profile
 from toposched.solver.pd import KV_STORES, Disaggregation, KvStore, place_pd
-from toposched.solver.request import PlacementRequest
+from toposched.solver.request import DEFAULT_MAX_MODEL_LEN, PlacementRequest
 from toposched.solver.scheduler import POLICIES, Outcome, Scheduler
 from toposched.solver.sizing import Capacity, missing_gpus, size_for_rate
 from toposched.topology.model import Cluster
 from toposched.topology.sources import Loaded, SourceRef, load_source
 from toposched.workload import resolve_model
+from toposched.workload.catalog import base_checkpoint_note
 from toposched.workload.parallel import tp_problem, valid_tps
-
-DEFAULT_MAX_MODEL_LEN = 8192
-"""The context a plan reserves KV for unless told otherwise. Not the model's whole context (which
-``toposched fit`` shows by default): a plan reserves KV for every concurrent sequence at this
-length, and 128k tokens x 8 sequences would ask several GPUs more of most models."""
 
 
 @dataclass(frozen=True)
@@ -218,6 +214,13 @@ class PlanSource:
         return parse_plan(placed.document(with_unplaced=False), "the plan")
 
 
+def note_base_checkpoint(doc: PlanDoc, model_path: str | None = None) -> None:
+    """Say on stderr when the plan's catalog name launches a base checkpoint (``--model-path``: the path is served)."""
+    note = None if model_path else base_checkpoint_note(doc.request.model)
+    if note:
+        err_console.print(f"note: {note}", markup=False, soft_wrap=True)
+
+
 @dataclass(frozen=True)
 class Placed:
     """A plan made now: what was asked, where, and what came out."""
@@ -323,8 +326,8 @@ _OPTIONS: dict[str, tuple[Any, Any]] = {
         typer.Option(
             DEFAULT_MAX_MODEL_LEN,
             "--max-model-len",
-            help=f"Context length to reserve KV for (default {DEFAULT_MAX_MODEL_LEN}; `fit` defaults to the model's "
-            "whole context, but a plan reserves KV for every concurrent sequence at this length).",
+            help=f"Context length to reserve KV for (default {DEFAULT_MAX_MODEL_LEN}, as fit and the service; a plan "
+            "reserves KV for several sequences of this length).",
         ),
     ),
     "concurrent_seqs": (

@@ -20,6 +20,8 @@ from toposched.perf.latency import LatencyEstimate, PassModel, StepTime, predict
 from toposched.perf.links import get_link
 from toposched.perf.profile import load_profile, use_profile
 from toposched.perf.serving import OperatingPoint, evaluate
+from toposched.solver.options import context_limit
+from toposched.solver.request import DEFAULT_MAX_MODEL_LEN
 from toposched.workload.catalog import resolve_model
 from toposched.workload.dtypes import parse_kv_dtype, parse_weight_dtype
 from toposched.workload.fallbacks import Fallback, capacity_fallbacks
@@ -200,7 +202,7 @@ def _fit_table(
         f"{gpu.name} ({_gib(first.gpu_memory_bytes)} GiB usable), {cfg.engine} sizing, {setting}, "
         f"max_num_seqs {cfg.max_num_seqs}, max_num_batched_tokens {cfg.max_num_batched_tokens}; "
         f"budget {_gib(first.budget_bytes)} GiB per GPU, workspace {_gib(first.workspace_bytes)} GiB, "
-        f"max model len {first.max_model_len}",
+        f"max model len {first.max_model_len} (the model's context: {context_limit(spec)}, --max-model-len)",
         soft_wrap=True,
     )
     table = Table("tp", "pp", "weights", "activ.", "KV", "KV B/tok", "KV tokens", "seqs", "fits",
@@ -235,12 +237,12 @@ def fit(
     ),
     weight_dtype: str | None = typer.Option(None, "--weight-dtype", help="bf16, fp16, fp8, int8, int4."),
     kv_dtype: str | None = typer.Option(None, "--kv-dtype", help="auto, fp8, int8, int4."),
-    max_model_len: int | None = typer.Option(
-        None,
+    max_model_len: int = typer.Option(
+        DEFAULT_MAX_MODEL_LEN,
         "--max-model-len",
         max=MAX_TOKENS,
-        help="Tokens per sequence. Default: the model's whole context, since fit asks what the model can "
-        "hold (plan reserves for a workload: 8192 by default).",
+        help=f"Tokens per sequence (default {DEFAULT_MAX_MODEL_LEN}, as plan, launch and the service; the output "
+        "names the model's whole context).",
     ),
     num_seqs: int = typer.Option(1, "--num-seqs", min=1, max=MAX_SEQS, help="Sequences of max length that must fit."),
     engine: str = ENGINE,
@@ -256,7 +258,7 @@ def fit(
     """Which (tp, pp) fit a model on a GPU type: per-GPU memory breakdown and KV capacity."""
     spec = _load(model, weight_dtype, kv_dtype)
     g = get_gpu(gpu)
-    if max_model_len is not None and max_model_len < 1:
+    if max_model_len < 1:
         raise InfeasibleError(f"--max-model-len must be positive, got {max_model_len}")
     memory_bytes = _usable_bytes(g, usable_memory_gib)
     cfg = _memory_config(g, memory_bytes, engine=engine, gpu_memory_utilization=gpu_memory_utilization,
@@ -277,6 +279,7 @@ def fit(
             "params_total": spec.params_total,
             "kv_bytes_per_token_model": rows[0][0].kv_bytes_per_token_model,
             "max_model_len": rows[0][0].max_model_len,
+            "model_context": context_limit(spec),
             "gpu_memory_bytes": g.memory_bytes,
             **_engine_json(cfg, memory_bytes),
             "budget_bytes_per_gpu": rows[0][0].budget_bytes,

@@ -16,9 +16,12 @@ client of such an engine measures (the definitions ``calibrate`` fits, ``perf/ca
 :func:`operating_point` chooses the running batch of one instance for a workload (prompt and output
 lengths) and its SLO, the rule of docs/solver.md "Operating point":
 
-* at a batch ``c`` the instance completes ``c / e2e`` requests/s (``e2e = TTFT + (output_len - 1) x
-  TPOT``) and serves ``output_len`` times that many output tokens/s; its goodput is that when the
-  predicted per-request TTFT and TPOT meet the SLO, else 0;
+* at a batch ``c`` the instance completes ``c / e2e`` requests/s with its batch always full (``e2e =
+  TTFT + (output_len - 1) x TPOT``); a TPOT SLO is met when ``ATTAINMENT`` (95 %) of the requests'
+  mean TPOTs are under it (:meth:`ServingRun.tpot_ms` with ``z``), a TTFT SLO when the predicted TTFT is;
+* requests that arrive at random need free slots: the instance is planned for the Poisson rate at
+  which 95 % of the requests wait for a slot no longer than the TTFT SLO leaves (:func:`planned_rate`,
+  Erlang C); its goodput is that rate x ``output_len`` when the SLO is met, else 0;
 * TTFT includes waiting for a prefill slot: prompts arrive at ``c / e2e`` per second and the engine
   prefills at most ``max_num_batched_tokens - c`` prompt tokens per step; the wait is the M/D/1 mean
   ``rho / (2 (1 - rho)) x service`` with ``rho`` the share of that prefill capacity the arrivals
@@ -39,6 +42,13 @@ from dataclasses import dataclass, replace
 from typing import Literal
 
 from toposched.perf.latency import PassModel, StepTime, prefill_chunks
+
+ATTAINMENT = 0.95
+"""The share of requests an SLO is met for: an operating point meets a TPOT SLO when this quantile of
+one request's mean TPOT does, and a planned request rate keeps this share of requests from waiting
+for a free sequence slot longer than the TTFT SLO leaves."""
+Z_ATTAINMENT = 1.645
+"""The standard normal quantile of ``ATTAINMENT``."""
 
 KNEE_FRACTION = 0.9
 """Without an SLO, the operating point is the smallest batch reaching this share of the largest
@@ -93,9 +103,13 @@ class ServingRun:
             done += n
         return ttft
 
-    def tpot_ms(self) -> float:
+    def tpot_ms(self, z: float = 0.0) -> float:
         """The decode step at batch ``c``, plus the other ``c - 1`` sequences' prefills riding along:
-        each prefills once per ``osl`` steps, in a pass with the decodes."""
+        each prefills once per ``osl`` steps, in a pass with the decodes.
+
+        ``z > 0``: a quantile of one request's mean TPOT instead of the mean: the prefills a request
+        shares its steps with arrive at random (Poisson, mean ``c - 1`` over its life), so it sees
+        ``c - 1 + z sqrt(c - 1)`` of them at that quantile (``z = 1.645``: 95 %)."""
         decode = self.decode_ms(self.c)
         extra = 0.0
         if self.c > 1:
@@ -105,7 +119,8 @@ class ServingRun:
                 mixed = self.model.step(decode_seqs=self.c, decode_context=self.c * self.context, chunks=[(done, n)])
                 extra += self._ms(mixed) - decode
                 done += n
-        return decode + (self.c - 1) / self.osl * extra
+        riders = self.c - 1
+        return decode + (riders + z * math.sqrt(riders)) / self.osl * extra
 
     def batch_prefill_ms(self) -> float:
         """All ``c`` prompts prefilled together in budget-sized passes (a static batch's TTFT)."""
@@ -167,13 +182,19 @@ class OperatingPoint:
     """One request's time to first token, the wait for a prefill slot included."""
     tpot_ms: float
     """Mean time per output token, the prefills of arriving requests included."""
-    served_rps: float
-    """Requests per second the instance completes at this batch (steady state)."""
+    tpot_p95_ms: float
+    """The ``ATTAINMENT`` quantile of one request's mean TPOT (what a TPOT SLO is checked against)."""
+    full_rps: float
+    """Requests per second the instance completes with its batch always full (closed loop)."""
     throughput_tokens_per_s: float
-    """Output tokens/s at this batch."""
+    """Output tokens/s with the batch always full."""
     meets_slo: bool
+    served_rps: float
+    """Requests per second the instance is planned for: the largest Poisson arrival rate at which
+    ``ATTAINMENT`` of the requests find a free sequence slot within the TTFT SLO's slack
+    (:func:`planned_rate`); 0 when the SLO is missed. Filled by :func:`operating_point`."""
     goodput_tokens_per_s: float
-    """Output tokens/s of requests meeting the SLO: the throughput when the predictions meet it, else 0."""
+    """Output tokens/s of requests meeting the SLO at ``served_rps``."""
     limit: Limit
     batch_prefill_ms: float
     """The prefill of all ``batch`` prompts at once (a static batch's TTFT; labelled as such where shown)."""
@@ -181,6 +202,8 @@ class OperatingPoint:
     """``rho``: the share of the prefill capacity the arrivals at this batch use (>= 1: unsustainable)."""
     max_batch: int
     """The largest batch the KV cache (at the workload's lengths) and the engine allow."""
+    osl: int
+    """Output tokens per request (goodput = served_rps x osl)."""
 
 
 def evaluate(
@@ -199,6 +222,7 @@ def evaluate(
     """The operating point at ``batch`` running sequences (module docstring for the definitions)."""
     run = ServingRun(model, batch, isl, osl, max(budget, batch), comm)  # vLLM: tokens >= seqs
     tpot = run.tpot_ms()
+    tpot_p95 = run.tpot_ms(Z_ATTAINMENT)
     ttft0 = run.ttft_ms()
     e2e_s = (ttft0 + (osl - 1) * tpot) / 1e3
     rate = batch / e2e_s
@@ -209,21 +233,25 @@ def evaluate(
         ttft = ttft0 + rho / (2.0 * (1.0 - rho)) * service_ms
     else:
         ttft = math.inf
-    meets = rho < 1.0 and (slo_tpot_ms is None or tpot <= slo_tpot_ms) and (slo_ttft_ms is None or ttft <= slo_ttft_ms)
+    meets = rho < 1.0 and (slo_tpot_ms is None or tpot_p95 <= slo_tpot_ms)
+    meets = meets and (slo_ttft_ms is None or ttft <= slo_ttft_ms)
     throughput = rate * osl
     return OperatingPoint(
         batch=batch,
         max_num_batched_tokens=run.budget,
         ttft_ms=ttft,
         tpot_ms=tpot,
-        served_rps=rate,
+        tpot_p95_ms=tpot_p95,
+        full_rps=rate,
         throughput_tokens_per_s=throughput,
         meets_slo=meets,
+        served_rps=rate if meets else 0.0,
         goodput_tokens_per_s=throughput if meets else 0.0,
         limit=limit,
         batch_prefill_ms=run.batch_prefill_ms(),
         prefill_load=rho,
         max_batch=max_batch if max_batch is not None else batch,
+        osl=osl,
     )
 
 
@@ -279,24 +307,76 @@ def operating_point(
             knee += 1  # the smallest batch reaching the share (``_largest`` found the last one below it)
         chosen = at(min(knee, top))
         limit: Limit = "knee" if chosen.batch < top else top_limit
-        return _with_limit(chosen, limit)
+        return settle(chosen, limit, slo_ttft_ms)
     if not at(1).meets_slo:
-        return _with_limit(at(1), _missed(at(1), slo_tpot_ms, slo_ttft_ms))
+        return settle(at(1), _missed(at(1), slo_tpot_ms, slo_ttft_ms), slo_ttft_ms)
     b = _largest(1, max_batch, lambda n: at(n).meets_slo)
     limit = cap_limit if b == max_batch else _missed(at(b + 1), slo_tpot_ms, slo_ttft_ms)
-    return _with_limit(at(b), limit)
+    return settle(at(b), limit, slo_ttft_ms)
 
 
 def _missed(point: OperatingPoint, slo_tpot_ms: float | None, slo_ttft_ms: float | None) -> Limit:
     if point.prefill_load >= 1.0:
         return "prefill"
-    if slo_tpot_ms is not None and point.tpot_ms > slo_tpot_ms:
+    if slo_tpot_ms is not None and point.tpot_p95_ms > slo_tpot_ms:
         return "slo-tpot"
     return "slo-ttft"
 
 
-def _with_limit(point: OperatingPoint, limit: Limit) -> OperatingPoint:
-    return replace(point, limit=limit)
+def settle(point: OperatingPoint, limit: Limit, slo_ttft_ms: float | None) -> OperatingPoint:
+    """``point`` with why its batch is what it is and the request rate it is planned for (``planned_rate``)."""
+    rate = planned_rate(point, slo_ttft_ms) if point.meets_slo else 0.0
+    return replace(point, limit=limit, served_rps=rate, goodput_tokens_per_s=rate * point.osl)
 
 
-__all__ = ["KNEE_FRACTION", "OperatingPoint", "ServingRun", "evaluate", "operating_point"]
+def erlang_c(servers: int, load: float) -> float:
+    """The probability that an arrival waits in an M/M/c queue of ``servers`` at offered ``load``
+    (Erlangs, ``< servers``), by the Erlang-B recursion (stable for thousands of servers)."""
+    b = 1.0
+    for k in range(1, servers + 1):
+        b = load * b / (k + load * b)
+    rho = load / servers
+    return b / (1.0 - rho + rho * b)
+
+
+def planned_rate(point: OperatingPoint, slo_ttft_ms: float | None, attainment: float = ATTAINMENT) -> float:
+    """The largest Poisson arrival rate one instance at ``point`` serves with ``attainment`` of the
+    requests waiting for a free sequence slot no longer than the TTFT SLO leaves.
+
+    The ``batch`` slots are the servers of an M/M/c queue, each holding a request for its end-to-end
+    time at the full batch (``batch / full_rps``); a request waits longer than ``t`` with probability
+    ``C(c, a) exp(-(c mu - lambda) t)`` (Erlang C). ``t`` is the TTFT SLO less the predicted TTFT;
+    without a TTFT SLO, the predicted TTFT itself (a request waits for a slot no longer than its own
+    prefill takes, ``attainment`` of the time)."""
+    c = point.batch
+    mu = point.full_rps / c  # per slot
+    if mu <= 0:
+        return 0.0
+    slack_s = max(0.0, (slo_ttft_ms - point.ttft_ms) if slo_ttft_ms is not None else point.ttft_ms) / 1e3
+    miss = 1.0 - attainment
+
+    def ok(rate: float) -> bool:
+        load = rate / mu
+        return erlang_c(c, load) * math.exp(-(c * mu - rate) * slack_s) <= miss
+
+    lo, hi = 0.0, c * mu
+    for _ in range(40):
+        mid = (lo + hi) / 2
+        if ok(mid):
+            lo = mid
+        else:
+            hi = mid
+    return lo
+
+
+__all__ = [
+    "ATTAINMENT",
+    "KNEE_FRACTION",
+    "OperatingPoint",
+    "ServingRun",
+    "erlang_c",
+    "evaluate",
+    "operating_point",
+    "planned_rate",
+    "settle",
+]

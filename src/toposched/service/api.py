@@ -29,6 +29,7 @@ from fastapi import APIRouter, Path, Request
 from fastapi.responses import JSONResponse
 from prometheus_client import Histogram
 
+from toposched.errors import InputError
 from toposched.names import ID_PATTERN
 from toposched.perf.profile import use_profile
 from toposched.service import defrag as service_defrag
@@ -175,6 +176,11 @@ async def place_answer(
         problem = {"field": "body.wait_s", "message": f"at most {state.config.max_wait_s:g} s"}
         return JSONResponse({"error": "invalid request", "fields": [problem]}, status_code=422)
     decision: Decision | None = None
+    if body.request_rate is not None:
+        try:
+            body = await on_worker(state, state.sized, body)
+        except InputError as exc:
+            return JSONResponse({"error": "invalid request", "detail": exc.message, "fix": exc.fix}, status_code=422)
     hold_s = state.headroom_hold_s(body, body.wait_s)
     if body.wait_s == 0 or not len(state.queue):
         decision = await on_worker(state, state.place, body, headroom=state.config.keep_whole_domains if hold_s else 0)

@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import json
 from collections.abc import Iterable
-from typing import Literal
+from typing import Literal, TypeVar
 
 from toposched.errors import InputError, LedgerConflict
 from toposched.service.following import Following
@@ -23,7 +23,10 @@ from toposched.service.request import ServiceRequest
 from toposched.solver.pd import place_pd
 from toposched.solver.request import PlacementRequest
 from toposched.solver.scheduler import HEADROOM_REASON, Outcome
+from toposched.solver.sizing import size_for_rate
 from toposched.topology.model import Cluster
+
+R = TypeVar("R", bound=ServiceRequest)
 
 
 def held_for_headroom(decision: Decision) -> bool:
@@ -61,6 +64,22 @@ class Deciding(Following):
                 return decision  # the caller queues it: counted when the queue answers
             self.counters.decisions[decision.status] += 1
             return decision
+
+    def sized(self, body: R) -> R:
+        """``body`` with ``request_rate`` turned into instances (``solver/sizing.py``): the replicas, the TP
+        degree and the stages that serve the rate within the SLO with the fewest GPUs (``request_rate``
+        then None: a retry of the same body sizes the same). InputError when no degree meets the SLO
+        (with the changes that would)."""
+        if body.request_rate is None:
+            return body
+        if body.pd is not None:
+            raise InputError("request_rate sizes plain instances", fix="leave out pd, or request_rate")
+        with self.lock:
+            sizing = size_for_rate(self.scheduler, body.request(body.id or "sizing"), body.request_rate)
+        cap = sizing.capacity
+        # the rate is spent: what is booked (and keyed, and re-read) is the instances it asked for
+        update = {"replicas": cap.replicas, "allowed_tp": (cap.tp,), "max_pp": cap.pp, "request_rate": None}
+        return body.model_copy(update=update)
 
     def booked_answer(self, body: ServiceRequest) -> Decision | None:
         """The answer for a request whose id is booked already, without deciding: ``existing`` (the same body,

@@ -72,10 +72,25 @@ class ServiceRequest(PlacementRequest):
     pd: PdSpec | None = Field(
         default=None, description="prefill/decode disaggregation: book every prefill and decode instance, or none"
     )
+    slo_required: bool = Field(
+        default=True,
+        description="an instance whose predicted per-request TTFT or TPOT misses the SLO is not placed (the "
+        "answer gives the changes that would meet it); false: place the best option anyway",
+    )
+    request_rate: float | None = Field(
+        default=None,
+        gt=0,
+        le=1e6,
+        description="requests/s to serve at input_len/output_len: the service books the fewest GPUs that serve it "
+        "within the SLO (replicas, tp and pp are chosen; replicas must be left at 1)",
+    )
 
     @model_validator(mode="after")
     def _pd_alone(self) -> ServiceRequest:
-        """A disaggregated request counts its instances in ``pd`` and pairs decode near prefill itself."""
+        """A disaggregated request counts its instances in ``pd`` and pairs decode near prefill itself;
+        a request rate chooses the replicas itself."""
+        if self.request_rate is not None and (self.replicas != 1 or self.pd is not None):
+            raise ValueError("request_rate chooses the replicas: leave replicas at 1 and pd out")
         if self.pd is not None and self.replicas != 1:
             raise ValueError(f"replicas goes without pd (got {self.replicas}): give pd.prefill and pd.decode")
         if self.pd is not None and self.near is not None:
@@ -119,4 +134,8 @@ class ServiceRequest(PlacementRequest):
             fields.discard("allow_cross_domain")
         if self.pd is None:
             fields.discard("pd")
+        if self.slo_required:  # the default, and what every request booked before the field was
+            fields.discard("slo_required")
+        if self.request_rate is None:
+            fields.discard("request_rate")
         return json.dumps(self.model_dump(mode="json", include=fields), sort_keys=True)

@@ -18,7 +18,7 @@ from toposched.errors import InfeasibleError, InputError
 from toposched.perf.hardware import GpuSpec, get_gpu, gpu_registry
 from toposched.perf.latency import LatencyEstimate, PassModel, predict_latency, resolve_config
 from toposched.perf.links import get_link
-from toposched.perf.serving import CommAdjust, OperatingPoint, evaluate, operating_point
+from toposched.perf.serving import CommAdjust, OperatingPoint, evaluate, operating_point, settle
 from toposched.solver.request import PlacementRequest
 from toposched.solver.split import balanced_partition
 from toposched.workload import resolve_model
@@ -123,7 +123,7 @@ class OptionSet:
             model, cap, isl=isl, osl=osl, budget=budget, slo_tpot_ms=tpot_slo, slo_ttft_ms=ttft_slo, comm=comm
         )
         if self.prediction == "operating-point":
-            return point
+            return settle(point, "fixed", ttft_slo)
         est = self.latency(option, link, pp_link)
         ttft, tpot = est.ttft_ms, est.tpot_ms
         if comm is not None:

@@ -416,6 +416,7 @@ def assess(
             expert_copies=experts.replicas if experts is not None else 0,
             tpot_ms=tpot,
             ttft_ms=ttft,
+            tpot_p95_ms=None if options.prediction == "design-batch" else point.tpot_p95_ms,
         )
     )
     info = index.info

@@ -51,6 +51,13 @@ SLO_CLASSES: dict[str, SloClassConfig] = {
 }
 
 
+DEFAULT_MAX_MODEL_LEN = 8192
+"""The context every command plans, fits, launches and serves for unless told otherwise (``fit``,
+``estimate``'s memory check, ``plan``, ``launch``, the service; docs/solver.md "Defaults"). Not the
+model's whole context: a plan reserves KV for several sequences of this length, and 128k tokens x 8
+sequences would ask several GPUs more of most models."""
+
+
 class PlacementRequest(BaseModel):
     """What to place. Every field has a default except the model."""
 
@@ -60,7 +67,7 @@ class PlacementRequest(BaseModel):
     model: str = Field(min_length=1, description="catalog name, Hugging Face id or config.json path")
     weight_dtype: str | None = None
     kv_dtype: str | None = None
-    max_model_len: int = Field(default=8192, ge=1, le=10_000_000)
+    max_model_len: int = Field(default=DEFAULT_MAX_MODEL_LEN, ge=1, le=10_000_000)
     concurrent_seqs: int | None = Field(
         default=None,
         ge=1,

@@ -5,8 +5,11 @@ Every figure here is an operating point (``perf/serving.py``) of a degree option
 link (NVLink inside one domain), the best case the placement then checks on the GPUs it gets:
 
 * :func:`size_for_rate` (``plan --request-rate R``): for each degree option that meets the SLO, the
-  instances needed are ``ceil(R / served_rps)`` and the GPUs ``instances x tp x pp``; the option needing
-  the fewest GPUs wins (ties: the higher goodput per GPU, then the fewer instances).
+  instances needed are ``ceil(R / served_rps)`` and the GPUs ``instances x tp x pp``; the option
+  needing the fewest GPUs wins (ties: the higher goodput per GPU, then the fewer instances).
+  ``served_rps`` is the Poisson rate one instance is planned for (``perf/serving.py``
+  ``planned_rate``: 95 % of the requests find a free sequence slot in time), not what it completes
+  with its batch always full (``benchmarks/goodput_check.py`` simulates the result).
 * :func:`slo_remedies`: when no option meets the SLO, the changes of the request that would (FP8
   weights, an FP8 KV cache, a larger TP degree, a smaller fixed batch), each with the figures it gets.
 """
@@ -36,7 +39,7 @@ class Capacity(BaseModel):
     replicas: int
     gpus: int
     served_rps: float
-    """Requests/s the replicas serve together at their operating points (at least the rate asked)."""
+    """Requests/s the replicas are planned to serve together within the SLO (at least the rate asked)."""
     tp: int
     pp: int
     gpu: str
@@ -113,8 +116,8 @@ def missing_gpus(scheduler: Scheduler, sizing: Sizing, placed: int) -> str:
 
 def _describe(point: OperatingPoint, cand: Candidate) -> str:
     return (
-        f"tp={cand.option.tp} pp={cand.option.pp}, batch {point.batch}: TPOT {point.tpot_ms:.1f} ms, "
-        f"TTFT {point.ttft_ms:.0f} ms"
+        f"tp={cand.option.tp} pp={cand.option.pp}, batch {point.batch}: TPOT {point.tpot_ms:.1f} ms "
+        f"(95th percentile {point.tpot_p95_ms:.1f}), TTFT {point.ttft_ms:.0f} ms"
     )
 
 

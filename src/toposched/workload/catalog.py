@@ -30,6 +30,9 @@ class CatalogEntry:
     published_params: int
     published_source: str
     aliases: tuple[str, ...] = ()
+    chat: bool = True
+    """Whether ``hf_id`` is a chat (instruction-tuned) checkpoint; False: a base model, which a launch of
+    the entry's name serves as it is (``base_checkpoint_note`` says so and names the chat sibling)."""
 
 
 # Published totals. "safetensors" = the parameter total Hugging Face shows from the checkpoint's
@@ -42,6 +45,7 @@ ENTRIES: tuple[CatalogEntry, ...] = (
         8_030_261_248,  # HF safetensors total, same as Llama-3.1-8B (perf-anchors.md §5.2)
         "HF safetensors total 8.03B (perf-anchors.md §5.2)",
         aliases=("meta-llama/Meta-Llama-3-8B-Instruct", "llama-3-8b-instruct"),
+        chat=False,
     ),
     CatalogEntry(
         "llama-3-70b",
@@ -50,6 +54,7 @@ ENTRIES: tuple[CatalogEntry, ...] = (
         70_553_706_496,  # ollama PR #6279 log "70.55 B" (engines.md §1.4)
         "ollama PR #6279 log, 70.55B (engines.md §1.4)",
         aliases=("meta-llama/Meta-Llama-3-70B-Instruct", "llama-3-70b-instruct"),
+        chat=False,
     ),
     CatalogEntry(
         "llama-3.1-8b",
@@ -58,6 +63,7 @@ ENTRIES: tuple[CatalogEntry, ...] = (
         8_030_261_248,  # perf-anchors.md §5.2 "Llama-3.1-8B is 8,030,261,248"
         "perf-anchors.md §5.2, 8,030,261,248",
         aliases=("meta-llama/Meta-Llama-3.1-8B", "meta-llama/Llama-3.1-8B-Instruct", "llama-3.1-8b-instruct"),
+        chat=False,
     ),
     CatalogEntry(
         "llama-3.1-70b",
@@ -66,6 +72,7 @@ ENTRIES: tuple[CatalogEntry, ...] = (
         70_553_706_496,  # same architecture as Llama-3-70B: 70.55B (engines.md §1.4)
         "70.55B, same architecture as Llama-3-70B (engines.md §1.4)",
         aliases=("meta-llama/Meta-Llama-3.1-70B", "meta-llama/Llama-3.1-70B-Instruct", "llama-3.1-70b-instruct"),
+        chat=False,
     ),
     CatalogEntry(
         "llama-3.3-70b",
@@ -82,6 +89,7 @@ ENTRIES: tuple[CatalogEntry, ...] = (
         405_853_388_800,  # perf-anchors.md §5.2 table: 405.85B
         "perf-anchors.md §5.2, 405.85B",
         aliases=("meta-llama/Meta-Llama-3.1-405B", "meta-llama/Llama-3.1-405B-Instruct", "llama-3.1-405b-instruct"),
+        chat=False,
     ),
     CatalogEntry(
         "mixtral-8x7b",
@@ -90,6 +98,7 @@ ENTRIES: tuple[CatalogEntry, ...] = (
         46_700_000_000,  # Mistral AI, "Mixtral of experts" (2023-12-11): "46.7B total parameters"
         "Mistral AI announcement: 46.7B total, 12.9B per token",
         aliases=("mistralai/Mixtral-8x7B-Instruct-v0.1", "mixtral-8x7b-instruct"),
+        chat=False,
     ),
     CatalogEntry(
         "mixtral-8x22b",
@@ -98,6 +107,7 @@ ENTRIES: tuple[CatalogEntry, ...] = (
         141_000_000_000,  # Mistral AI, "Cheaper, Better, Faster, Stronger" (2024-04-17): 141B total
         "Mistral AI announcement: 141B total, 39B active",
         aliases=("mistralai/Mixtral-8x22B-Instruct-v0.1", "mixtral-8x22b-instruct"),
+        chat=False,
     ),
     CatalogEntry(
         "qwen2.5-72b",
@@ -106,6 +116,7 @@ ENTRIES: tuple[CatalogEntry, ...] = (
         72_706_203_648,  # perf-anchors.md §5.2: "exactly equals the weight-file sum"
         "perf-anchors.md §5.2, weight-file sum 72,706,203,648",
         aliases=("qwen2.5-72b-instruct", "Qwen/Qwen2.5-72B-Instruct"),
+        chat=False,
     ),
     CatalogEntry(
         "qwen2.5-7b",
@@ -195,6 +206,19 @@ def _registry() -> Registry[CatalogEntry]:
 def catalog() -> dict[str, ModelSpec]:
     """Every catalog model by canonical name (configs are read on first use, then cached)."""
     return {name: _load_entry(entry) for name, entry in _registry().items()}
+
+
+def base_checkpoint_note(ref: str) -> str | None:
+    """A note when the catalog name ``ref`` launches a base (not chat) checkpoint, naming the chat
+    sibling to plan with instead; None for chat entries, aliases, Hugging Face ids and paths."""
+    if "/" in ref or ref not in _registry():
+        return None
+    entry = _registry().get(ref)
+    if entry.chat or ref.strip().casefold() != entry.name.casefold():
+        return None
+    chat = next((a for a in entry.aliases if "/" not in a and "instruct" in a.casefold()), None)
+    also = f"; for the chat model plan with --model {chat}" if chat else ""
+    return f"{entry.name} launches the base checkpoint {entry.hf_id}, not a chat (Instruct) model{also}"
 
 
 def catalog_entry(name: str) -> CatalogEntry:
