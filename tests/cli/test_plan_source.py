@@ -9,7 +9,7 @@ import pytest
 
 from tests.conftest import RunCli
 from toposched.cli.main import load_command
-from toposched.cli.plan_source import DEFAULT_MAX_MODEL_LEN
+from toposched.solver.request import DEFAULT_MAX_MODEL_LEN
 
 NODES = Path(__file__).resolve().parents[1] / "binding" / "data" / "nodes-h100.json"
 LAUNCHES = ("vllm", "sglang", "trtllm", "k8s", "k8s-lint", "ray")
@@ -65,10 +65,13 @@ def test_launch_plans_with_the_options_plan_takes(run_cli: RunCli) -> None:
     assert weights.exit_code == 0 and "--quantization fp8" in weights.stdout
 
 
-def test_max_model_len_default_is_shared_and_says_why_fit_differs(run_cli: RunCli) -> None:
-    for args in (("plan",), ("launch", "trtllm")):
+def test_max_model_len_default_is_one_for_every_command(run_cli: RunCli) -> None:
+    """Issue 32: one set of defaults: plan, launch and fit reserve the same context unless told otherwise."""
+    for args in (("plan",), ("launch", "trtllm"), ("fit",)):
         text = " ".join(run_cli(*args, "--help").stdout.split())
-        assert f"default {DEFAULT_MAX_MODEL_LEN};" in text and "`fit` defaults to the model's whole context" in text
+        assert f"default {DEFAULT_MAX_MODEL_LEN}," in text, args
+    fit = json.loads(run_cli("fit", "-m", "llama-3.1-70b", "--gpu", "H100-SXM", "--tp", "4", "--json").stdout)
+    assert (fit["max_model_len"], fit["model_context"]) == (DEFAULT_MAX_MODEL_LEN, 131072)
 
 
 def test_plan_and_launch_refuse_two_sources_and_none(run_cli: RunCli, tmp_path: Path) -> None:

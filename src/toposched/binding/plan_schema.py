@@ -69,6 +69,7 @@ def placement_json(p: Placement) -> dict[str, Any]:
     data["predicted"] = {
         "ttft_ms": p.ttft_ms,
         "tpot_ms": p.tpot_ms,
+        "tpot_p95_ms": p.tpot_p95_ms,
         "batch": p.max_num_seqs,
         "batch_prefill_ms": p.batch_prefill_ms,
     }

@@ -444,6 +444,7 @@ def assess(
         kv_tokens_capacity=kv_tokens,
         ttft_ms=round(ttft, 3),
         tpot_ms=round(tpot, 3),
+        tpot_p95_ms=None if options.prediction == "design-batch" else round(point.tpot_p95_ms, 3),
         max_num_seqs=point.batch,
         max_num_batched_tokens=point.max_num_batched_tokens,
         goodput_tokens_per_s=round(point.goodput_tokens_per_s, 1),

@@ -211,6 +211,9 @@ class Placement(BaseModel):
     """Predicted time to first token of one request at the operating point (``perf/serving.py``)."""
     tpot_ms: float
     """Predicted mean time per output token at the operating point."""
+    tpot_p95_ms: float | None = None
+    """The 95th percentile over requests of their mean TPOT (what a TPOT SLO is checked against); None
+    for the simulator's design batch and plans made before operating points."""
     max_num_seqs: int | None = Field(default=None, ge=1)
     """The operating point: running sequences the engine is launched with (None in plans made before
     operating points: the request's ``concurrent_seqs``, else 8)."""
