@@ -32,7 +32,7 @@ from toposched.topology.presets import hgx_h100_cluster
 
 def _pd_doc(nodes_per_rack: int = 4, **spec: Any) -> PlanDoc:
     cluster = hgx_h100_cluster(nodes=8, nodes_per_rack=nodes_per_rack)
-    request = PlacementRequest(id="plan", model="llama-3.1-70b", slo_ttft_ms=120, slo_tpot_ms=40)
+    request = PlacementRequest(id="plan", model="llama-3.1-70b", slo_ttft_ms=150, slo_tpot_ms=40)
     made = place_pd(Scheduler(cluster), request, Disaggregation(**spec))
     assert not made.outcome.unplaced, made.outcome.unplaced
     doc = plan_json(

@@ -374,3 +374,37 @@ def test_a_base_checkpoint_launch_says_so_and_names_the_chat_model(run_cli: RunC
     assert "meta-llama/Llama-3.1-70B-Instruct" in argv
     chat_entry = run_cli("launch", "vllm", "-m", "llama-3.3-70b", "--preset", "hgx-h100", "--format", "json")
     assert "base checkpoint" not in chat_entry.stderr  # the entry itself is the Instruct model
+
+
+def test_pd_auto_picks_the_mode_with_fewer_gpus_and_says_why(run_cli: RunCli, tmp_path: Path) -> None:
+    args = ("plan", "--preset", "cluster-32x-hgx-h100", "--model", "llama-3.1-70b", "--slo-tpot-ms", "40",
+            "--slo-ttft-ms", "1000", "--pd", "auto", "--json")  # fmt: skip
+    low = json.loads(run_cli(*args, "--request-rate", "5").stdout)
+    assert low["mode"]["chosen"] == "aggregated" and low["disaggregation"] is None
+    assert low["mode"]["aggregated_gpus"] <= low["mode"]["disaggregated_gpus"]  # a tie goes to one pool
+    assert low["capacity"]["replicas"] == len(low["placements"])
+    high = run_cli(*args, "--request-rate", "60", "--kv-store", "mooncake")
+    assert high.exit_code == 0, high.stderr
+    doc = json.loads(high.stdout)
+    mode = doc["mode"]
+    assert mode["chosen"] == "disaggregated" and mode["disaggregated_gpus"] < mode["aggregated_gpus"]
+    assert "disaggregated serves the rate with fewer GPUs" in mode["why"] and "KV transfer" in mode["why"]
+    roles = [p["role"] for p in doc["placements"]]
+    assert roles.count("prefill") == mode["prefill"] and roles.count("decode") == mode["decode"]
+    assert sum(len(p["ranks"]) for p in doc["placements"]) == mode["disaggregated_gpus"]
+    decode = next(p for p in doc["placements"] if p["role"] == "decode")
+    assert decode["max_num_seqs"] > 100 and decode["predicted"]["tpot_ms"] <= 40  # nothing rides along
+    assert doc["stores"]
+    path = tmp_path / "pd.json"
+    path.write_text(high.stdout)
+    assert run_cli("launch", "sglang", "--plan", str(path), "--format", "json").exit_code == 0
+
+
+def test_pd_auto_needs_a_rate_and_no_fixed_roles(run_cli: RunCli) -> None:
+    base = ("plan", "--preset", "hgx-h100", "--model", "llama-3.1-70b", "--slo-tpot-ms", "40")
+    no_rate = run_cli(*base, "--pd", "auto")
+    assert no_rate.exit_code == 2 and "--request-rate" in no_rate.stderr
+    bad = run_cli(*base, "--pd", "always", "--request-rate", "5")
+    assert bad.exit_code == 2 and "--pd 'always' is not a mode" in bad.stderr
+    both = run_cli(*base, "--pd", "auto", "--request-rate", "5", "--pd-prefill", "1", "--pd-decode", "1")
+    assert both.exit_code == 2 and "chooses the roles itself" in both.stderr

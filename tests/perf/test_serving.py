@@ -102,3 +102,17 @@ def test_the_planned_rate_leaves_room_for_random_arrivals() -> None:
     slack = (1000 - p.ttft_ms) / 1e3
     miss = erlang_c(c, p.served_rps / mu) * math.exp(-(c * mu - p.served_rps) * slack)
     assert miss == pytest.approx(0.05, abs=0.002)
+
+
+def test_a_decode_instance_has_no_prompt_riding_along_and_a_prefill_instance_runs_passes() -> None:
+    m = _model()
+    both = evaluate(m, 64, **W)
+    decode = evaluate(m, 64, role="decode", **W)
+    assert decode.tpot_ms == decode.tpot_p95_ms == ServingRun(m, 64, 1024, 256, 8192).decode_ms(64)
+    assert decode.tpot_ms < both.tpot_ms and decode.prefill_load == 0
+    prefill = evaluate(m, 4, role="prefill", **W)
+    assert prefill.batch == 4 and prefill.ttft_ms == pytest.approx(1.5 * prefill.batch_prefill_ms)
+    assert prefill.full_rps == pytest.approx(4 / (prefill.batch_prefill_ms / 1e3))
+    assert evaluate(m, 50, role="prefill", **W).batch == 8  # a pass holds 8 prompts of 1,024 tokens
+    p = operating_point(m, max_batch=400, kv_limited=True, slo_ttft_ms=400, role="prefill", **W)
+    assert p.ttft_ms <= 400 and evaluate(m, p.batch + 1, role="prefill", slo_ttft_ms=400, **W).ttft_ms > 400

@@ -159,3 +159,21 @@ def test_macro_steps_equal_step_by_step(seed: int, kv: int, seqs: int) -> None:
     assert b1.steps_done == b2.steps_done == events[1]  # the same engine steps ...
     # ... in fewer events; far fewer unless the KV is so small that the waiting line is always blocked
     assert events[0] < events[1] / (3 if kv > 100_000 else 1)
+
+
+def test_a_sequence_arriving_with_its_kv_decodes_instead_of_prefilling() -> None:
+    """A decode instance of a disaggregated deployment: a sequence that joins with its prompt's KV and a
+    first token decodes its next token in a decode step (no prefill pass, no prefill overhead)."""
+    batcher = make_batcher(jump=False)
+    cost = batcher.cost
+    assert isinstance(cost, RecordingCost)
+    req = SimRequest(0, 0.0, 1000, 4, "interactive", computed=1000, generated=1)
+    batcher.waiting.append(req)
+    assert batcher.compose(0.0, lambda _r: None) is not None
+    assert cost.steps[-1] == (1, 1000.0, ())  # one decode at context 1000, no chunk
+    decode_only = cost.step_ms(decode_seqs=1, decode_context=1000.0)
+    assert batcher.step_end == pytest.approx(decode_only / 1000.0)
+    fresh = make_batcher(jump=False)
+    fresh.waiting.append(SimRequest(1, 0.0, 1000, 4, "interactive"))
+    fresh.compose(0.0, lambda _r: None)
+    assert isinstance(fresh.cost, RecordingCost) and fresh.cost.steps[-1] == (0, 0.0, ((0, 1000),))

@@ -48,7 +48,7 @@ from toposched.names import id_problem, node_name_problem, placement_id_problem
 from toposched.solver.options import gpu_type_for
 from toposched.solver.pd import Disaggregation, KvStore, role_ids, role_request_id
 from toposched.solver.request import HbmShare, Placement, PlacementRequest, Unplaced, instance_ids
-from toposched.solver.sizing import Capacity
+from toposched.solver.sizing import Capacity, ModeChoice
 from toposched.topology.model import GPU, Cluster
 from toposched.workload.catalog import resolve_model
 from toposched.workload.dtypes import KV_DTYPES, parse_kv_dtype, parse_weight_dtype
@@ -82,11 +82,12 @@ def plan_json(
     disaggregation: Disaggregation | None = None,
     stores: list[KvStore] | tuple[KvStore, ...] = (),
     capacity: Capacity | None = None,
+    mode: ModeChoice | None = None,
 ) -> dict[str, Any]:
     """The document ``toposched plan --json`` prints (``parse_plan`` reads it back)."""
     document = PlanDocument.write(
         placements, unplaced, request, cluster, policy=policy, source=source, disaggregation=disaggregation,
-        stores=stores, capacity=capacity,
+        stores=stores, capacity=capacity, mode=mode,
     )  # fmt: skip
     return document.model_dump(mode="json")
 

@@ -45,7 +45,7 @@ from pydantic import BaseModel, BeforeValidator, ConfigDict, PlainSerializer
 
 from toposched.solver.pd import Disaggregation, KvStore
 from toposched.solver.request import ExpertReport, HbmShare, Placement, PlacementRequest, Unplaced
-from toposched.solver.sizing import Capacity
+from toposched.solver.sizing import Capacity, ModeChoice
 from toposched.topology.domains import cluster_digest
 from toposched.topology.model import Cluster
 
@@ -152,6 +152,8 @@ class PlanDocument(BaseModel):
     """KV-cache store processes (host memory and RDMA NICs, no GPUs) beside the decode instances."""
     capacity: Capacity | None = None
     """With ``plan --request-rate``: the rate, the replicas and GPUs that serve it, what they serve."""
+    mode: ModeChoice | None = None
+    """With ``plan --pd auto``: aggregated or disaggregated, the GPUs each needs for the rate, and why."""
 
     @classmethod
     def write(
@@ -166,6 +168,7 @@ class PlanDocument(BaseModel):
         disaggregation: Disaggregation | None = None,
         stores: list[KvStore] | tuple[KvStore, ...] = (),
         capacity: Capacity | None = None,
+        mode: ModeChoice | None = None,
     ) -> PlanDocument:
         """The document for a plan made on ``cluster`` (the whole cluster: the document keeps the part used).
 
@@ -181,6 +184,7 @@ class PlanDocument(BaseModel):
             disaggregation=disaggregation,
             stores=tuple(stores),
             capacity=capacity,
+            mode=mode,
         )
 
 

@@ -130,6 +130,8 @@ def plan(
 
 
 def _render_capacity(placed: Placed) -> None:
+    if placed.mode is not None:
+        console.print(f"mode: {placed.mode.chosen} ({placed.mode.why})", soft_wrap=True, markup=False)
     cap = placed.capacity
     if cap is None:
         return

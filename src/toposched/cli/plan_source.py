@@ -34,9 +34,9 @@ from toposched.cli.calibrate import PROFILE, profile_option
 from toposched.errors import InputError
 from toposched.perf.profile import Profile, use_profile
 from toposched.solver.pd import KV_STORES, Disaggregation, KvStore, place_pd
-from toposched.solver.request import DEFAULT_MAX_MODEL_LEN, PlacementRequest
+from toposched.solver.request import DEFAULT_MAX_MODEL_LEN, PlacementRequest, Role
 from toposched.solver.scheduler import POLICIES, Outcome, Scheduler
-from toposched.solver.sizing import Capacity, missing_gpus, size_for_rate
+from toposched.solver.sizing import Capacity, ModeChoice, choose_mode, missing_gpus, size_for_rate
 from toposched.topology.model import Cluster
 from toposched.topology.sources import Loaded, SourceRef, load_source
 from toposched.workload import resolve_model
@@ -82,6 +82,7 @@ class PlanSource:
     kv_store: str | None = None
     pd_same_rack_required: bool = False
     request_rate: float | None = None
+    pd_mode: str | None = None
 
     def topology(self) -> SourceRef | None:
         """The one topology source the flags name (None when none is given)."""
@@ -90,6 +91,17 @@ class PlanSource:
     def disaggregation(self) -> Disaggregation | None:
         """The prefill/decode split the ``--pd-*`` flags ask for (None: a plain plan), checked flag by flag."""
         pd = self.pd_prefill or self.pd_decode
+        if self.pd_mode is not None:
+            if self.pd_mode != "auto":
+                raise InputError(f"--pd {self.pd_mode!r:.20} is not a mode", fix="pass --pd auto, or leave it out")
+            if pd:
+                raise InputError("--pd auto chooses the roles itself", fix="leave out --pd-prefill/--pd-decode")
+            if self.request_rate is None:
+                raise InputError(
+                    "--pd auto compares aggregated and disaggregated instances for a request rate",
+                    fix="add --request-rate R (requests/s)",
+                )
+            return None
         if not pd:
             if self.kv_store is not None or self.pd_same_rack_required:
                 flag = "--kv-store" if self.kv_store is not None else "--pd-same-rack-required"
@@ -179,6 +191,8 @@ class PlanSource:
         busy = parse_gpu_list(self.busy, loaded.cluster, "--busy")
         scheduler = Scheduler(loaded.cluster, gpu=self.gpu, busy=busy, budget_gbps=self.budget_gbps, seed=self.seed)
         with use_profile(chosen):
+            if self.pd_mode == "auto" and self.request_rate is not None:
+                return self._auto(request, scheduler, ref, loaded, chosen, self.request_rate)
             if self.request_rate is not None:
                 if pd is not None:
                     raise InputError("--request-rate sizes plain instances", fix="leave out --pd-prefill/--pd-decode")
@@ -191,6 +205,47 @@ class PlanSource:
                 return Placed(request, ref, loaded, scheduler.place(request, policy=self.policy), self.policy, chosen)
             made = place_pd(scheduler, request, pd, policy=self.policy)
         return Placed(request, ref, loaded, made.outcome, self.policy, chosen, made.layout, tuple(made.stores))
+
+    def _auto(
+        self, request: PlacementRequest, scheduler: Scheduler, ref: SourceRef, loaded: Loaded,
+        chosen: Profile | None, rate: float,
+    ) -> Placed:  # fmt: skip
+        """``--pd auto``: aggregated or disaggregated, whichever serves the rate with fewer GPUs (``choose_mode``)."""
+        choice, agg, pd = choose_mode(scheduler, request, rate)
+        if choice.chosen == "aggregated":
+            assert agg is not None
+            outcome = scheduler.place(agg.request, policy=self.policy)
+            short = missing_gpus(scheduler, agg, len(outcome.placements)) if outcome.unplaced else None
+            return Placed(
+                agg.request, ref, loaded, outcome, self.policy, chosen, capacity=agg.capacity, shortfall=short,
+                mode=choice,
+            )  # fmt: skip
+        assert pd is not None
+        layout = Disaggregation(
+            prefill=choice.prefill, decode=choice.decode, kv_store="mooncake" if self.kv_store else None,
+            same_rack_required=self.pd_same_rack_required,
+        )  # fmt: skip
+        degrees: dict[Role, tuple[int, int]] = {
+            "prefill": (pd.prefill.capacity.tp, pd.prefill.capacity.pp),
+            "decode": (pd.decode.capacity.tp, pd.decode.capacity.pp),
+        }
+        made = place_pd(scheduler, request, layout, policy=self.policy, degrees=degrees)
+        short = None
+        if made.outcome.unplaced:
+            per = {
+                role: sized.capacity.tp * sized.capacity.pp
+                for role, sized in (("prefill", pd.prefill), ("decode", pd.decode))
+            }
+            need = sum(per["prefill" if u.request_id.endswith("-prefill") else "decode"] for u in made.outcome.unplaced)
+            short = (
+                f"{len(made.outcome.unplaced)} of {layout.prefill + layout.decode} disaggregated instances could not "
+                f"be placed: {need} more {pd.decode.capacity.gpu} GPUs are needed "
+                f"({len(scheduler.index.free)} GPUs are left free)"
+            )
+        return Placed(
+            request, ref, loaded, made.outcome, self.policy, chosen, made.layout, tuple(made.stores),
+            shortfall=short, mode=choice,
+        )  # fmt: skip
 
     def resolve(self) -> PlanDoc:
         """The plan to launch: read from ``--plan``, or made now from ``--model`` and a topology source."""
@@ -240,6 +295,8 @@ class Placed:
     """With ``--request-rate``: what the replicas were sized to serve (``solver/sizing.py``)."""
     shortfall: str | None = None
     """With ``--request-rate``: one line on the GPUs missing when not every replica could be placed."""
+    mode: ModeChoice | None = None
+    """With ``--pd auto``: aggregated or disaggregated, the GPUs of each, and why."""
 
     def document(self, *, with_unplaced: bool = True) -> dict[str, Any]:
         """The plan document (``plan --json``), under the profile the plan was made with."""
@@ -254,6 +311,7 @@ class Placed:
                 disaggregation=self.disaggregation,
                 stores=self.stores,
                 capacity=self.capacity,
+                mode=self.mode,
             )
 
 
@@ -341,6 +399,15 @@ _OPTIONS: dict[str, tuple[Any, Any]] = {
     ),
     "input_len": (int, typer.Option(1024, "--input-len", help="Typical prompt length for predictions.")),
     "output_len": (int, typer.Option(256, "--output-len", help="Typical output length for predictions.")),
+    "pd_mode": (
+        str | None,
+        typer.Option(
+            None,
+            "--pd",
+            help="auto (with --request-rate): plan aggregated instances or prefill/decode pools, whichever serves "
+            "the rate within the SLO with fewer GPUs; the plan says why.",
+        ),
+    ),
     "request_rate": (
         float | None,
         typer.Option(

@@ -59,6 +59,9 @@ Limit = Literal["slo-tpot", "slo-ttft", "prefill", "kv-cache", "engine", "knee",
 capacity (arrivals of the next batch could not be prefilled), the KV cache (at the workload's
 lengths), the engine's batch limit, the throughput knee (no SLO), or the caller's fixed batch."""
 
+ServingRole = Literal["prefill", "decode"] | None
+"""What one instance serves: prompts only, decodes only (a disaggregated deployment), or both (None)."""
+
 CommAdjust = Callable[[float], float]
 """All-reduce milliseconds of a pass -> what the placement pays for them (compression, overlap)."""
 
@@ -218,9 +221,21 @@ def evaluate(
     comm: CommAdjust | None = None,
     limit: Limit = "fixed",
     max_batch: int | None = None,
+    role: ServingRole = None,
 ) -> OperatingPoint:
-    """The operating point at ``batch`` running sequences (module docstring for the definitions)."""
+    """The operating point at ``batch`` running sequences (module docstring for the definitions).
+
+    ``role``: ``decode`` for a decode instance of a disaggregated deployment (no prompt rides along:
+    TPOT is the decode step; its "TTFT" is the wait for its first step), ``prefill`` for a prefill
+    instance (:func:`prefill_point`); None: an instance that serves both."""
+    if role == "prefill":
+        return prefill_point(
+            model, batch, isl=isl, osl=osl, budget=budget, slo_ttft_ms=slo_ttft_ms, comm=comm, limit=limit,
+            max_batch=max_batch,
+        )  # fmt: skip
     run = ServingRun(model, batch, isl, osl, max(budget, batch), comm)  # vLLM: tokens >= seqs
+    if role == "decode":
+        return _decode_point(run, slo_tpot_ms, limit, max_batch)
     tpot = run.tpot_ms()
     tpot_p95 = run.tpot_ms(Z_ATTAINMENT)
     ttft0 = run.ttft_ms()
@@ -255,6 +270,93 @@ def evaluate(
     )
 
 
+def _decode_point(run: ServingRun, slo_tpot_ms: float | None, limit: Limit, max_batch: int | None) -> OperatingPoint:
+    """A decode-only instance: each step decodes the batch, nothing rides along; a request joins (its KV
+    arrived) at the next step boundary, half a step later on average, and gets its token a step later."""
+    step = run.decode_ms(run.c)
+    first = 1.5 * step
+    rate = run.c / ((first + (run.osl - 1) * step) / 1e3)
+    meets = slo_tpot_ms is None or step <= slo_tpot_ms
+    return OperatingPoint(
+        batch=run.c, max_num_batched_tokens=run.budget, ttft_ms=first, tpot_ms=step, tpot_p95_ms=step,
+        full_rps=rate, throughput_tokens_per_s=rate * run.osl, meets_slo=meets, served_rps=rate if meets else 0.0,
+        goodput_tokens_per_s=rate * run.osl if meets else 0.0, limit=limit, batch_prefill_ms=0.0,
+        prefill_load=0.0, max_batch=max_batch if max_batch is not None else run.c, osl=run.osl,
+    )  # fmt: skip
+
+
+def prefill_point(
+    model: PassModel,
+    prompts: int,
+    *,
+    isl: int,
+    osl: int,
+    budget: int,
+    slo_ttft_ms: float | None = None,
+    comm: CommAdjust | None = None,
+    limit: Limit = "fixed",
+    max_batch: int | None = None,
+) -> OperatingPoint:
+    """A prefill-only instance of a disaggregated deployment that prefills ``prompts`` prompts per pass
+    (within ``budget`` tokens; a longer prompt is chunked over passes) and hands each on after its pass.
+    A prompt waits half a pass on average, then its pass: that is its TTFT (the KV transfer and the
+    decode side are the caller's). It decodes nothing: ``tpot_ms`` is the time of its step, one pass
+    (what the cross-domain traffic per step is counted at); the throughput is the output tokens its
+    prompts go on to generate."""
+    prompts = max(1, min(prompts, budget // isl)) if isl <= budget else 1
+    run = ServingRun(model, prompts, isl, osl, max(budget, prompts), comm)
+    pass_ms = run.batch_prefill_ms()
+    ttft = 1.5 * pass_ms
+    rate = prompts / (pass_ms / 1e3)
+    meets = slo_ttft_ms is None or ttft <= slo_ttft_ms
+    return OperatingPoint(
+        batch=prompts, max_num_batched_tokens=run.budget, ttft_ms=ttft, tpot_ms=pass_ms, tpot_p95_ms=pass_ms,
+        full_rps=rate, throughput_tokens_per_s=rate * osl, meets_slo=meets, served_rps=rate if meets else 0.0,
+        goodput_tokens_per_s=rate * osl if meets else 0.0, limit=limit, batch_prefill_ms=pass_ms,
+        prefill_load=0.0, max_batch=max_batch if max_batch is not None else prompts, osl=osl,
+    )  # fmt: skip
+
+
+def prefill_planned_rate(
+    model: PassModel, *, isl: int, osl: int, budget: int, prompts: int, ttft_budget_ms: float
+) -> tuple[float, float]:
+    """(requests/s, predicted TTFT ms) of a prefill instance that prefills up to ``prompts`` prompts per pass,
+    at the largest Poisson rate whose requests get their first token within ``ttft_budget_ms``.
+
+    At rate ``lambda`` a pass holds the prompts that arrived during the one before: ``k`` with
+    ``k = lambda x pass(k)`` (at least 1, at most ``prompts``). A request waits at most one pass and then
+    has its own: ``2 x pass(k)`` bounds its TTFT (the mean is ``1.5 x pass(k)``, what is returned). At
+    ``prompts`` per pass the passes must keep up with ``ATTAINMENT`` of the arrivals' bursts: ``lambda <=
+    ATTAINMENT x prompts / pass(prompts)``."""
+    cache: dict[int, float] = {}
+
+    def pass_ms(k: int) -> float:
+        if k not in cache:
+            cache[k] = ServingRun(model, k, isl, osl, max(budget, k)).batch_prefill_ms()
+        return cache[k]
+
+    def held(rate: float) -> int:
+        k = 1
+        for _ in range(20):  # the fixed point k = rate x pass(k), from below
+            nxt = min(prompts, max(1, math.ceil(rate * pass_ms(k) / 1e3)))
+            if nxt == k:
+                break
+            k = nxt
+        return k
+
+    top = ATTAINMENT * prompts / (pass_ms(prompts) / 1e3)
+    if 2 * pass_ms(1) > ttft_budget_ms:
+        return 0.0, 1.5 * pass_ms(1)
+    lo, hi = 0.0, top
+    for _ in range(40):
+        mid = (lo + hi) / 2
+        if 2 * pass_ms(held(mid)) <= ttft_budget_ms:
+            lo = mid
+        else:
+            hi = mid
+    return lo, 1.5 * pass_ms(held(lo))
+
+
 def _largest(lo: int, hi: int, ok: Callable[[int], bool]) -> int:
     """The largest ``b`` in ``[lo, hi]`` with ``ok(b)``, given ``ok(lo)`` and ``ok`` monotone (true then false)."""
     while lo < hi:
@@ -277,20 +379,25 @@ def operating_point(
     slo_tpot_ms: float | None = None,
     slo_ttft_ms: float | None = None,
     comm: CommAdjust | None = None,
+    role: ServingRole = None,
 ) -> OperatingPoint:
     """The batch this instance should run at (module docstring), at most ``max_batch``.
 
     ``kv_limited`` says whether ``max_batch`` is what the KV cache holds (else the engine's limit).
     When even one sequence misses the SLO, the point at batch 1 is returned with ``meets_slo`` false.
+    ``role``: for a prefill instance the batch is the prompts per pass (:func:`prefill_point`), at most
+    what one pass of ``budget`` tokens holds; a decode instance has nothing riding along its steps.
     """
     max_batch = max(1, max_batch)
+    if role == "prefill":  # prompts per pass: no more than a pass holds
+        max_batch = max(1, min(max_batch, budget // isl))
     memo: dict[int, OperatingPoint] = {}
 
     def at(b: int) -> OperatingPoint:
         if b not in memo:
             memo[b] = evaluate(
                 model, b, isl=isl, osl=osl, budget=budget, slo_tpot_ms=slo_tpot_ms, slo_ttft_ms=slo_ttft_ms,
-                comm=comm, max_batch=max_batch,
+                comm=comm, max_batch=max_batch, role=role,
             )  # fmt: skip
         return memo[b]
 

@@ -89,6 +89,8 @@ class ServiceRequest(PlacementRequest):
     def _pd_alone(self) -> ServiceRequest:
         """A disaggregated request counts its instances in ``pd`` and pairs decode near prefill itself;
         a request rate chooses the replicas itself."""
+        if self.serving_role is not None:
+            raise ValueError("serving_role is set by the service for the roles of pd: leave it out")
         if self.request_rate is not None and (self.replicas != 1 or self.pd is not None):
             raise ValueError("request_rate chooses the replicas: leave replicas at 1 and pd out")
         if self.pd is not None and self.replicas != 1:

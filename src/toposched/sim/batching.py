@@ -154,7 +154,15 @@ class Batcher:
                 req.state = "running"
                 self.kv_used += held + n
                 scheduled.append((req, n))
-                parts.append((req.computed, n))  # a joining sequence prefills (its prompt, or all it held)
+                if held and n == 1 and req.generated > 0:
+                    # a decode instance's sequence arrives with its prompt's KV and a first token: its
+                    # next token is a decode step like the others' (one query token, the engines' decode
+                    # CUDA graphs), not a prefill pass
+                    decodes += 1
+                    decode_ctx += held
+                    to_finish = min(to_finish, req.output_len - req.generated)
+                else:
+                    parts.append((req.computed, n))  # a joining sequence prefills (its prompt, or all it held)
                 budget -= n
         if not scheduled:
             self.busy = False

@@ -102,26 +102,31 @@ class OptionSet:
             self._points[key] = point
         return point
 
+    def pass_model(self, option: DegreeOption, link: str, pp_link: str | None = None) -> PassModel:
+        """The cost model of one pass of ``option`` over these links (``perf/latency.py``)."""
+        spec, gpu = option.spec, self.gpu
+        return PassModel(
+            spec, gpu, tp=option.tp, pp=option.pp, link=get_link(link),
+            pp_link=get_link(pp_link) if pp_link else get_link(link), cfg=resolve_config(spec, gpu, None),
+        )  # fmt: skip
+
     def _operating(
         self, option: DegreeOption, link: str, pp_link: str | None, cap: int, comm: CommAdjust | None
     ) -> OperatingPoint:
         r = self.request
-        spec, gpu = option.spec, self.gpu
-        model = PassModel(
-            spec, gpu, tp=option.tp, pp=option.pp, link=get_link(link),
-            pp_link=get_link(pp_link) if pp_link else get_link(link), cfg=resolve_config(spec, gpu, None),
-        )  # fmt: skip
+        model = self.pass_model(option, link, pp_link)
         budget = batched_tokens(option, r.max_model_len, cap)
         isl, osl, tpot_slo, ttft_slo = r.input_len, r.output_len, r.slo_tpot_ms, r.slo_ttft_ms
         if self.prediction == "operating-point" and r.concurrent_seqs is None:
             kv_limited = option.kv_limited and cap == option.max_batch
             return operating_point(
                 model, isl=isl, osl=osl, budget=budget, max_batch=cap, kv_limited=kv_limited,
-                slo_tpot_ms=tpot_slo, slo_ttft_ms=ttft_slo, comm=comm,
+                slo_tpot_ms=tpot_slo, slo_ttft_ms=ttft_slo, comm=comm, role=r.serving_role,
             )  # fmt: skip
         point = evaluate(
-            model, cap, isl=isl, osl=osl, budget=budget, slo_tpot_ms=tpot_slo, slo_ttft_ms=ttft_slo, comm=comm
-        )
+            model, cap, isl=isl, osl=osl, budget=budget, slo_tpot_ms=tpot_slo, slo_ttft_ms=ttft_slo, comm=comm,
+            role=r.serving_role,
+        )  # fmt: skip
         if self.prediction == "operating-point":
             return settle(point, "fixed", ttft_slo)
         est = self.latency(option, link, pp_link)

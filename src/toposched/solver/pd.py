@@ -95,8 +95,13 @@ def _derive(base: PlacementRequest, **update: object) -> PlacementRequest:
 
 
 def prefill_request(base: PlacementRequest, count: int) -> PlacementRequest:
-    """The prefill instances: sized by the TTFT SLO only (they never generate past the first token)."""
-    return _derive(base, id=role_request_id(base.id, "prefill"), replicas=count, slo_tpot_ms=None)
+    """The prefill instances: sized by the TTFT SLO only (they never generate past the first token); the
+    prompts per pass are their operating point (``perf/serving.py prefill_point``), whatever
+    ``concurrent_seqs`` says of the decode instances' running sequences."""
+    return _derive(
+        base, id=role_request_id(base.id, "prefill"), replicas=count, slo_tpot_ms=None, serving_role="prefill",
+        concurrent_seqs=None,
+    )  # fmt: skip
 
 
 def decode_request(
@@ -108,6 +113,7 @@ def decode_request(
         id=decode_id,
         replicas=1,
         slo_ttft_ms=None,
+        serving_role="decode",
         near=prefill_id,
         near_level=level,
         near_required=required,
@@ -267,6 +273,8 @@ class _Planner:
     spec: Disaggregation
     policy: str
     nodes: dict[str, Node] = field(init=False)
+    degrees: dict[Role, tuple[int, int]] = field(default_factory=dict)
+    """(tp, pp) each role must use (``--pd auto`` sized them, ``solver/sizing.py``); absent: the policy's."""
     prefills: dict[str, Placement] = field(default_factory=dict)
     decodes: dict[str, tuple[Placement, str]] = field(default_factory=dict)  # decode id -> (placement, prefill id)
 
@@ -274,6 +282,10 @@ class _Planner:
         self.nodes = {n.name: n for n in self.scheduler.cluster.nodes}
 
     def one(self, request: PlacementRequest) -> Placement | Unplaced:
+        role = request.serving_role
+        if role is not None and role in self.degrees:
+            tp, pp = self.degrees[role]
+            request = _derive(request, allowed_tp=(tp,), max_pp=pp)
         out = self.scheduler.place(request, self.policy)
         return out.placements[0] if out.placements else out.unplaced[0]
 
@@ -297,7 +309,8 @@ class _Planner:
         for rack in self.racks_tightest_first():
             if allowed is not None and rack not in allowed:
                 continue
-            prefill = self.one(_derive(self.base, id=prefill_id, replicas=1, slo_tpot_ms=None, racks=(rack,)))
+            one = _derive(prefill_request(self.base, 1), id=prefill_id, racks=(rack,))
+            prefill = self.one(one)
             if isinstance(prefill, Unplaced):
                 continue
             placed: list[Placement] = []
@@ -336,21 +349,29 @@ class _Planner:
         return refusal
 
 
-def place_pd(scheduler: Scheduler, base: PlacementRequest, spec: Disaggregation, policy: str = "slo") -> PdOutcome:
+def place_pd(
+    scheduler: Scheduler,
+    base: PlacementRequest,
+    spec: Disaggregation,
+    policy: str = "slo",
+    *,
+    degrees: dict[Role, tuple[int, int]] | None = None,
+) -> PdOutcome:
     """Place ``spec.prefill`` prefill and ``spec.decode`` decode instances of ``base``, and the stores.
 
     Decode instance ``i`` pairs with prefill instance ``i mod N``. Each prefill instance and its decode
     instances go to one rack together when one has room (tightest first); the others are paired one by
     one (``_Planner.pair``). ``base`` carries the model, lengths and SLOs; its ``replicas`` is not read.
+    ``degrees``: the (tp, pp) a role must use (a sizing chose them); else the policy chooses.
     """
-    planner = _Planner(scheduler, base, spec, policy)
+    planner = _Planner(scheduler, base, spec, policy, degrees=dict(degrees or {}))
     nodes, dmap = planner.nodes, scheduler.index.dmap
     prefill_ids = role_ids(base.id, "prefill", spec.prefill)
     decode_ids = role_ids(base.id, "decode", spec.decode)
     unplaced: list[Unplaced] = []
     for j, pid in enumerate(prefill_ids):
         if not planner.group_in_one_rack(pid, decode_ids[j :: len(prefill_ids)]):
-            prefill = planner.one(_derive(base, id=pid, replicas=1, slo_tpot_ms=None))
+            prefill = planner.one(_derive(prefill_request(base, 1), id=pid))
             if isinstance(prefill, Placement):
                 planner.prefills[pid] = prefill
             else:

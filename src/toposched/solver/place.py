@@ -391,7 +391,13 @@ def assess(
             comm=(f"{compression}/{overlap}", _comm_paid(compression, overlap, spec.num_layers)),
         )
     steps_per_s = 1000.0 / raw.tpot_ms
-    act_bytes = point.batch * spec.hidden_size * BF16_BYTES
+    # tokens per step: one per running sequence, or a prefill instance's whole pass
+    tokens = (
+        min(point.batch * request.input_len, point.max_num_batched_tokens)
+        if request.serving_role == "prefill"
+        else point.batch
+    )
+    act_bytes = tokens * spec.hidden_size * BF16_BYTES
     cross = 0.0
     if spans:
         bus = 2 * (across - 1) / across * act_bytes / per_node

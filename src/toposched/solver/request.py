@@ -80,6 +80,11 @@ class PlacementRequest(BaseModel):
     slo_tpot_ms: float | None = Field(default=None, gt=0)
     slo_ttft_ms: float | None = Field(default=None, gt=0)
     slo_class: SloClass = "interactive"
+    serving_role: Role | None = Field(
+        default=None,
+        description="what the instances serve: prefill (prompts only) or decode (decodes only) in a disaggregated "
+        "deployment (solver/pd.py sets it); None: both. It decides the operating point's model (perf/serving.py)",
+    )
     slo_required: bool = Field(
         default=False,
         description="an instance whose predicted per-request TTFT or TPOT misses the SLO is not placed: it is "

@@ -10,20 +10,33 @@ link (NVLink inside one domain), the best case the placement then checks on the 
   ``served_rps`` is the Poisson rate one instance is planned for (``perf/serving.py``
   ``planned_rate``: 95 % of the requests find a free sequence slot in time), not what it completes
   with its batch always full (``benchmarks/goodput_check.py`` simulates the result).
+* :func:`size_pd_for_rate` (``plan --pd auto --request-rate R``): the same for a disaggregated
+  deployment (prefill instances for the TTFT, decode instances for the TPOT), and :func:`choose_mode`
+  keeps whichever of the two serves the rate with fewer GPUs (aggregated on a tie), saying why.
 * :func:`slo_remedies`: when no option meets the SLO, the changes of the request that would (FP8
   weights, an FP8 KV cache, a larger TP degree, a smaller fixed batch), each with the figures it gets.
+
+Disaggregated, a request's TTFT is the prefill instance's (half a pass of wait and its pass), the KV
+transfer of its prompt to the decode instance (``kv_ms``: the prompt's KV bytes over the decode ranks'
+NICs at the fabric's bandwidth, as ``perf/kv_transfer.py`` charges a same-rack transfer), and the
+decode instance's first step. What the TTFT SLO leaves after those (or, without one, the prefill's
+own TTFT) is split evenly between the two queues a request can wait in: for a prefill slot and for a
+decode slot (each role's planned rate: ``perf/serving.py planned_rate``). The decode instance's TPOT
+has no prompt riding along (that is what disaggregation buys); the transfer and the second queue are
+what it costs TTFT.
 """
 
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass
-from typing import TYPE_CHECKING
+from collections.abc import Callable
+from dataclasses import dataclass, replace
+from typing import TYPE_CHECKING, Literal
 
 from pydantic import BaseModel, ConfigDict
 
 from toposched.errors import InputError
-from toposched.perf.serving import OperatingPoint
+from toposched.perf.serving import OperatingPoint, planned_rate, prefill_planned_rate
 from toposched.solver.request import PlacementRequest
 
 if TYPE_CHECKING:  # the scheduler calls slo_remedies: no import circle at run time
@@ -114,6 +127,181 @@ def missing_gpus(scheduler: Scheduler, sizing: Sizing, placed: int) -> str:
     )
 
 
+@dataclass(frozen=True)
+class PdSizing:
+    """A disaggregated deployment sized for a rate: each role's option, operating point and count."""
+
+    prefill: Sizing
+    decode: Sizing
+    kv_ms: float
+    ttft_ms: float
+    """Predicted mean TTFT at the rate: the prefill instance's (its passes as full as the rate makes them),
+    the KV transfer and the decode instance's first step."""
+
+    @property
+    def gpus(self) -> int:
+        return self.prefill.capacity.gpus + self.decode.capacity.gpus
+
+
+class ModeChoice(BaseModel):
+    """``plan --pd auto``: aggregated or disaggregated, both sized for the rate, and why (the plan's ``mode``)."""
+
+    model_config = ConfigDict(frozen=True, extra="forbid")
+
+    chosen: Literal["aggregated", "disaggregated"]
+    aggregated_gpus: int | None
+    """GPUs of the aggregated sizing (None: no aggregated option meets the SLO)."""
+    disaggregated_gpus: int | None
+    """GPUs of prefill and decode pools together (None: no disaggregated sizing meets the SLO)."""
+    prefill: int = 0
+    decode: int = 0
+    why: str
+
+
+def _best(
+    scheduler: Scheduler, request: PlacementRequest, rate: float, rate_of: Callable[[Candidate, OperatingPoint], float]
+) -> Sizing | None:
+    """The option serving ``rate`` with the fewest GPUs (ties: more per GPU, fewer instances), each option
+    planned for ``rate_of(candidate, its operating point)`` requests/s per instance."""
+    cands, _ = scheduler.candidates(request)
+    best: tuple[tuple[int, float, int], Candidate, OperatingPoint, int] | None = None
+    for cand in cands:
+        point = _point(cand)
+        if not point.meets_slo:
+            continue
+        served = rate_of(cand, point)
+        if served <= 0:
+            continue
+        point = replace(point, served_rps=served, goodput_tokens_per_s=served * point.osl)
+        replicas = max(1, math.ceil(rate / served - 1e-9))
+        key = (replicas * cand.option.gpus, -served / cand.option.gpus, replicas)
+        if best is None or key < best[0]:
+            best = (key, cand, point, replicas)
+    if best is None:
+        return None
+    _, cand, point, replicas = best
+    option = cand.option
+    capacity = Capacity(
+        request_rate_rps=rate, replicas=replicas, gpus=replicas * option.gpus,
+        served_rps=round(replicas * point.served_rps, 4), tp=option.tp, pp=option.pp, gpu=cand.options.gpu.name,
+        batch=point.batch,
+    )  # fmt: skip
+    sized = request.model_copy(update={"replicas": replicas, "allowed_tp": (option.tp,), "max_pp": option.pp})
+    return Sizing(capacity, sized, point)
+
+
+def _kv_ms(scheduler: Scheduler, request: PlacementRequest, decode_tp: int) -> float:
+    """A prompt's KV moved to a decode instance: its bytes over the decode ranks' NICs (one each)."""
+    from toposched.perf.kv_transfer import kv_bytes_per_token
+    from toposched.perf.links import get_link
+    from toposched.solver.place import fabric_link
+    from toposched.workload import resolve_model
+
+    spec = resolve_model(request.model)
+    link = get_link(fabric_link(scheduler.cluster.fabric))
+    nbytes = request.input_len * kv_bytes_per_token(spec)
+    return (link.p2p_alpha_us + nbytes / decode_tp / (link.p2p_bandwidth_gbps * 1e3)) / 1e3
+
+
+PREFILL_SHARE = 0.75
+"""Of what a TTFT SLO leaves after the KV transfer and the decode instance's first step, the share a
+request may spend at the prefill instance (waiting for a pass and its own); the rest is its wait for a
+decode slot."""
+
+
+def size_pd_for_rate(scheduler: Scheduler, request: PlacementRequest, rate: float) -> PdSizing | None:
+    """Prefill and decode pools that serve ``rate`` within the SLO with the fewest GPUs (None: none does).
+
+    The TTFT budget (module docstring): the SLO less the KV transfer and the decode's first step, split
+    ``PREFILL_SHARE`` to the prefill instance (``perf/serving.py prefill_planned_rate``) and the rest to
+    the wait for a decode slot (``planned_rate``). Without a TTFT SLO a prefill instance may run full
+    passes, and a request may wait for a decode slot as long as its prefill took."""
+    from toposched.solver.pd import prefill_request
+
+    prefill_req = prefill_request(request, 1)
+    decode_req = request.model_copy(update={"slo_ttft_ms": None, "serving_role": "decode", "replicas": 1})
+    dec_points = [(c, p) for c, p in ((c, _point(c)) for c in scheduler.candidates(decode_req)[0]) if p.meets_slo]
+    if not dec_points:
+        return None
+    kv = _kv_ms(scheduler, request, max(c.option.tp for c, _ in dec_points))
+    first_dec = min(p.ttft_ms for _, p in dec_points)
+    slo = request.slo_ttft_ms
+    spare = None if slo is None else slo - kv - first_dec
+    if spare is not None and spare <= 0:
+        return None
+    isl, osl = request.input_len, request.output_len
+    at_rate: dict[tuple[int, int, str], float] = {}  # (tp, pp, GPU) -> its TTFT at the rate it is planned for
+
+    def prefill_rate(cand: Candidate, point: OperatingPoint) -> float:
+        model = cand.options.pass_model(cand.option, cand.options.gpu.native_link)
+        budget_ms = 2 * point.batch_prefill_ms if spare is None else PREFILL_SHARE * spare
+        served, ttft = prefill_planned_rate(
+            model, isl=isl, osl=osl, budget=point.max_num_batched_tokens, prompts=point.batch, ttft_budget_ms=budget_ms
+        )
+        at_rate[(cand.option.tp, cand.option.pp, cand.options.gpu.name)] = ttft
+        return served
+
+    prefill = _best(scheduler, prefill_req, rate, prefill_rate)
+    if prefill is None:
+        return None
+    pre_ttft = at_rate[(prefill.capacity.tp, prefill.capacity.pp, prefill.capacity.gpu)]
+    wait_ms = pre_ttft if spare is None else (1 - PREFILL_SHARE) * spare
+    decode = _best(scheduler, decode_req, rate, lambda _c, p: planned_rate(p, p.ttft_ms + wait_ms))
+    if decode is None:
+        return None
+    kv = _kv_ms(scheduler, request, decode.capacity.tp)
+    return PdSizing(prefill, decode, kv, pre_ttft + kv + decode.point.ttft_ms)
+
+
+def choose_mode(
+    scheduler: Scheduler, request: PlacementRequest, rate: float
+) -> tuple[ModeChoice, Sizing | None, PdSizing | None]:
+    """Aggregated instances or prefill/decode pools for ``rate``: whichever needs fewer GPUs (aggregated on
+    a tie: one pool, no KV transfer); InputError when neither meets the SLO."""
+    try:
+        agg: Sizing | None = size_for_rate(scheduler, request, rate)
+    except InputError:
+        agg = None
+    pd = size_pd_for_rate(scheduler, request, rate)
+    if agg is None and pd is None:
+        size_for_rate(scheduler, request, rate)  # raises with the reasons and remedies
+    a_gpus = agg.capacity.gpus if agg else None
+    d_gpus = pd.gpus if pd else None
+    disagg = pd is not None and (agg is None or pd.gpus < agg.capacity.gpus)
+    parts = []
+    if agg is not None:
+        c = agg.capacity
+        parts.append(
+            f"aggregated: {c.replicas} x tp={c.tp} pp={c.pp} at batch {c.batch} = {c.gpus} GPUs "
+            f"(TPOT {agg.point.tpot_ms:.1f} ms with prompts riding along, TTFT {agg.point.ttft_ms:.0f} ms)"
+        )
+    else:
+        parts.append("aggregated: no option meets the SLO")
+    if pd is not None:
+        p, d = pd.prefill.capacity, pd.decode.capacity
+        parts.append(
+            f"disaggregated: {p.replicas} prefill x tp={p.tp} + {d.replicas} decode x tp={d.tp} at batch {d.batch} = "
+            f"{pd.gpus} GPUs (TPOT {pd.decode.point.tpot_ms:.1f} ms, TTFT {pd.ttft_ms:.0f} ms with a {pd.kv_ms:.1f} ms "
+            "KV transfer)"
+        )
+    else:
+        parts.append("disaggregated: no prefill and decode pools meet the SLO")
+    verdict = (
+        "disaggregated serves the rate with fewer GPUs"
+        if disagg
+        else "aggregated serves the rate with no more GPUs, one pool and no KV transfer"
+    )
+    choice = ModeChoice(
+        chosen="disaggregated" if disagg else "aggregated",
+        aggregated_gpus=a_gpus,
+        disaggregated_gpus=d_gpus,
+        prefill=pd.prefill.capacity.replicas if disagg and pd else 0,
+        decode=pd.decode.capacity.replicas if disagg and pd else 0,
+        why=f"{verdict}; " + "; ".join(parts),
+    )
+    return choice, agg, pd
+
+
 def _describe(point: OperatingPoint, cand: Candidate) -> str:
     return (
         f"tp={cand.option.tp} pp={cand.option.pp}, batch {point.batch}: TPOT {point.tpot_ms:.1f} ms "
@@ -155,4 +343,14 @@ def slo_remedies(scheduler: Scheduler, request: PlacementRequest, limit: int = 3
     return out
 
 
-__all__ = ["Capacity", "Sizing", "missing_gpus", "size_for_rate", "slo_remedies"]
+__all__ = [
+    "Capacity",
+    "ModeChoice",
+    "PdSizing",
+    "Sizing",
+    "choose_mode",
+    "missing_gpus",
+    "size_for_rate",
+    "size_pd_for_rate",
+    "slo_remedies",
+]
