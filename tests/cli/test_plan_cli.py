@@ -408,3 +408,41 @@ def test_pd_auto_needs_a_rate_and_no_fixed_roles(run_cli: RunCli) -> None:
     assert bad.exit_code == 2 and "--pd 'always' is not a mode" in bad.stderr
     both = run_cli(*base, "--pd", "auto", "--request-rate", "5", "--pd-prefill", "1", "--pd-decode", "1")
     assert both.exit_code == 2 and "chooses the roles itself" in both.stderr
+
+
+def test_every_prediction_is_finite_and_the_plan_launches(run_cli: RunCli, tmp_path: Path) -> None:
+    """Prompts that dominate the work (2,000 in, 2 out at 64 sequences) still plan finite waits (review of
+    issue 32: an unsustainable prefill queue used to write TTFT inf, which the plan file cannot carry)."""
+    plan = run_cli("plan", "--preset", "hgx-h100", "--model", "llama-3.1-8b", "--input-len", "2000", "--output-len",
+                   "2", "--concurrent-seqs", "64", "--json")  # fmt: skip
+    assert plan.exit_code == 0, plan.stderr
+    (p,) = json.loads(plan.stdout)["placements"]
+    assert all(isinstance(p[k], float) for k in ("ttft_ms", "tpot_ms", "served_rps", "goodput_tokens_per_s"))
+    path = tmp_path / "plan.json"
+    path.write_text(plan.stdout)
+    assert run_cli("launch", "vllm", "--plan", str(path), "--format", "json").exit_code == 0
+    estimate = run_cli("estimate", "-m", "llama-3.1-8b", "--gpu", "H100-SXM", "--tp", "1", "--batch", "64",
+                       "--input-len", "2000", "--output-len", "2", "--json")  # fmt: skip
+    assert "Infinity" not in estimate.stdout and json.loads(estimate.stdout)["ttft_ms"] > 0
+
+
+def test_a_busy_cluster_queues_an_slo_request_an_empty_one_would_meet(run_cli: RunCli) -> None:
+    busy = run_cli("plan", "--preset", "hgx-h100", "--model", "llama-3.1-8b", "--slo-tpot-ms", "7",
+                   "--busy", "0,1,2,3,4,5,6", "--json")  # fmt: skip
+    assert busy.exit_code == 1
+    (u,) = json.loads(busy.stdout)["unplaced"]
+    assert u["status"] == "queued" and "meets it" in u["reasons"][1] and "no room now" in u["reasons"][1]
+    empty = run_cli("plan", "--preset", "hgx-h100", "--model", "llama-3.1-8b", "--slo-tpot-ms", "7")
+    assert empty.exit_code == 0
+
+
+def test_rate_and_length_mistakes_are_one_line_errors(run_cli: RunCli) -> None:
+    base = ("plan", "--preset", "hgx-h100", "--model", "llama-3.1-8b")
+    huge = run_cli(*base, "--request-rate", "1e6")
+    assert huge.exit_code == 2 and "one request places at most 10,000" in huge.stderr
+    never = run_cli(*base, "--slo-tpot-ms", "1", "--request-rate", "3", "--json")
+    assert never.exit_code == 1 and json.loads(never.stdout)["unplaced"][0]["status"] == "rejected"
+    store = run_cli(*base, "--slo-tpot-ms", "40", "--request-rate", "3", "--pd", "auto", "--kv-store", "bogus")
+    assert store.exit_code == 2 and "--kv-store 'bogus' is not known" in store.stderr
+    long = run_cli(*base, "--output-len", "100000")
+    assert long.exit_code == 2 and "is longer than --max-model-len 8192" in long.stderr

@@ -383,3 +383,14 @@ def test_a_request_rate_books_the_replicas_that_serve_it_and_an_slo_miss_is_refu
     bad = sqlite_server.client.post("/v1/placements", json={**body, "replicas": 2})
     assert bad.status_code == 422 and "request_rate" in bad.text
     assert sqlite_server.client.get("/v1/placements").json()["placements"] == []
+
+
+def test_the_idempotency_key_carries_no_solver_only_field() -> None:
+    """A body's key is what the client can send: the roles of pd are the service's own (``serving_role``)."""
+    from toposched.service.request import ServiceRequest
+
+    key = ServiceRequest(model="llama-3.1-8b").key()
+    assert "serving_role" not in key and "request_rate" not in key and "slo_required" not in key
+    assert "request_rate" in ServiceRequest(model="llama-3.1-8b", request_rate=3).key()
+    with pytest.raises(ValueError, match="serving_role is set by the service"):
+        ServiceRequest(model="llama-3.1-8b", serving_role="decode")

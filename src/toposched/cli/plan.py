@@ -60,6 +60,14 @@ def _render(placements: list[Placement], unplaced: list[Unplaced], title: str, r
 
 def _render_operating_point(p: Placement, request: PlacementRequest) -> None:
     """The running batch and what one request sees at it (``perf/serving.py``)."""
+    if p.role == "prefill":
+        console.print(
+            f"  operating point: up to {p.max_num_seqs} prompts per pass of {p.max_num_batched_tokens} tokens "
+            f"({LIMITS.get(p.operating_limit or '', '')}); a pass takes {p.tpot_ms:.1f} ms; predicted TTFT here "
+            f"{p.ttft_ms:.1f} ms at {p.served_rps or 0:.2f} req/s; over {p.link} (level {p.level})",
+            soft_wrap=True,
+        )
+        return
     batch = p.max_num_seqs or request.concurrent_seqs
     why = LIMITS.get(p.operating_limit or "", "")
     console.print(
@@ -83,9 +91,9 @@ def _render_operating_point(p: Placement, request: PlacementRequest) -> None:
 LIMITS = {
     "slo-tpot": "one more would miss the TPOT SLO",
     "slo-ttft": "one more would miss the TTFT SLO",
-    "prefill": "one more and arriving prompts outrun the prefill",
     "kv-cache": "all the KV cache holds at these lengths",
     "engine": "the engine's batch limit",
+    "pass": "all a pass of the token budget holds",
     "knee": "throughput knee: 90 % of the largest batch's throughput, no SLO given",
     "fixed": "--concurrent-seqs",
 }

@@ -31,10 +31,10 @@ from pydantic import ValidationError
 from toposched.binding.plan_doc import PlanDoc, load_plan, parse_plan, plan_json
 from toposched.cli._common import CLUSTER, LIVE, P2P, PRESET, SMI, err_console, source_ref
 from toposched.cli.calibrate import PROFILE, profile_option
-from toposched.errors import InputError
+from toposched.errors import InfeasibleError, InputError
 from toposched.perf.profile import Profile, use_profile
 from toposched.solver.pd import KV_STORES, Disaggregation, KvStore, place_pd
-from toposched.solver.request import DEFAULT_MAX_MODEL_LEN, PlacementRequest, Role
+from toposched.solver.request import DEFAULT_MAX_MODEL_LEN, PlacementRequest, Role, Unplaced
 from toposched.solver.scheduler import POLICIES, Outcome, Scheduler
 from toposched.solver.sizing import Capacity, ModeChoice, choose_mode, missing_gpus, size_for_rate
 from toposched.topology.model import Cluster
@@ -101,6 +101,10 @@ class PlanSource:
                     "--pd auto compares aggregated and disaggregated instances for a request rate",
                     fix="add --request-rate R (requests/s)",
                 )
+            if self.kv_store is not None and self.kv_store not in KV_STORES:
+                raise InputError(
+                    f"--kv-store {self.kv_store!r:.40} is not known", fix=f"use one of: {', '.join(KV_STORES)}"
+                )
             return None
         if not pd:
             if self.kv_store is not None or self.pd_same_rack_required:
@@ -131,6 +135,12 @@ class PlanSource:
         """The placement request, checked flag by flag (errors name the flag, exit 2)."""
         if self.model is None:
             raise InputError("no model to plan", fix="pass --model NAME (a catalog name, Hugging Face id or path)")
+        if self.input_len + self.output_len > self.max_model_len and self.input_len <= self.max_model_len:
+            raise InputError(
+                f"--input-len {self.input_len} + --output-len {self.output_len} is longer than --max-model-len "
+                f"{self.max_model_len}: the engine would stop such a request early",
+                fix="raise --max-model-len or shorten the lengths",
+            )
         if self.request_rate is not None:
             if not (math.isfinite(self.request_rate) and 0 < self.request_rate <= 1e6):
                 raise InputError(
@@ -191,12 +201,17 @@ class PlanSource:
         busy = parse_gpu_list(self.busy, loaded.cluster, "--busy")
         scheduler = Scheduler(loaded.cluster, gpu=self.gpu, busy=busy, budget_gbps=self.budget_gbps, seed=self.seed)
         with use_profile(chosen):
-            if self.pd_mode == "auto" and self.request_rate is not None:
-                return self._auto(request, scheduler, ref, loaded, chosen, self.request_rate)
-            if self.request_rate is not None:
-                if pd is not None:
-                    raise InputError("--request-rate sizes plain instances", fix="leave out --pd-prefill/--pd-decode")
-                sizing = size_for_rate(scheduler, request, self.request_rate)
+            if self.request_rate is not None and pd is not None:
+                raise InputError("--request-rate sizes plain instances", fix="leave out --pd-prefill/--pd-decode")
+            try:
+                if self.pd_mode == "auto" and self.request_rate is not None:
+                    return self._auto(request, scheduler, ref, loaded, chosen, self.request_rate)
+                sizing = size_for_rate(scheduler, request, self.request_rate) if self.request_rate is not None else None
+            except InfeasibleError as exc:  # no option meets the SLO: not placed, like any SLO miss (exit 1)
+                reasons = (exc.message, *((exc.fix,) if exc.fix else ()))
+                refused = Unplaced(request_id=request.id, replica=0, status="rejected", reasons=reasons)
+                return Placed(request, ref, loaded, Outcome(unplaced=[refused]), self.policy, chosen)
+            if sizing is not None:
                 outcome = scheduler.place(sizing.request, policy=self.policy)
                 short = missing_gpus(scheduler, sizing, len(outcome.placements)) if outcome.unplaced else None
                 placed = Placed(sizing.request, ref, loaded, outcome, self.policy, chosen, capacity=sizing.capacity)

@@ -315,7 +315,7 @@ def _estimate_json(r: LatencyEstimate, point: OperatingPoint, extra: dict[str, A
         "tpot_ms": point.tpot_ms,
         "e2e_ms": point.ttft_ms + (extra["output_len"] - 1) * point.tpot_ms,
         "tokens_per_s": point.throughput_tokens_per_s,
-        "requests_per_s": point.served_rps,
+        "requests_per_s": point.full_rps,
         "batch_prefill_ms": r.ttft_ms,
         "decode_step_ms": r.tpot_ms,
         "prefill": _step_json(r.prefill),
@@ -391,7 +391,7 @@ def estimate(
         f"Serving {batch} requests at once (continuous batching, chunks of {cfg.max_num_batched_tokens} tokens): "
         f"one request's TTFT {point.ttft_ms:.1f} ms, TPOT {point.tpot_ms:.2f} ms (the decode step at context "
         f"{context}, {input_len} in + {output_len} out / 2, with arriving prompts riding along); end to end "
-        f"{e2e:.1f} ms; {point.throughput_tokens_per_s:.1f} output tokens/s, {point.served_rps:.2f} requests/s",
+        f"{e2e:.1f} ms; {point.throughput_tokens_per_s:.1f} output tokens/s, {point.full_rps:.2f} requests/s",
         soft_wrap=True,
     )
     console.print(

@@ -19,9 +19,11 @@ lengths) and its SLO, the rule of docs/solver.md "Operating point":
 * at a batch ``c`` the instance completes ``c / e2e`` requests/s with its batch always full (``e2e =
   TTFT + (output_len - 1) x TPOT``); a TPOT SLO is met when ``ATTAINMENT`` (95 %) of the requests'
   mean TPOTs are under it (:meth:`ServingRun.tpot_ms` with ``z``), a TTFT SLO when the predicted TTFT is;
-* requests that arrive at random need free slots: the instance is planned for the Poisson rate at
-  which 95 % of the requests wait for a slot no longer than the TTFT SLO leaves (:func:`planned_rate`,
-  Erlang C); its goodput is that rate x ``output_len`` when the SLO is met, else 0;
+* requests that arrive at random need free slots and prefill capacity: the instance is planned for
+  the Poisson rate at which 95 % of the requests wait for a slot no longer than the TTFT SLO leaves
+  after their TTFT at that rate (:func:`planned_rate`, Erlang C; the prefill queue's mean wait,
+  :func:`prefill_wait_ms`, is part of that TTFT); its goodput is that rate x ``output_len`` when the
+  SLO is met, else 0;
 * TTFT includes waiting for a prefill slot: prompts arrive at ``c / e2e`` per second and the engine
   prefills at most ``max_num_batched_tokens - c`` prompt tokens per step; the wait is the M/D/1 mean
   ``rho / (2 (1 - rho)) x service`` with ``rho`` the share of that prefill capacity the arrivals
@@ -54,10 +56,10 @@ KNEE_FRACTION = 0.9
 """Without an SLO, the operating point is the smallest batch reaching this share of the largest
 batch's throughput (docs/solver.md)."""
 
-Limit = Literal["slo-tpot", "slo-ttft", "prefill", "kv-cache", "engine", "knee", "fixed"]
-"""What stops the batch from being larger: the TPOT or TTFT SLO at the next batch, the prefill
-capacity (arrivals of the next batch could not be prefilled), the KV cache (at the workload's
-lengths), the engine's batch limit, the throughput knee (no SLO), or the caller's fixed batch."""
+Limit = Literal["slo-tpot", "slo-ttft", "kv-cache", "engine", "pass", "knee", "fixed"]
+"""What stops the batch from being larger: the TPOT or TTFT SLO at the next batch, the KV cache (at the
+workload's lengths), the engine's batch limit, a prefill instance's pass (the prompts a pass of the
+token budget holds), the throughput knee (no SLO), or the caller's fixed batch."""
 
 ServingRole = Literal["prefill", "decode"] | None
 """What one instance serves: prompts only, decodes only (a disaggregated deployment), or both (None)."""
@@ -202,11 +204,17 @@ class OperatingPoint:
     batch_prefill_ms: float
     """The prefill of all ``batch`` prompts at once (a static batch's TTFT; labelled as such where shown)."""
     prefill_load: float
-    """``rho``: the share of the prefill capacity the arrivals at this batch use (>= 1: unsustainable)."""
+    """``rho``: the share of the prefill capacity the arrivals at ``served_rps`` use (0 before
+    :func:`settle` plans the rate)."""
     max_batch: int
     """The largest batch the KV cache (at the workload's lengths) and the engine allow."""
     osl: int
     """Output tokens per request (goodput = served_rps x osl)."""
+    isl: int = 0
+    """Prompt tokens per request."""
+    prefill_tokens_per_s: float = math.inf
+    """Prompt tokens per second the instance can prefill beside its batch
+    (``ServingRun.prefill_capacity_tokens_per_s``)."""
 
 
 def evaluate(
@@ -238,18 +246,9 @@ def evaluate(
         return _decode_point(run, slo_tpot_ms, limit, max_batch)
     tpot = run.tpot_ms()
     tpot_p95 = run.tpot_ms(Z_ATTAINMENT)
-    ttft0 = run.ttft_ms()
-    e2e_s = (ttft0 + (osl - 1) * tpot) / 1e3
-    rate = batch / e2e_s
-    capacity = run.prefill_capacity_tokens_per_s()
-    rho = rate * isl / capacity
-    if rho < 1.0:
-        service_ms = isl / capacity * 1e3
-        ttft = ttft0 + rho / (2.0 * (1.0 - rho)) * service_ms
-    else:
-        ttft = math.inf
-    meets = rho < 1.0 and (slo_tpot_ms is None or tpot_p95 <= slo_tpot_ms)
-    meets = meets and (slo_ttft_ms is None or ttft <= slo_ttft_ms)
+    ttft = run.ttft_ms()
+    rate = batch / ((ttft + (osl - 1) * tpot) / 1e3)
+    meets = (slo_tpot_ms is None or tpot_p95 <= slo_tpot_ms) and (slo_ttft_ms is None or ttft <= slo_ttft_ms)
     throughput = rate * osl
     return OperatingPoint(
         batch=batch,
@@ -264,9 +263,11 @@ def evaluate(
         goodput_tokens_per_s=throughput if meets else 0.0,
         limit=limit,
         batch_prefill_ms=run.batch_prefill_ms(),
-        prefill_load=rho,
+        prefill_load=0.0,
         max_batch=max_batch if max_batch is not None else batch,
         osl=osl,
+        isl=isl,
+        prefill_tokens_per_s=run.prefill_capacity_tokens_per_s(),
     )
 
 
@@ -281,7 +282,7 @@ def _decode_point(run: ServingRun, slo_tpot_ms: float | None, limit: Limit, max_
         batch=run.c, max_num_batched_tokens=run.budget, ttft_ms=first, tpot_ms=step, tpot_p95_ms=step,
         full_rps=rate, throughput_tokens_per_s=rate * run.osl, meets_slo=meets, served_rps=rate if meets else 0.0,
         goodput_tokens_per_s=rate * run.osl if meets else 0.0, limit=limit, batch_prefill_ms=0.0,
-        prefill_load=0.0, max_batch=max_batch if max_batch is not None else run.c, osl=run.osl,
+        prefill_load=0.0, max_batch=max_batch if max_batch is not None else run.c, osl=run.osl, isl=run.isl,
     )  # fmt: skip
 
 
@@ -313,7 +314,7 @@ def prefill_point(
         batch=prompts, max_num_batched_tokens=run.budget, ttft_ms=ttft, tpot_ms=pass_ms, tpot_p95_ms=pass_ms,
         full_rps=rate, throughput_tokens_per_s=rate * osl, meets_slo=meets, served_rps=rate if meets else 0.0,
         goodput_tokens_per_s=rate * osl if meets else 0.0, limit=limit, batch_prefill_ms=pass_ms,
-        prefill_load=0.0, max_batch=max_batch if max_batch is not None else prompts, osl=osl,
+        prefill_load=0.0, max_batch=max_batch if max_batch is not None else prompts, osl=osl, isl=isl,
     )  # fmt: skip
 
 
@@ -389,8 +390,6 @@ def operating_point(
     what one pass of ``budget`` tokens holds; a decode instance has nothing riding along its steps.
     """
     max_batch = max(1, max_batch)
-    if role == "prefill":  # prompts per pass: no more than a pass holds
-        max_batch = max(1, min(max_batch, budget // isl))
     memo: dict[int, OperatingPoint] = {}
 
     def at(b: int) -> OperatingPoint:
@@ -401,39 +400,70 @@ def operating_point(
             )  # fmt: skip
         return memo[b]
 
-    def sustainable(b: int) -> bool:
-        return at(b).prefill_load < 1.0
-
     cap_limit: Limit = "kv-cache" if kv_limited else "engine"
+    if role == "prefill":  # prompts per pass: no more than a pass holds
+        max_batch = max(1, min(max_batch, budget // isl))
+        cap_limit = "pass"
     if slo_tpot_ms is None and slo_ttft_ms is None:
-        top = max_batch if sustainable(max_batch) else _largest(1, max_batch, sustainable)
-        top_limit: Limit = cap_limit if top == max_batch else "prefill"
-        best = at(top).throughput_tokens_per_s
-        knee = _largest(1, top, lambda b: at(b).throughput_tokens_per_s < KNEE_FRACTION * best)
+        best = at(max_batch).throughput_tokens_per_s
+        knee = _largest(1, max_batch, lambda b: at(b).throughput_tokens_per_s < KNEE_FRACTION * best)
         if at(knee).throughput_tokens_per_s < KNEE_FRACTION * best:
             knee += 1  # the smallest batch reaching the share (``_largest`` found the last one below it)
-        chosen = at(min(knee, top))
-        limit: Limit = "knee" if chosen.batch < top else top_limit
-        return settle(chosen, limit, slo_ttft_ms)
+        chosen = at(min(knee, max_batch))
+        limit: Limit = "knee" if chosen.batch < max_batch else cap_limit
+        return settle(chosen, limit, slo_ttft_ms, model=model, role=role)
     if not at(1).meets_slo:
-        return settle(at(1), _missed(at(1), slo_tpot_ms, slo_ttft_ms), slo_ttft_ms)
+        return settle(at(1), _missed(at(1), slo_tpot_ms), slo_ttft_ms, model=model, role=role)
     b = _largest(1, max_batch, lambda n: at(n).meets_slo)
-    limit = cap_limit if b == max_batch else _missed(at(b + 1), slo_tpot_ms, slo_ttft_ms)
-    return settle(at(b), limit, slo_ttft_ms)
+    limit = cap_limit if b == max_batch else _missed(at(b + 1), slo_tpot_ms)
+    return settle(at(b), limit, slo_ttft_ms, model=model, role=role)
 
 
-def _missed(point: OperatingPoint, slo_tpot_ms: float | None, slo_ttft_ms: float | None) -> Limit:
-    if point.prefill_load >= 1.0:
-        return "prefill"
+def _missed(point: OperatingPoint, slo_tpot_ms: float | None) -> Limit:
     if slo_tpot_ms is not None and point.tpot_p95_ms > slo_tpot_ms:
         return "slo-tpot"
     return "slo-ttft"
 
 
-def settle(point: OperatingPoint, limit: Limit, slo_ttft_ms: float | None) -> OperatingPoint:
-    """``point`` with why its batch is what it is and the request rate it is planned for (``planned_rate``)."""
-    rate = planned_rate(point, slo_ttft_ms) if point.meets_slo else 0.0
-    return replace(point, limit=limit, served_rps=rate, goodput_tokens_per_s=rate * point.osl)
+def settle(
+    point: OperatingPoint,
+    limit: Limit,
+    slo_ttft_ms: float | None,
+    *,
+    model: PassModel | None = None,
+    role: ServingRole = None,
+) -> OperatingPoint:
+    """``point`` with why its batch is what it is, the request rate it is planned for and the TTFT at
+    that rate (its queue waits included): :func:`planned_rate`, or for a prefill instance (``model``
+    given) :func:`prefill_planned_rate`. A point missing its SLO is planned for no requests."""
+    if not point.meets_slo:
+        return replace(point, limit=limit, served_rps=0.0, goodput_tokens_per_s=0.0)
+    if role == "prefill" and model is not None:
+        budget_ms = slo_ttft_ms if slo_ttft_ms is not None else 2 * point.batch_prefill_ms
+        rate, ttft = prefill_planned_rate(
+            model, isl=point.isl, osl=point.osl, budget=point.max_num_batched_tokens, prompts=point.batch,
+            ttft_budget_ms=budget_ms,
+        )  # fmt: skip
+        return replace(point, limit=limit, served_rps=rate, goodput_tokens_per_s=rate * point.osl, ttft_ms=ttft)
+    rate = planned_rate(point, slo_ttft_ms)
+    wait = prefill_wait_ms(point, rate)
+    load = rate * point.isl / point.prefill_tokens_per_s if point.isl else 0.0
+    return replace(
+        point, limit=limit, served_rps=rate, goodput_tokens_per_s=rate * point.osl, ttft_ms=point.ttft_ms + wait,
+        prefill_load=load,
+    )  # fmt: skip
+
+
+def prefill_wait_ms(point: OperatingPoint, rate: float) -> float:
+    """The mean wait of a prompt for prefill capacity at ``rate`` requests/s: M/D/1 over the prompt tokens
+    the instance prefills beside its batch (``rho / (2 (1 - rho))`` prefill times); 0 with one slot (a
+    request then waits for the slot, :func:`planned_rate`), inf at or past the capacity."""
+    if point.batch <= 1 or not point.isl or not math.isfinite(point.prefill_tokens_per_s):
+        return 0.0
+    rho = rate * point.isl / point.prefill_tokens_per_s
+    if rho >= 1.0:
+        return math.inf
+    return rho / (2.0 * (1.0 - rho)) * point.isl / point.prefill_tokens_per_s * 1e3
 
 
 def erlang_c(servers: int, load: float) -> float:
@@ -452,19 +482,24 @@ def planned_rate(point: OperatingPoint, slo_ttft_ms: float | None, attainment: f
 
     The ``batch`` slots are the servers of an M/M/c queue, each holding a request for its end-to-end
     time at the full batch (``batch / full_rps``); a request waits longer than ``t`` with probability
-    ``C(c, a) exp(-(c mu - lambda) t)`` (Erlang C). ``t`` is the TTFT SLO less the predicted TTFT;
-    without a TTFT SLO, the predicted TTFT itself (a request waits for a slot no longer than its own
-    prefill takes, ``attainment`` of the time)."""
+    ``C(c, a) exp(-(c mu - lambda) t)`` (Erlang C). ``t`` is the TTFT SLO less the predicted TTFT at that
+    rate (``point.ttft_ms`` and the wait for prefill capacity, :func:`prefill_wait_ms`); without a TTFT
+    SLO the budget is twice the TTFT with no wait (a request waits, for prefill capacity and for a slot
+    together, no longer than its own TTFT takes, ``attainment`` of the time)."""
     c = point.batch
     mu = point.full_rps / c  # per slot
     if mu <= 0:
         return 0.0
-    slack_s = max(0.0, (slo_ttft_ms - point.ttft_ms) if slo_ttft_ms is not None else point.ttft_ms) / 1e3
     miss = 1.0 - attainment
 
+    budget_ms = slo_ttft_ms if slo_ttft_ms is not None else 2 * point.ttft_ms
+
     def ok(rate: float) -> bool:
-        load = rate / mu
-        return erlang_c(c, load) * math.exp(-(c * mu - rate) * slack_s) <= miss
+        ttft = point.ttft_ms + prefill_wait_ms(point, rate)
+        slack_ms = budget_ms - ttft
+        if not math.isfinite(ttft) or slack_ms < 0:
+            return False
+        return erlang_c(c, rate / mu) * math.exp(-(c * mu - rate) * slack_ms / 1e3) <= miss
 
     lo, hi = 0.0, c * mu
     for _ in range(40):
@@ -485,5 +520,8 @@ __all__ = [
     "evaluate",
     "operating_point",
     "planned_rate",
+    "prefill_planned_rate",
+    "prefill_point",
+    "prefill_wait_ms",
     "settle",
 ]

@@ -140,4 +140,5 @@ class ServiceRequest(PlacementRequest):
             fields.discard("slo_required")
         if self.request_rate is None:
             fields.discard("request_rate")
+        fields.discard("serving_role")  # always None here (the roles of pd are the service's own requests)
         return json.dumps(self.model_dump(mode="json", include=fields), sort_keys=True)

@@ -440,6 +440,7 @@ def _option(
     # slots: where a stage may go (a group, or the part of it inside one NVLink domain), each probed
     # for latency and traffic on a launchable sample
     tpots: list[float] = []
+    batches: list[int] = []  # the running batch of each probe (its operating point)
     out_per_step = 0.0  # GB per step of traffic when a TP group spans NVLink domains
     slots: list[_Slot] = []
     for g, room in groups:
@@ -457,6 +458,7 @@ def _option(
                 return None
             slots.append(_Slot(g, part, dom, spans, not probe.meets_slo, len(room)))
             tpots.append(probe.placement.tpot_ms)
+            batches.append(probe.placement.max_num_seqs or option.max_batch)
             if spans:
                 out_per_step = max(out_per_step, probe.cross_gbps * probe.placement.tpot_ms / 1000)
     if not slots:
@@ -525,7 +527,7 @@ def _option(
         terms.append(W_SLO * missed)
     if len(nodes_here) > 1:
         _layout(model, index, ov, nodes_here, shares, f"{i}_{o}")
-    estimate = _traffic(model, request, option, ov, stage_in, out_flags, tpots, out_per_step, f"{i}_{o}")
+    estimate = _traffic(model, option, max(batches), ov, stage_in, out_flags, tpots, out_per_step, f"{i}_{o}")
     if out_per_step > 0:
         worst = out_per_step * 1000.0 / min(tpots)
         left = s.class_budget_left(request.slo_class)
@@ -539,8 +541,8 @@ def _option(
 
 def _traffic(
     model: cp_model.CpModel,
-    request: PlacementRequest,
     option: DegreeOption,
+    batch: int,
     ov: _OptionVars,
     stage_in: list[dict[str, cp_model.LinearExprT]],
     out_flags: list[cp_model.IntVar],
@@ -556,7 +558,8 @@ def _traffic(
         for z in out_flags:
             model.add(any_out >= z)
         parts.append(math.ceil(out_per_step * steps * 1000) * any_out)
-    handover_mbps = math.ceil(option.max_batch * option.spec.hidden_size * BF16_BYTES * steps / 1e6)
+    # each stage hands the running batch's activations on per step (the largest the probes ran at)
+    handover_mbps = math.ceil(batch * option.spec.hidden_size * BF16_BYTES * steps / 1e6)
     for st in range(len(stage_in) - 1):
         a, b = stage_in[st], stage_in[st + 1]
         same = []

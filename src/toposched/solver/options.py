@@ -116,7 +116,8 @@ class OptionSet:
         r = self.request
         model = self.pass_model(option, link, pp_link)
         budget = batched_tokens(option, r.max_model_len, cap)
-        isl, osl, tpot_slo, ttft_slo = r.input_len, r.output_len, r.slo_tpot_ms, r.slo_ttft_ms
+        isl, tpot_slo, ttft_slo = r.input_len, r.slo_tpot_ms, r.slo_ttft_ms
+        osl = max(1, min(r.output_len, r.max_model_len - isl))  # the engine stops a sequence at the context
         if self.prediction == "operating-point" and r.concurrent_seqs is None:
             kv_limited = option.kv_limited and cap == option.max_batch
             return operating_point(
@@ -128,7 +129,7 @@ class OptionSet:
             role=r.serving_role,
         )  # fmt: skip
         if self.prediction == "operating-point":
-            return settle(point, "fixed", ttft_slo)
+            return settle(point, "fixed", ttft_slo, model=model, role=r.serving_role)
         est = self.latency(option, link, pp_link)
         ttft, tpot = est.ttft_ms, est.tpot_ms
         if comm is not None:
@@ -248,7 +249,7 @@ def _sized(
     """
     if request.concurrent_seqs is not None:
         return est, request.concurrent_seqs, False
-    per_seq = request.input_len + request.output_len
+    per_seq = min(request.input_len + request.output_len, request.max_model_len)
     cap = engine_batch_limit(gpu)
     top = min(cap, est.concurrent_seqs(per_seq))
     if top <= RESERVE_SEQS:

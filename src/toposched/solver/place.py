@@ -390,7 +390,9 @@ def assess(
             max_batch=cap,
             comm=(f"{compression}/{overlap}", _comm_paid(compression, overlap, spec.num_layers)),
         )
-    steps_per_s = 1000.0 / raw.tpot_ms
+    # traffic per step at the step rate the placement runs at (the simulator's design batch keeps the
+    # uncompressed rate it was tuned with)
+    steps_per_s = 1000.0 / (raw if options.prediction == "design-batch" else point).tpot_ms
     # tokens per step: one per running sequence, or a prefill instance's whole pass
     tokens = (
         min(point.batch * request.input_len, point.max_num_batched_tokens)

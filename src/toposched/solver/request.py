@@ -195,7 +195,7 @@ class ExpertReport(BaseModel):
 class Placement(BaseModel):
     """One placed instance."""
 
-    model_config = ConfigDict(frozen=True)
+    model_config = ConfigDict(frozen=True, allow_inf_nan=False)
 
     id: PlacementId
     request_id: ObjectId
@@ -228,7 +228,8 @@ class Placement(BaseModel):
     """Output tokens/s of requests meeting the SLO at the operating point (the throughput when the
     predictions meet it, else 0)."""
     served_rps: float | None = None
-    """Requests/s the instance completes at the operating point (steady state)."""
+    """Requests/s the instance is planned for: the Poisson rate at which 95 % of requests meet the SLO's
+    wait budget (``perf/serving.py planned_rate``); goodput is this x output_len."""
     batch_prefill_ms: float | None = None
     """The prefill of ``max_num_seqs`` prompts at once (a static batch's TTFT), for reference."""
     operating_limit: str | None = None

@@ -322,14 +322,27 @@ class Scheduler:
             replica_nodes.update(r.node for r in result.placement.ranks)
 
     def slo_miss(self, request: PlacementRequest, result: Assessment) -> Unplaced:
-        """The verdict on a choice whose predicted latency misses a required SLO: not placed, with the
-        prediction and the changes that would meet the SLO (``solver/sizing.py``)."""
+        """The verdict on a choice whose predicted latency misses a required SLO: not placed. When an option
+        meets the SLO on its GPUs' own links but has no room now, the request is ``queued`` (a busy cluster,
+        not an impossible request); otherwise ``rejected`` with the changes that would meet the SLO
+        (``solver/sizing.py``)."""
         p = result.placement
-        reasons = [
+        miss = (
             f"tp={p.tp} pp={p.pp} on {p.link}: predicted {p.check('slo').detail} at batch {p.max_num_seqs or '?'} "
-            "misses the SLO (the best this cluster offers)"
-        ]
+            "misses the SLO"
+        )
+        cands, _ = self.candidates(request)
+        for cand in cands:
+            point = cand.options.operating(cand.option, cand.options.gpu.native_link)
+            if point.meets_slo:
+                option = cand.option
+                room = (
+                    f"tp={option.tp} pp={option.pp} on {cand.options.gpu.name} meets it (batch {point.batch}, "
+                    f"TPOT {point.tpot_ms:.1f} ms, TTFT {point.ttft_ms:.0f} ms) but has no room now"
+                )
+                return Unplaced(request_id=request.id, replica=0, status="queued", reasons=(miss, room))
         remedies = slo_remedies(self, request)
+        reasons = [f"{miss} (the best this cluster's GPUs offer)"]
         reasons += [f"would meet it: {r}" for r in remedies] or ["no change tried meets it: relax the SLO"]
         return Unplaced(request_id=request.id, replica=0, status="rejected", reasons=tuple(reasons))
 

@@ -35,12 +35,18 @@ from typing import TYPE_CHECKING, Literal
 
 from pydantic import BaseModel, ConfigDict
 
-from toposched.errors import InputError
+from toposched.errors import InfeasibleError, InputError
 from toposched.perf.serving import OperatingPoint, planned_rate, prefill_planned_rate
 from toposched.solver.request import PlacementRequest
 
 if TYPE_CHECKING:  # the scheduler calls slo_remedies: no import circle at run time
     from toposched.solver.scheduler import Candidate, Scheduler
+
+
+MAX_REPLICAS: int = next(m.le for m in PlacementRequest.model_fields["replicas"].metadata if getattr(m, "le", None))
+"""The most instances one request may ask for (``PlacementRequest.replicas``)."""
+MAX_ROLE_INSTANCES = 1024
+"""The most instances of a role in a disaggregated plan (``solver/pd.py Disaggregation``)."""
 
 
 class Capacity(BaseModel):
@@ -94,11 +100,17 @@ def size_for_rate(scheduler: Scheduler, request: PlacementRequest, rate: float) 
     if best is None:
         why = "; ".join(dropped[:2]) if not cands else "no degree option meets the SLO at any batch"
         remedies = slo_remedies(scheduler, request)
-        raise InputError(
+        raise InfeasibleError(
             f"{request.model} cannot serve {rate:g} req/s on this cluster's GPUs: {why}",
             fix=("would meet it: " + "; ".join(remedies)) if remedies else "relax the SLO or use a larger GPU",
         )
     _, cand, point, replicas = best
+    if replicas > MAX_REPLICAS:
+        raise InputError(
+            f"{rate:g} req/s of {request.model} needs {replicas:,} instances (tp={cand.option.tp}, "
+            f"{point.served_rps:.3g} req/s each); one request places at most {MAX_REPLICAS:,}",
+            fix="split the rate over several requests, or relax the SLO",
+        )
     option = cand.option
     capacity = Capacity(
         request_rate_rps=rate,
@@ -174,6 +186,8 @@ def _best(
             continue
         point = replace(point, served_rps=served, goodput_tokens_per_s=served * point.osl)
         replicas = max(1, math.ceil(rate / served - 1e-9))
+        if replicas > MAX_ROLE_INSTANCES:
+            continue
         key = (replicas * cand.option.gpus, -served / cand.option.gpus, replicas)
         if best is None or key < best[0]:
             best = (key, cand, point, replicas)
@@ -196,8 +210,9 @@ def _kv_ms(scheduler: Scheduler, request: PlacementRequest, decode_tp: int) -> f
     from toposched.perf.links import get_link
     from toposched.solver.place import fabric_link
     from toposched.workload import resolve_model
+    from toposched.workload.dtypes import parse_kv_dtype
 
-    spec = resolve_model(request.model)
+    spec = resolve_model(request.model, kv_dtype=parse_kv_dtype(request.kv_dtype) if request.kv_dtype else None)
     link = get_link(fabric_link(scheduler.cluster.fabric))
     nbytes = request.input_len * kv_bytes_per_token(spec)
     return (link.p2p_alpha_us + nbytes / decode_tp / (link.p2p_bandwidth_gbps * 1e3)) / 1e3
@@ -250,7 +265,10 @@ def size_pd_for_rate(scheduler: Scheduler, request: PlacementRequest, rate: floa
     if decode is None:
         return None
     kv = _kv_ms(scheduler, request, decode.capacity.tp)
-    return PdSizing(prefill, decode, kv, pre_ttft + kv + decode.point.ttft_ms)
+    ttft = pre_ttft + kv + decode.point.ttft_ms
+    if slo is not None and ttft > slo:  # the options chosen are slower than the fastest ones budgeted for
+        return None
+    return PdSizing(prefill, decode, kv, ttft)
 
 
 def choose_mode(
