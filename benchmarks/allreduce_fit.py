@@ -1,6 +1,6 @@
 """Fit the alpha-beta all-reduce model to aiconfigurator_allreduce.csv and print its errors.
 
-    .venv/bin/python benchmarks/allreduce_fit.py [--data ../shared/reference/data] [--write-tables]
+    .venv/bin/python benchmarks/allreduce_fit.py [--data tests/data/reference/data] [--write-tables]
 
 Prints, per (series, n): the fitted alpha and busbw, the median and max relative error over the
 measured sizes, the researcher's fit in alpha_beta_fits.csv for comparison, and whether the
@@ -22,7 +22,7 @@ from pathlib import Path
 from toposched.perf.allreduce import Sample, fit_measured, load_allreduce_csv, measured_curves
 from toposched.perf.links import FITTED_SERIES, get_link
 
-DEFAULT_DATA = Path(__file__).resolve().parents[1].parent / "shared" / "reference" / "data"
+DEFAULT_DATA = Path(__file__).resolve().parents[1] / "tests" / "data" / "reference" / "data"  # tests/data/README.md
 TABLES = Path(__file__).resolve().parents[1] / "src" / "toposched" / "perf" / "allreduce_tables.py"
 
 # link kind -> (NCCL series, custom all-reduce series or None) whose measured minimum it models

@@ -59,7 +59,7 @@ from toposched.workload.catalog import resolve_model
 from toposched.workload.dtypes import parse_kv_dtype, parse_weight_dtype, weight_format
 from toposched.workload.memory import kv_bytes_per_token_per_layer
 
-ANCHORS = Path(__file__).resolve().parents[2] / "shared" / "reference" / "data" / "anchors-train.json"
+ANCHORS = Path(__file__).resolve().parents[1] / "tests" / "data" / "reference" / "data" / "anchors-train.json"
 PROFILE = Path(__file__).resolve().parents[1] / "src" / "toposched" / "data" / "profiles" / "default.json"
 
 # Anchor model -> catalog model, only where the architecture is identical.

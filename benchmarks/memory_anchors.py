@@ -39,7 +39,7 @@ from toposched.workload.memory import (
 )
 from toposched.workload.spec import ModelSpec
 
-DEFAULT_ANCHORS = Path(__file__).resolve().parents[2] / "shared/reference/data/anchors-train.json"
+DEFAULT_ANCHORS = Path(__file__).resolve().parents[1] / "tests/data/reference/data/anchors-train.json"
 
 # Anchor model -> (catalog model, weight dtype override). The RedHatAI FP8-dynamic checkpoint is
 # Qwen2.5-7B-Instruct with compressed-tensors FP8 channel-wise weights and only lm_head ignored.

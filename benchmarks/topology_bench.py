@@ -2,7 +2,7 @@
 
     .venv/bin/python benchmarks/topology_bench.py [--repeat N]
 
-Prints medians over N runs (default 15): parsing each readable fixture in ../shared/fixtures/topo,
+Prints medians over N runs (default 15): parsing each readable fixture in tests/data/fixtures/topo,
 building the DomainMap of presets and of synthetic clusters of 32 / 256 / 1024 HGX nodes, and a
 save + load of the 256-GPU cluster in the SQLite store.
 """
@@ -23,7 +23,7 @@ from toposched.topology.smi import parse_topo_matrix
 from toposched.topology.sources import SourceRef
 from toposched.topology.store import TopologyStore
 
-FIXTURES = Path(__file__).resolve().parents[2] / "shared" / "fixtures" / "topo"
+FIXTURES = Path(__file__).resolve().parents[1] / "tests" / "data" / "fixtures" / "topo"
 
 
 def median_ms(fn: Callable[[], object], repeat: int) -> float:

@@ -1,8 +1,11 @@
-"""Shared test fixtures: where the captured real outputs live, and a CLI runner."""
+"""Shared test fixtures: where the captured real outputs live, and a CLI runner.
+
+Everything the tests read lives in the repository, under ``tests/data/`` (copied from ``../shared``, each
+file's origin in ``tests/data/README.md``): a clone on its own runs the whole suite.
+"""
 
 from __future__ import annotations
 
-import os
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
@@ -12,20 +15,17 @@ import pytest
 REPO = Path(__file__).resolve().parents[1]
 
 
-def shared_dir() -> Path:
-    """``../shared`` beside the repository (CI lays a copy there); ``TOPOSCHED_SHARED`` overrides."""
-    env = os.environ.get("TOPOSCHED_SHARED")
-    return Path(env) if env else REPO.parent / "shared"
-
-
-FIXTURES = shared_dir() / "fixtures"
+DATA = REPO / "tests" / "data"
+"""The test data vendored into the repository (``tests/data/README.md`` records where each file came from)."""
+FIXTURES = DATA / "fixtures"
+"""Real captured command outputs (``nvidia-smi topo -m``, ``-p2p``, ``nvlink``, NCCL logs) and model configs."""
+REFERENCE = DATA / "reference"
+"""Checked facts about the real tools and published measurements (engines.md, data/)."""
 
 
 def pytest_configure(config: pytest.Config) -> None:
     if not FIXTURES.is_dir():
-        raise pytest.UsageError(
-            f"the captured real outputs are not at {FIXTURES}; clone beside ../shared or set TOPOSCHED_SHARED"
-        )
+        raise pytest.UsageError(f"the captured real outputs are not at {FIXTURES}: the checkout is incomplete")
 
 
 @dataclass(frozen=True)

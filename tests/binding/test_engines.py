@@ -14,7 +14,7 @@ import pytest
 from pydantic import ValidationError
 
 from tests.binding.builders import make_doc, make_placement, nvl72_doc
-from tests.conftest import RunCli, shared_dir
+from tests.conftest import REFERENCE, RunCli
 from toposched.binding.engine_args import FLAG_SOURCES
 from toposched.binding.engines import (
     ENV_VARS,
@@ -32,7 +32,7 @@ from toposched.topology.model import Cluster, Fabric, socket_ifname_problem
 from toposched.topology.presets import hgx_h100_cluster, load_preset
 from toposched.workload import resolve_model
 
-ENGINES_MD = (shared_dir() / "reference" / "engines.md").read_text()
+ENGINES_MD = (REFERENCE / "engines.md").read_text()
 
 
 def _plan(preset: str, model: str, **kw: Any) -> tuple[Scheduler, PlacementRequest, list[Placement]]:

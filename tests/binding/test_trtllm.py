@@ -13,7 +13,7 @@ import pytest
 import yaml
 
 from tests.binding.builders import make_doc, make_placement
-from tests.conftest import RunCli, shared_dir
+from tests.conftest import REFERENCE, RunCli
 from toposched.binding.engine_args import FLAG_SOURCES, TRTLLM_YAML_KEYS
 from toposched.binding.engines import ENV_VARS, TRTLLM_FLAGS, NodeLaunch, build_launches, shell_script, srun_script
 from toposched.errors import InputError
@@ -24,9 +24,9 @@ from toposched.topology.presets import hgx_h100_cluster, load_preset, preset_nam
 from toposched.workload import MemoryConfig, resolve_model
 from toposched.workload.memory import TRTLLM_FREE_FRACTION, estimate_memory
 
-REFERENCE = json.loads((shared_dir() / "reference" / "data" / "trtllm-serve-options.json").read_text())
+SERVE_OPTIONS = json.loads((REFERENCE / "data" / "trtllm-serve-options.json").read_text())
 OPTIONS: dict[str, str] = {
-    name.strip(): kind for names, kind in REFERENCE["options"].items() for name in names.split(" / ")
+    name.strip(): kind for names, kind in SERVE_OPTIONS["options"].items() for name in names.split(" / ")
 }
 LLAMA_8B = Path(__file__).resolve().parents[2] / "src" / "toposched" / "data" / "models" / "Meta-Llama-3.1-8B.json"
 
@@ -94,7 +94,7 @@ def check_launch(launch: NodeLaunch, model: str) -> dict[str, Any]:
 def test_every_trtllm_flag_toposched_can_emit_is_in_the_reference() -> None:
     assert set(FLAG_SOURCES["trtllm"]) == TRTLLM_FLAGS
     assert set(OPTIONS) >= TRTLLM_FLAGS, TRTLLM_FLAGS - set(OPTIONS)
-    assert "00209af1" in REFERENCE["source"]
+    assert "00209af1" in SERVE_OPTIONS["source"]
 
 
 MODELS = ("llama-3.1-8b", "fp8", "qwen3-30b-a3b")  # dense, dense FP8 checkpoint, MoE

@@ -1,6 +1,6 @@
 """The real inputs the fuzzer starts from.
 
-Captured outputs come from ``../shared/fixtures`` (``topo/``, ``p2p/``, ``nvlink/``, ``nccl/``,
+Captured outputs come from ``tests/data/fixtures`` (``topo/``, ``p2p/``, ``nvlink/``, ``nccl/``,
 ``model_configs/``); cluster specs, scenarios, traces and service bodies follow the examples in
 docs/; plan documents are made by running ``toposched plan --json`` on presets and a two-node spec,
 so they are exactly what a user would feed ``launch``. Everything is built once, on first use.

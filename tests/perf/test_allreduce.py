@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from tests.conftest import shared_dir
+from tests.conftest import REFERENCE
 from toposched.errors import InfeasibleError, InputError, UnknownNameError
 from toposched.perf.allreduce import (
     AlphaBeta,
@@ -17,7 +17,7 @@ from toposched.perf.allreduce import (
 from toposched.perf.allreduce_tables import MEASURED
 from toposched.perf.links import FITTED_SERIES, get_link, two_level_link
 
-CSV = shared_dir() / "reference" / "data" / "aiconfigurator_allreduce.csv"
+CSV = REFERENCE / "data" / "aiconfigurator_allreduce.csv"
 
 
 def test_time_formula() -> None:

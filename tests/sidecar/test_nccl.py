@@ -1,4 +1,4 @@
-"""The NCCL log reader against every captured log in ../shared/fixtures/nccl (figures from its README)."""
+"""The NCCL log reader against every captured log in tests/data/fixtures/nccl (figures from its README)."""
 
 from __future__ import annotations
 

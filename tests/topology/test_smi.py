@@ -1,4 +1,4 @@
-"""The nvidia-smi topo -m reader against every real capture in ../shared/fixtures/topo."""
+"""The nvidia-smi topo -m reader against every real capture in tests/data/fixtures/topo."""
 
 from __future__ import annotations
 
@@ -31,7 +31,7 @@ class Expect:
     warn: tuple[str, ...] = ()  # one substring per warning the reader must give (and no other warning)
 
 
-# Transcribed from ../shared/fixtures/README.md ("correct interpretation").
+# Transcribed from tests/data/fixtures/README.md ("correct interpretation").
 EXPECT: dict[str, Expect] = {
     "02_2x-rtx5090-phb-tabs.txt": Expect([], [0, 0], pairs={(0, 1): "PHB"}),
     "03_1x-h100pcie-kvm-1nic.txt": Expect([], [0], nics={"NIC0": "mlx5_0"}, nic_paths={(0, "NIC0"): "PHB"}),
@@ -284,7 +284,7 @@ def test_not_a_matrix_or_damaged(text: str, phrase: str) -> None:
 
 
 def test_fixture_dir_is_the_shared_one() -> None:
-    # Guards against silently testing nothing when ../shared moves.
+    # Guards against silently testing nothing when tests/data moves.
     assert Path(TOPO).is_dir()
 
 
