@@ -167,7 +167,7 @@ def decision_response(state: ServiceState, decision: Decision) -> JSONResponse:
 async def place_answer(
     state: ServiceState, latency: Histogram, body: PlaceBody, receive: Receive | None = None
 ) -> JSONResponse:
-    """The answer of ``POST /v1/placements`` (the route, and ``hot.HotRoutes`` for a valid body).
+    """The answer of ``POST /v1/placements``.
 
     ``receive``: the request's ASGI receive, its body read already; a request waiting in the admission
     queue watches it, so a client that goes away is taken out of the queue (or, placed meanwhile, released)."""
@@ -197,7 +197,7 @@ async def place_answer(
 
 
 async def release_answer(state: ServiceState, pid: str) -> JSONResponse:
-    """The answer of ``DELETE /v1/placements/{pid}`` (the route, and ``hot.HotRoutes`` for a valid id)."""
+    """The answer of ``DELETE /v1/placements/{pid}``."""
     released = await on_worker(state, state.release, pid)
     if released is None:
         return not_found(pid)

@@ -25,8 +25,7 @@ from toposched.errors import InputError, StateError, ToposchedError
 from toposched.service.api import ERRORS, build_router, on_worker
 from toposched.service.config import ServiceConfig
 from toposched.service.extender import EXTENDER_PREFIX, build_extender, drop_validation_answer
-from toposched.service.guards import TOO_LARGE, BearerAuth, BodyLimit, BodyTooLarge, Receive, Scope, Send, too_large
-from toposched.service.hot import HotRoutes
+from toposched.service.guards import TOO_LARGE, BearerAuth, BodyLimit, BodyTooLarge, too_large
 from toposched.service.metrics import build_registry
 from toposched.service.schemas import ErrorOut, HealthOut, ReadyOut
 from toposched.service.state import ServiceState
@@ -76,27 +75,6 @@ def http_error(request: Request, exc: HTTPException) -> JSONResponse:
     return error_response(exc.status_code, "failed", str(exc.detail), exc.headers)
 
 
-class ServiceApp(FastAPI):
-    """FastAPI with ``hot.HotRoutes`` in front: the create and delete requests that are plainly right are
-    answered there, by the routes' own code, without the middleware, routing and dependency layers."""
-
-    hot: HotRoutes | None = None
-    hot_layers = 0
-    """``len(user_middleware)`` when ``hot`` was set: a middleware added after ``create_app`` (an audit
-    log, another check) must see every request, so the hot routes step aside, as they do when a
-    dependency is overridden."""
-
-    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
-        if self.hot is None or len(self.user_middleware) != self.hot_layers or self.dependency_overrides:
-            await super().__call__(scope, receive, send)
-        else:
-            await self.hot(scope, receive, send)
-
-    async def full(self, scope: Scope, receive: Receive, send: Send) -> None:
-        """The app behind ``hot``: every layer, every route."""
-        await super().__call__(scope, receive, send)
-
-
 def create_app(config: ServiceConfig, state: ServiceState | None = None) -> FastAPI:
     """The ASGI app of one replica; ``state`` may be opened already (``ServiceState.open``)."""
     state = state or ServiceState(config)
@@ -116,7 +94,7 @@ def create_app(config: ServiceConfig, state: ServiceState | None = None) -> Fast
             await on_worker(state, state.close)
             state.worker.shutdown(wait=False)
 
-    app = ServiceApp(
+    app = FastAPI(
         title="toposched",
         version=__version__,
         summary="Topology-aware placement of LLM inference instances on GPU clusters, one replica's API.",
@@ -210,15 +188,6 @@ def create_app(config: ServiceConfig, state: ServiceState | None = None) -> Fast
         report_token=config.report_token,  # (no API token, as with auth off: every request passes)
         read_token=config.read_token,
     )
-    app.hot = HotRoutes(
-        app.full,
-        state,
-        latency,
-        token=token,
-        max_body_bytes=config.max_body_bytes,
-        handlers=app.exception_handlers,
-    )
-    app.hot_layers = len(app.user_middleware)
     return app
 
 
