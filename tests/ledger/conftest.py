@@ -57,8 +57,9 @@ def free_port() -> int:
 class EtcdServer:
     """One etcd process on loopback ports with its own data folder; stop/start keeps both."""
 
-    def __init__(self, data_dir: Path, *, tls: tuple[Path, Path] | None = None) -> None:
-        """``tls``: (certificate, key) files: etcd serves its clients over TLS (``https://``)."""
+    def __init__(self, data_dir: Path, *, tls: tuple[Path, Path] | None = None, host: str = "127.0.0.1") -> None:
+        """``tls``: (certificate, key) files: etcd serves its clients over TLS (``https://``); ``host``: the
+        address clients reach it at (``[::1]`` for IPv6 loopback)."""
         binary = os.environ.get("TOPOSCHED_ETCD") or shutil.which("etcd") or "/usr/bin/etcd"
         if not Path(binary).exists():
             pytest.fail(
@@ -71,7 +72,7 @@ class EtcdServer:
         self.client_port = free_port()
         self.peer_port = free_port()
         self.tls = tls
-        self.url = f"{'https' if tls else 'http'}://127.0.0.1:{self.client_port}"
+        self.url = f"{'https' if tls else 'http'}://{host}:{self.client_port}"
         self.proc: subprocess.Popen[bytes] | None = None
 
     def start(self) -> None:

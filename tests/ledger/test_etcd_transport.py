@@ -160,3 +160,54 @@ def test_the_grpc_client_speaks_tls_to_an_etcd_with_a_certificate(
         stranger.close()
     finally:
         server.stop()
+
+
+def test_the_grpc_client_reaches_an_etcd_at_an_ipv6_address(tmp_path: Path) -> None:
+    """``http://[::1]:PORT``: the brackets go into grpc's target too (without them grpc refuses the name)."""
+    from toposched.ledger.etcd_grpc import EtcdGrpcClient
+
+    assert EtcdGrpcClient("http://[::1]:2379")._target == "[::1]:2379"
+    assert EtcdGrpcClient("https://etcd.example:2379")._target == "etcd.example:2379"
+    server = EtcdServer(tmp_path / "data", host="[::1]")
+    server.start()
+    try:
+        client = connect(server.url, transport="grpc")
+        assert client.txn([], [put_op("/six", "yes")])[0] and client.range("/six")[0][0].value == b"yes"
+        client.close()
+    finally:
+        server.stop()
+
+
+def test_calls_cut_short_by_close_are_unreachable_not_refused(etcd_server: EtcdServer) -> None:
+    """``close()`` from another thread while calls are running: each of them ends as ``EtcdUnreachable``
+    (no answer came), never as an ``EtcdError`` (etcd refused nothing) or a raw ``ValueError``."""
+    import threading
+
+    from toposched.ledger.etcd_grpc import EtcdGrpcClient
+
+    client = EtcdGrpcClient(etcd_server.url, timeout_s=5)
+    assert client.txn([], [put_op("/closing", "x")])[0]
+    odd: list[BaseException] = []
+    stop = threading.Event()
+
+    def call() -> None:
+        while not stop.is_set():
+            try:
+                client.range("/closing")
+            except EtcdUnreachable:
+                pass
+            except BaseException as exc:  # collected: the assertion below shows them
+                odd.append(exc)
+
+    threads = [threading.Thread(target=call) for _ in range(4)]
+    for t in threads:
+        t.start()
+    threading.Event().wait(0.2)
+    for _ in range(20):
+        client.close()  # the next call opens a new channel; a running one may be cut short
+        threading.Event().wait(0.01)
+    stop.set()
+    for t in threads:
+        t.join(10)
+    client.close()
+    assert odd == []

@@ -1,8 +1,8 @@
 """Scoped tokens: a report token that may only ``POST /v1/reports`` (sidecars) and a read token that may only
 ``GET`` (Prometheus, dashboards), next to the API token that may do everything.
 
-In process (``TestClient`` on ``create_app`` with the in-memory state), so the hot routes in front of FastAPI
-are in the path too: a scoped token on ``POST /v1/placements`` must not be answered there.
+In process (``TestClient`` on ``create_app`` with the in-memory state): a scoped token on ``POST
+/v1/placements`` is refused by the one request path (``BearerAuth``), before any route runs.
 """
 
 from __future__ import annotations
@@ -73,7 +73,7 @@ def test_the_report_token_may_only_post_reports(client: TestClient) -> None:
         assert answer.status_code == 403, answer.text
         body = answer.json()
         assert body["error"] == "forbidden" and "POST /v1/reports" in body["detail"]
-    assert placements(client) == ["scoped-1"]  # neither booked (hot route) nor released
+    assert placements(client) == ["scoped-1"]  # neither booked nor released
 
 
 def test_the_read_token_may_only_read(client: TestClient) -> None:

@@ -13,11 +13,12 @@ A unary call sends a request serialized here (reads the ledger repeats are seria
 transaction is its compares and operations one after the other, protobuf's wire format for repeated
 fields) and parses the answer with the generated message. The channel is opened on first use and again
 in a forked child (a gRPC channel must not cross a fork; the parent's is left alone), with a subchannel
-pool of its own so the child never picks up the parent's connection. ``https://`` endpoints trust what
-Python's default context trusts (``SSL_CERT_FILE``, else the system's CA file).
+pool of its own so the child never picks up the parent's connection. ``https://`` endpoints trust the CA
+file Python's default context names (``SSL_CERT_FILE``, else the system's CA file; not a CA directory).
 
 Errors are translated here as in ``etcd_client``: UNAVAILABLE and DEADLINE_EXCEEDED (refused, reset, timed
-out, no answer within ``timeout_s``) are ``EtcdUnreachable``; any other status is ``EtcdError`` with the
+out, no answer within ``timeout_s``), a call cancelled by ``close()`` from another thread and an answer that
+does not parse are ``EtcdUnreachable``; any other status is ``EtcdError`` with the
 gRPC status code, which is the ``code`` the gateway reports for the same error (5, NOT_FOUND: a lease that
 ran out).
 
@@ -156,8 +157,10 @@ class _Calls:
             self.channel = grpc.secure_channel(target, credentials, options=_OPTIONS)
         else:
             self.channel = grpc.insecure_channel(target, options=_OPTIONS)
-        self.methods: dict[str, Callable[..., Any]] = {
-            name: self.channel.unary_unary(path, response_deserializer=getattr(pb, response).FromString)
+        # answers are parsed by the caller (``EtcdGrpcClient._call``): grpcio would turn a parse error into
+        # an INTERNAL status, which reads as etcd refusing the call
+        self.methods: dict[str, tuple[Callable[..., Any], Callable[[bytes], Any]]] = {
+            name: (self.channel.unary_unary(path), getattr(pb, response).FromString)
             for name, (path, response) in _METHODS.items()
         }
 
@@ -171,7 +174,8 @@ class EtcdGrpcClient:
         self.timeout_s = timeout_s
         parts = urlsplit(self.endpoint)
         self._https = parts.scheme == "https"
-        self._target = f"{parts.hostname or '127.0.0.1'}:{parts.port or (443 if self._https else 80)}"
+        host, port = parts.hostname or "127.0.0.1", parts.port or (443 if self._https else 80)
+        self._target = f"[{host}]:{port}" if ":" in host else f"{host}:{port}"  # an IPv6 address in brackets
         self._lock = threading.Lock()
         self._calls: _Calls | None = None
         self._pid = os.getpid()
@@ -190,15 +194,21 @@ class EtcdGrpcClient:
 
     def _call(self, name: str, request: bytes) -> Any:
         """Call ``name`` with a serialized request; the answer, parsed."""
-        method = self._open().methods[name]
+        method, parse = self._open().methods[name]
         try:
-            return method(request, timeout=self.timeout_s)
+            raw = method(request, timeout=self.timeout_s)
         except grpc.RpcError as exc:
             code, details = exc.code(), exc.details()
             if code is None or code.name in _UNREACHABLE:
                 what = code.name if code is not None else "no status"
                 raise EtcdUnreachable(f"etcd at {self.endpoint} is unreachable ({what}: {details})") from exc
+            if code.name == "CANCELLED":  # the client was closed under the call: no answer, not a refusal
+                raise EtcdUnreachable(f"etcd at {self.endpoint} is unreachable (CANCELLED: {details})") from exc
             raise EtcdError(f"etcd at {self.endpoint} refused {name}: {details}", code=code.value[0]) from exc
+        except ValueError as exc:  # "Cannot invoke RPC on closed channel!": closed by another thread
+            raise EtcdUnreachable(f"etcd at {self.endpoint} is unreachable (the client was closed: {exc})") from exc
+        try:
+            return parse(raw)
         except DecodeError as exc:
             reason = f"an answer to {name} that is not etcd's: {exc}"
             raise EtcdUnreachable(f"etcd at {self.endpoint} is unreachable ({reason})") from exc
