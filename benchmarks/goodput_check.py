@@ -62,15 +62,19 @@ PRESET = "hgx-h100"
 PD_PRESET = "cluster-32x-hgx-h100"
 
 
-def plan(w: Workload) -> tuple[Placement, StepCost]:
-    """The plan's first placement for the workload, and the step cost over its links."""
-    scheduler = Scheduler(load_preset(PRESET))
-    request = PlacementRequest(
-        id="check", model=MODEL, input_len=w.input_len, output_len=w.output_len,
+def _request(w: Workload, rid: str) -> PlacementRequest:
+    """The workload's placement request: its lengths and SLO, required (as ``plan`` asks)."""
+    return PlacementRequest(
+        id=rid, model=MODEL, input_len=w.input_len, output_len=w.output_len,
         max_model_len=max(8192, w.input_len + w.output_len),
         slo_ttft_ms=w.slo_ttft_ms, slo_tpot_ms=w.slo_tpot_ms, slo_required=True,
     )  # fmt: skip
-    out = scheduler.place(request)
+
+
+def plan(w: Workload) -> tuple[Placement, StepCost]:
+    """The plan's first placement for the workload, and the step cost over its links."""
+    scheduler = Scheduler(load_preset(PRESET))
+    out = scheduler.place(_request(w, "check"))
     if not out.placements:
         raise SystemExit(f"{w.name}: not placed: {out.unplaced[0].reasons}")
     p = out.placements[0]
@@ -182,11 +186,7 @@ def plan_pd(w: Workload, rate: float) -> tuple[list[Placement], list[Placement],
     """``--pd auto`` for the workload at ``rate`` on the 256-GPU preset, disaggregated whatever it would
     choose: the prefill and decode placements, the sizing (KV transfer, TTFT), a step cost per placement."""
     scheduler = Scheduler(load_preset(PD_PRESET))
-    request = PlacementRequest(
-        id="pd", model=MODEL, input_len=w.input_len, output_len=w.output_len,
-        max_model_len=max(8192, w.input_len + w.output_len),
-        slo_ttft_ms=w.slo_ttft_ms, slo_tpot_ms=w.slo_tpot_ms, slo_required=True,
-    )  # fmt: skip
+    request = _request(w, "pd")
     sized = size_pd_for_rate(scheduler, request, rate)
     if sized is None:
         raise SystemExit(f"{w.name}: no disaggregated sizing meets the SLO")
