@@ -10,7 +10,7 @@ from pathlib import Path
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
-from toposched.errors import SpecError
+from toposched.errors import SpecError, first_problem
 
 
 def default_state_path() -> Path:
@@ -45,7 +45,6 @@ class TopologyConfig(BaseModel):
         try:
             return cls.model_validate(values)
         except ValidationError as exc:
-            err = exc.errors()[0]
-            key = ".".join(str(p) for p in err["loc"])
-            source = "TOPOSCHED_TOPO_MAX_AGE" if key == "max_age_s" and max_age_s is None else "flags"
-            raise SpecError(source, key, f"{err['msg']} (got {err.get('input')!r})") from exc
+            problem = first_problem(exc)
+            source = "TOPOSCHED_TOPO_MAX_AGE" if problem.path == "max_age_s" and max_age_s is None else "flags"
+            raise SpecError(source, problem.path, f"{problem.msg} (got {problem.input!r})") from exc

@@ -27,6 +27,8 @@ from __future__ import annotations
 
 import difflib
 from collections.abc import Iterable
+from dataclasses import dataclass
+from typing import Any, Protocol
 
 
 class ToposchedError(Exception):
@@ -168,3 +170,43 @@ class InvariantError(ToposchedError):
 
     exit_code = 70
     default_fix = "this is a bug in toposched: report it with the command and its output under TOPOSCHED_DEBUG=1"
+
+
+class _Validation(Protocol):
+    """What pydantic's ``ValidationError`` offers (duck-typed: this module imports no library)."""
+
+    def errors(self) -> Any: ...
+
+
+@dataclass(frozen=True)
+class Problem:
+    """The first error of a pydantic ``ValidationError``, the pieces a one-line message is made of (every
+    edge that validates input turns it into an ``InputError`` or ``SpecError`` through :func:`first_problem`)."""
+
+    loc: tuple[str | int, ...]
+    """Where: field names and list indices."""
+    msg: str
+    """pydantic's message as it gives it (``Value error, ...`` for a validator's own)."""
+    input: Any
+    """The value that was refused."""
+
+    @property
+    def path(self) -> str:
+        """``loc`` as a dotted key path (``nodes.0.gpus``); empty for the object itself."""
+        return ".".join(str(part) for part in self.loc)
+
+    @property
+    def field(self) -> str:
+        """The top-level field, or empty."""
+        return str(self.loc[0]) if self.loc else ""
+
+    @property
+    def reason(self) -> str:
+        """``msg`` without pydantic's ``Value error,`` prefix, on one line."""
+        return " ".join(self.msg.removeprefix("Value error, ").split())
+
+
+def first_problem(exc: _Validation) -> Problem:
+    """The first error of ``exc`` (a pydantic ``ValidationError``)."""
+    err = exc.errors()[0]
+    return Problem(tuple(err["loc"]), str(err["msg"]), err.get("input"))

@@ -68,7 +68,7 @@ from toposched.binding.k8s_dra import (
 )
 from toposched.binding.k8s_dra import normalise_bus_id as normalise_bus_id  # re-exported
 from toposched.binding.plan_doc import PlanDoc
-from toposched.errors import InputError
+from toposched.errors import InputError, first_problem
 from toposched.solver.layout import node_blocks
 from toposched.solver.request import Placement
 from toposched.topology.domains import build_domain_map
@@ -149,7 +149,7 @@ class K8sOptions:
             try:
                 TypeAdapter(ResourceName).validate_python(self.rdma_resource)
             except ValidationError as exc:
-                raise InputError(f"--rdma-resource: {exc.errors()[0]['msg']}") from None
+                raise InputError(f"--rdma-resource: {first_problem(exc).msg}") from None
 
     def ssh_secret(self) -> str:
         """The Secret a multi-node TensorRT-LLM instance's pods take their ssh key pair from."""

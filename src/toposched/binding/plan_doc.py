@@ -42,7 +42,7 @@ from toposched.binding.plan_schema import (
     RANK_KEYS,
     PlanDocument,
 )
-from toposched.errors import InputError
+from toposched.errors import InputError, first_problem
 from toposched.inputs import load_json, read_text
 from toposched.names import id_problem, node_name_problem, placement_id_problem
 from toposched.solver.options import gpu_type_for
@@ -101,10 +101,9 @@ def _bad(source: str, where: str, problem: str) -> InputError:
 
 def _invalid(source: str, where: str, exc: ValidationError) -> InputError:
     """The first pydantic error as one line: ``FILE: key.path: problem``."""
-    err = exc.errors()[0]
-    path = ".".join(str(part) for part in (where, *err["loc"]) if part != "")
-    problem = " ".join(str(err["msg"]).removeprefix("Value error, ").split())
-    return _bad(source, path, problem)
+    problem = first_problem(exc)
+    path = ".".join(str(part) for part in (where, *problem.loc) if part != "")
+    return _bad(source, path, problem.reason)
 
 
 def _unknown_keys(data: dict[str, Any], allowed: frozenset[str], where: str, source: str) -> None:

@@ -17,7 +17,7 @@ import typer
 from pydantic import ValidationError
 
 from toposched.cli._common import console, err_console, print_json
-from toposched.errors import InputError
+from toposched.errors import InputError, first_problem
 from toposched.perf.profile import Profile, load_profile, save_profile
 from toposched.perf.readers import FORMATS, Setup, observe, read_all, scrape, window_sample
 from toposched.perf.samples import Sample
@@ -43,9 +43,9 @@ def _setup(values: dict[str, Any]) -> Setup:
     try:
         return Setup.model_validate(values)
     except ValidationError as exc:
-        err = exc.errors()[0]
-        flag = "--" + str(err["loc"][0]).replace("_", "-")
-        raise InputError(f"{flag}: {err['msg']} (got {err.get('input')!r:.60})") from None
+        problem = first_problem(exc)
+        flag = "--" + problem.field.replace("_", "-")
+        raise InputError(f"{flag}: {problem.msg} (got {problem.input!r:.60})") from None
 
 
 def live_sample(url: str, window_s: float, setup: Setup, *, sleep: Any = time.sleep, transport: Any = None) -> Sample:

@@ -31,7 +31,7 @@ from pydantic import ValidationError
 from toposched.binding.plan_doc import PlanDoc, load_plan, parse_plan, plan_json
 from toposched.cli._common import CLUSTER, LIVE, P2P, PRESET, SMI, err_console, source_ref
 from toposched.cli.calibrate import PROFILE, profile_option
-from toposched.errors import InfeasibleError, InputError
+from toposched.errors import InfeasibleError, InputError, first_problem
 from toposched.perf.profile import Profile, use_profile
 from toposched.solver.pd import KV_STORES, Disaggregation, KvStore, place_pd
 from toposched.solver.request import DEFAULT_MAX_MODEL_LEN, PlacementRequest, Role, Unplaced
@@ -179,11 +179,11 @@ class PlanSource:
                 affinity=self.affinity,
             )
         except ValidationError as exc:
-            err = exc.errors()[0]
-            if err["loc"]:
-                flag = "--" + str(err["loc"][0]).replace("_", "-")
-                raise InputError(f"{flag}: {err['msg']} (got {err.get('input')!r:.60})") from None
-            raise InputError(f"request: {str(err['msg']).removeprefix('Value error, ')}") from None
+            bad = first_problem(exc)
+            if bad.loc:
+                flag = "--" + bad.field.replace("_", "-")
+                raise InputError(f"{flag}: {bad.msg} (got {bad.input!r:.60})") from None
+            raise InputError(f"request: {bad.reason}") from None
 
     def place(self) -> Placed:
         """Plan now: the request, the topology it was placed on and the outcome (placed and unplaced)."""

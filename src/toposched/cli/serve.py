@@ -25,7 +25,7 @@ from toposched.cli._common import (
     source_ref,
 )
 from toposched.cli.calibrate import PROFILE, profile_option
-from toposched.errors import InputError
+from toposched.errors import InputError, first_problem
 from toposched.perf.profile import use_profile
 from toposched.service.config import ServiceConfig
 
@@ -140,15 +140,15 @@ def serve(
             }
         )
     except ValidationError as exc:
-        err = exc.errors()[0]
-        name = str(err["loc"][0]) if err["loc"] else "token"
+        problem = first_problem(exc)
+        name = problem.field or "token"
         flags = {
             "token": f"${TOKEN_ENV}",
             "report_token": f"--report-token-file (${REPORT_TOKEN_ENV})",
             "read_token": f"--read-token-file (${READ_TOKEN_ENV})",
         }
         flag = flags.get(name) or "--" + name.removesuffix("_s").replace("_", "-")
-        raise InputError(f"{flag}: {err['msg']}") from exc
+        raise InputError(f"{flag}: {problem.msg}") from exc
     run(config, log_level=log_level)
 
 

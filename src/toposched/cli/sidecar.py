@@ -20,7 +20,7 @@ from pydantic import ValidationError
 
 from toposched.binding.plan_doc import PlanDoc, load_plan
 from toposched.cli._common import read_token
-from toposched.errors import InputError, NoDriverError, UnknownNameError
+from toposched.errors import InputError, NoDriverError, UnknownNameError, first_problem
 from toposched.sidecar.checks import expectations_from_plan
 from toposched.sidecar.drift import LatencyDrift
 from toposched.sidecar.fake_scenarios import build_scenario
@@ -117,11 +117,11 @@ def sidecar_cmd(
         token = read_token(token_file) if token_file is not None else None
         config = LoopConfig(interval_s=interval, iterations=iterations, webhook=webhook, token=token)
     except ValidationError as exc:
-        err = exc.errors()[0]
+        problem = first_problem(exc)
         flag = {"interval_s": "--interval", "iterations": "--iterations", "webhook": "--webhook"}.get(
-            str(err["loc"][0]) if err["loc"] else "", "--interval"
+            problem.field, "--interval"
         )
-        raise InputError(f"{flag}: {err['msg']} (got {err.get('input')!r})") from exc
+        raise InputError(f"{flag}: {problem.msg} (got {problem.input!r})") from exc
     metrics = SidecarMetrics()
     if fake is not None:
         lib: Any = build_scenario(fake, doc.cluster.node(here), exp, interval_s=interval)

@@ -20,7 +20,7 @@ from typing import Literal
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
-from toposched.errors import InputError
+from toposched.errors import InputError, first_problem
 from toposched.inputs import load_json, read_text
 from toposched.perf.latency import PerfConfig
 
@@ -74,10 +74,9 @@ def load_profile(path: str | Path) -> Profile:
     try:
         return Profile.model_validate(raw)
     except ValidationError as exc:
-        err = exc.errors()[0]
-        where = ".".join(str(p) for p in err["loc"])
+        problem = first_problem(exc)
         raise InputError(
-            f"profile {path}: {where}: {err['msg']}", fix="write it with `toposched calibrate --profile FILE`"
+            f"profile {path}: {problem.path}: {problem.msg}", fix="write it with `toposched calibrate --profile FILE`"
         ) from None
 
 

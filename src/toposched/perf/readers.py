@@ -48,7 +48,7 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
-from toposched.errors import InputError, UnknownNameError
+from toposched.errors import InputError, UnknownNameError, first_problem
 from toposched.inputs import load_json, read_text
 from toposched.perf.hardware import gpu_registry
 from toposched.perf.links import link_registry
@@ -171,9 +171,8 @@ def make_sample(fields: Mapping[str, Any], setup: Setup, *, where: str) -> Sampl
     try:
         return Sample.model_validate(data)
     except ValidationError as exc:
-        err = exc.errors()[0]
-        key = ".".join(str(p) for p in err["loc"]) or "sample"
-        raise InputError(f"{where}: {key}: {err['msg']} (got {err.get('input')!r:.60})") from None
+        problem = first_problem(exc)
+        raise InputError(f"{where}: {problem.path or 'sample'}: {problem.msg} (got {problem.input!r:.60})") from None
 
 
 def _number(obj: Mapping[str, Any], key: str, where: str, *, required: bool = False) -> float | None:

@@ -42,7 +42,7 @@ from typing import Annotated, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
-from toposched.errors import InputError, SpecError
+from toposched.errors import InputError, SpecError, first_problem
 from toposched.inputs import load_yaml, read_text
 from toposched.names import ObjectId, node_name_problem
 from toposched.registry import Registry
@@ -586,8 +586,8 @@ def load_scenario(ref: str) -> Scenario:
     try:
         return Scenario.model_validate(raw)
     except ValidationError as exc:
-        err = exc.errors()[0]
-        raise SpecError(source, ".".join(str(p) for p in err["loc"]), err["msg"]) from None
+        problem = first_problem(exc)
+        raise SpecError(source, problem.path, problem.msg) from None
 
 
 def load_cluster(ref: str) -> Cluster:

@@ -34,7 +34,7 @@ from dataclasses import dataclass
 
 from pydantic import ValidationError
 
-from toposched.errors import TopologyParseError
+from toposched.errors import TopologyParseError, first_problem
 from toposched.names import node_name_problem, word_problem
 from toposched.topology.model import GPU, MAX_GPU_INDEX, NIC, Link, LinkKind, NicLink, Node, nominal_link
 
@@ -369,9 +369,8 @@ def _kind(cell: str) -> tuple[LinkKind, int]:
 def _first_error(exc: ValueError) -> str:
     """A one-line reason from a ``ValueError`` or pydantic's ``ValidationError``."""
     if isinstance(exc, ValidationError):
-        error = exc.errors()[0]
-        where = ".".join(str(x) for x in error["loc"])
-        return f"{where}: {error['msg']}" if where else str(error["msg"])
+        problem = first_problem(exc)
+        return f"{problem.path}: {problem.msg}" if problem.path else problem.msg
     return str(exc)
 
 
@@ -504,6 +503,5 @@ def _build_node(
             source=f"nvidia-smi topo -m: {source}",
         )
     except ValidationError as exc:  # the checks above should leave nothing for the model to refuse
-        error = exc.errors()[0]
-        where = ".".join(str(part) for part in error["loc"])
-        raise TopologyParseError(f"not a valid node: {where}: {error['msg']}", source=source) from None
+        bad = first_problem(exc)
+        raise TopologyParseError(f"not a valid node: {bad.path}: {bad.msg}", source=source) from None

@@ -54,7 +54,7 @@ from typing import Annotated, Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
 
-from toposched.errors import InputError, SpecError, TopologyParseError
+from toposched.errors import InputError, SpecError, TopologyParseError, first_problem
 from toposched.inputs import load_json, load_yaml, read_text
 from toposched.names import MAX_LABEL, MAX_NODE_NAME, GpuModel, Label, LabelValue, NodeName, node_name_problem
 from toposched.topology.model import NIC_MAX_GBPS, Cluster, Fabric, Node, NVLinkClique
@@ -212,8 +212,8 @@ def load_cluster_spec(path: str | Path, *, warnings: list[str] | None = None) ->
     try:
         spec = ClusterSpec.model_validate(raw)
     except ValidationError as exc:
-        err = exc.errors()[0]
-        raise SpecError(source, _key_path(tuple(err["loc"])), err["msg"]) from None
+        problem = first_problem(exc)
+        raise SpecError(source, _key_path(problem.loc), problem.msg) from None
     return build_cluster(spec, base=path.parent, source=source, warnings=warnings)
 
 
@@ -294,9 +294,9 @@ def _template(entry: NodeSpec, where: str, base: Path, source: str, warnings: li
     try:
         return Node.model_validate(node_data)
     except ValidationError as exc:
-        err = exc.errors()[0]
-        at = _key_path(tuple(err["loc"]))
-        problem = f"{at}: {err['msg']}" if at else err["msg"]
+        first = first_problem(exc)
+        at = _key_path(first.loc)
+        problem = f"{at}: {first.msg}" if at else first.msg
         raise SpecError(source, f"{where}.probe", f"{file} is not a saved probe ({problem})") from None
 
 
@@ -362,8 +362,8 @@ def build_cluster(
                 try:
                     Node.model_validate(node.model_dump())
                 except ValidationError as exc:
-                    err = exc.errors()[0]
-                    raise SpecError(source, where, f"{_key_path(tuple(err['loc']))}: {err['msg']}") from None
+                    bad = first_problem(exc)
+                    raise SpecError(source, where, f"{_key_path(bad.loc)}: {bad.msg}") from None
             nodes.append(node)
     for k, clique in enumerate(spec.cliques):
         unknown = [name for name in clique.nodes if name not in entry_of]
@@ -380,5 +380,5 @@ def build_cluster(
             ),
         )
     except ValidationError as exc:
-        err = exc.errors()[0]
-        raise SpecError(source, _key_path(tuple(err["loc"])) or "cluster", err["msg"]) from None
+        bad = first_problem(exc)
+        raise SpecError(source, _key_path(bad.loc) or "cluster", bad.msg) from None
