@@ -109,12 +109,8 @@ def main() -> None:
     parser.add_argument("--seed", type=int, default=0, help="seed of the first run (run r: seed + r)")
     parser.add_argument(
         "--backend",
-        default=",".join(
-            BACKENDS
-            if importlib.util.find_spec("google.protobuf") and importlib.util.find_spec("grpc")
-            else BACKENDS[:2]
-        ),
-        help=f"comma-separated, of {', '.join(BACKENDS)} (default: all; etcd-grpc only with grpcio and protobuf)",
+        default=",".join(BACKENDS if importlib.util.find_spec("google.protobuf") else BACKENDS[:2]),
+        help=f"comma-separated, of {', '.join(BACKENDS)} (default: all; etcd-grpc only with protobuf installed)",
     )
     parser.add_argument("--clients", default="1,4,16", help="client process counts, comma-separated")
     parser.add_argument("--endpoint", help="an etcd to use instead of starting one")
