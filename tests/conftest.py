@@ -1,6 +1,6 @@
 """Shared test fixtures: where the captured real outputs live, and a CLI runner.
 
-Everything the tests read lives in the repository, under ``tests/data/`` (copied from ``../shared``, each
+Everything the tests read lives in the repository, under ``tests/data/`` (copied from the project's shared folder, each
 file's origin in ``tests/data/README.md``): a clone on its own runs the whole suite.
 """
 

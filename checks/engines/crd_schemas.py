@@ -2,7 +2,7 @@
 
 kubernetes-validate bundles only Kubernetes' own types, and no package registry ships these CRDs'
 OpenAPI documents, so the schemas are written here from the Go types that
-``../shared/reference/engines.md`` records (section 4: ``kubernetes-sigs/lws``
+``tests/data/reference/engines.md`` records (section 4: ``kubernetes-sigs/lws``
 ``api/leaderworkerset/v1/leaderworkerset_types.go``; section 3: ``sigs.k8s.io/rbgs``
 ``api/workloads/v1alpha2/rolebasedgroup_types.go`` and ``coordinatedpolicy_types.go``): every field
 with its type, the enums, the required fields, and no other field (a CRD's structural schema prunes

@@ -2,8 +2,8 @@
 the memory plan.
 
 Only flags that exist in the pinned engines are emitted (vLLM 0.33.0, SGLang 0.5.23, ``trtllm-serve``
-at the commit named in ../shared/reference/data/trtllm-serve-options.json): ``FLAG_SOURCES`` says
-where each is defined (../shared/reference/engines.md, the options file or the engine's own source
+at the commit named in tests/data/reference/data/trtllm-serve-options.json): ``FLAG_SOURCES`` says
+where each is defined (tests/data/reference/engines.md, the options file or the engine's own source
 file), a unit test fails on any other flag, and ``make check-engines`` runs every vLLM and SGLang argv
 through the engines' own parsers (TensorRT-LLM cannot be installed here: its options are checked
 against the options file, values included).
@@ -70,7 +70,7 @@ from toposched.workload.memory import (
 
 Engine = Literal["vllm", "sglang", "trtllm"]
 
-# Where each flag is defined: "engines.md" (../shared/reference/engines.md, sections 1.1 and 2 and the
+# Where each flag is defined: "engines.md" (tests/data/reference/engines.md, sections 1.1 and 2 and the
 # verbatim LWS examples) or the file of the engine's wheel that declares it.
 _TRTLLM = "trtllm-serve-options.json"
 FLAG_SOURCES: dict[Engine, dict[str, str]] = {

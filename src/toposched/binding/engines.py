@@ -3,7 +3,7 @@ settings and ports.
 
 What each engine is told to serve (model, degrees, memory plan, dtypes) is ``engine_args.py``; this
 module adds what depends on where the ranks run. Only variables that exist in the pinned engines and
-NCCL 2.30 are set (``ENV_VARS``, each in ../shared/reference/engines.md).
+NCCL 2.30 are set (``ENV_VARS``, each in tests/data/reference/engines.md).
 
 * **GPUs**: ``CUDA_DEVICE_ORDER=PCI_BUS_ID`` so CUDA's numbering is the PCI order that ``nvidia-smi``
   uses, and ``CUDA_VISIBLE_DEVICES`` listing the node's GPUs in rank order (vLLM's worker *i* and
@@ -116,7 +116,7 @@ KV_ENV_SOURCES: dict[str, str] = {
     "MOONCAKE_CONFIG_PATH": "vllm 0.33.0 vllm/distributed/mooncake_store.py MooncakeStoreConfig.load_from_config",
     **mooncake.STORE_ENV_SOURCES,
 }
-"""Variables of the disaggregated launches that ../shared/reference/engines.md does not list, and the file
+"""Variables of the disaggregated launches that tests/data/reference/engines.md does not list, and the file
 of the engine's wheel that reads each (as ``FLAG_SOURCES`` for flags)."""
 
 MAX_FILE_NAME = 255

@@ -128,7 +128,7 @@ UNSUPPORTED: dict[Engine, str] = {
     "sglang": "toposched hands placement groups only to vLLM's Ray executor; launch SGLang per node "
     "(`launch sglang` or `launch k8s --engine sglang`)",
     "trtllm": "no Ray executor was found in what could be read of TensorRT-LLM here: trtllm-serve's options at "
-    "commit 00209af1 (../shared/reference/data/trtllm-serve-options.json) have none, and its LLM-API fields could "
+    "commit 00209af1 (tensorrt_llm/commands/serve.py) have none, and its LLM-API fields could "
     "not be read (PyPI's tensorrt-llm 1.2.1 and 1.4.0rc1 are source-less placeholders); its ranks run under "
     "mpirun or srun (`launch trtllm`, `launch k8s --engine trtllm`)",
 }

@@ -16,7 +16,7 @@ does, per ordered GPU pair (tab-separated in raw output)::
       CNS  = Chipset not supported
       ...
 
-Real captures (../shared/fixtures/p2p/) have tabs or runs of spaces, trailing tabs, ANSI SGR codes
+Real captures (tests/data/fixtures/p2p/) have tabs or runs of spaces, trailing tabs, ANSI SGR codes
 around the header and a legend with or without ``DR``. The legend is not needed: the statuses are
 NVML's ``nvmlGpuP2PStatus_t`` (reference/engines.md), listed in ``P2PStatus``.
 

@@ -1,7 +1,7 @@
 """Built-in topologies of well-known machines and clusters (no GPU needed to use them).
 
 Link matrices follow NVIDIA's published system topologies and, where we hold one, a real capture
-in ../shared/fixtures/topo (named per preset). Memory is what ``nvidia-smi`` reports as total for
+in tests/data/fixtures/topo (named per preset). Memory is what ``nvidia-smi`` reports as total for
 that GPU (MiB / 1024): A100 80GB 81920 MiB, H100 SXM 81559 MiB, H200 143771 MiB, B200 183359 MiB,
 V100 32GB 32768 MiB, L40S 46068 MiB. GB200: 186 GB of HBM3e per GPU (13.4 TB per NVL72 rack / 72), about
 173 GiB; no capture of its nvidia-smi total was at hand.

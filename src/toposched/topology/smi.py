@@ -1,6 +1,6 @@
 """Reader for ``nvidia-smi topo -m`` text, as captured from real machines.
 
-Real captures vary a lot (see ../shared/fixtures/README.md): raw tab-separated output or pasted
+Real captures vary a lot (see tests/data/fixtures/README.md): raw tab-separated output or pasted
 copies with runs of spaces; ANSI SGR codes around the header; indentation, ``#`` prefixes and a
 shell-prompt line; ``X`` centred or left-aligned; glued cells (``NIC7NIC8``, ``SYSSYS``); NIC
 columns as ``NICn`` with a NIC Legend or as ``mlx5_N``; CPU / NUMA / GPU-NUMA columns present or

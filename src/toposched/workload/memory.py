@@ -1,7 +1,7 @@
 """Per-GPU HBM estimator: weights, KV cache, activation peak and workspace for (tp, pp, ep).
 
 Three engines' sizing rules (``MemoryConfig.engine``), read from their sources (engines.md §1.4, §2;
-../shared/reference/data/trtllm-serve-options.json):
+tests/data/reference/data/trtllm-serve-options.json):
 
 * **vLLM 0.33.0** (``vllm/v1/worker/gpu_worker.py`` ``determine_available_memory``,
   ``vllm/utils/mem_utils.py`` ``memory_profiling``, ``vllm/v1/worker/utils.py`` ``request_memory``):
