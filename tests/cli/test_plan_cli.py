@@ -446,3 +446,5 @@ def test_rate_and_length_mistakes_are_one_line_errors(run_cli: RunCli) -> None:
     assert store.exit_code == 2 and "--kv-store 'bogus' is not known" in store.stderr
     long = run_cli(*base, "--output-len", "100000")
     assert long.exit_code == 2 and "is longer than --max-model-len 8192" in long.stderr
+    prompt = run_cli(*base, "--input-len", "9000")  # a prompt longer than the context: refused, not cut
+    assert prompt.exit_code == 2 and "--input-len 9000 + --output-len 256 is longer" in prompt.stderr

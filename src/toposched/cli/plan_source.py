@@ -135,7 +135,7 @@ class PlanSource:
         """The placement request, checked flag by flag (errors name the flag, exit 2)."""
         if self.model is None:
             raise InputError("no model to plan", fix="pass --model NAME (a catalog name, Hugging Face id or path)")
-        if self.input_len + self.output_len > self.max_model_len and self.input_len <= self.max_model_len:
+        if self.input_len + self.output_len > self.max_model_len:
             raise InputError(
                 f"--input-len {self.input_len} + --output-len {self.output_len} is longer than --max-model-len "
                 f"{self.max_model_len}: the engine would stop such a request early",
@@ -172,7 +172,7 @@ class PlanSource:
                 max_model_len=self.max_model_len,
                 concurrent_seqs=self.concurrent_seqs,
                 slo_required=True,
-                input_len=min(self.input_len, self.max_model_len),
+                input_len=self.input_len,
                 output_len=self.output_len,
                 weight_dtype=self.weight_dtype,
                 kv_dtype=self.kv_dtype,
