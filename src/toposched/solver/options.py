@@ -225,6 +225,11 @@ def batched_tokens(option: DegreeOption, max_model_len: int, batch: int) -> int:
     return max(min(budget, max_model_len * batch), batch)
 
 
+def sequence_tokens(request: PlacementRequest) -> int:
+    """The KV a running sequence of the workload holds at its end: its prompt and output, within the context."""
+    return min(request.input_len + request.output_len, request.max_model_len)
+
+
 def engine_batch_limit(gpu: GpuSpec) -> int:
     """The most running sequences a plan gives one instance on ``gpu``: vLLM 0.33's default
     ``max_num_seqs`` for the GPU's memory tier (1,024 on H100/H200-class GPUs, 256 on others)."""
@@ -249,7 +254,7 @@ def _sized(
     """
     if request.concurrent_seqs is not None:
         return est, request.concurrent_seqs, False
-    per_seq = min(request.input_len + request.output_len, request.max_model_len)
+    per_seq = sequence_tokens(request)
     cap = engine_batch_limit(gpu)
     top = min(cap, est.concurrent_seqs(per_seq))
     if top <= RESERVE_SEQS:

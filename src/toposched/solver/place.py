@@ -14,7 +14,6 @@
 from __future__ import annotations
 
 import itertools
-import math
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
@@ -26,7 +25,7 @@ from toposched.solver.experts import place_experts
 from toposched.solver.index import ClusterIndex, Group, LevelIndex
 from toposched.solver.layout import layout_problem, per_node_choices
 from toposched.solver.locality import pick_in_group
-from toposched.solver.options import RESERVE_SEQS, DegreeOption, OptionSet
+from toposched.solver.options import RESERVE_SEQS, DegreeOption, OptionSet, sequence_tokens
 from toposched.solver.request import (
     SLO_CLASSES,
     ExpertReport,
@@ -39,6 +38,7 @@ from toposched.solver.request import (
 from toposched.topology.domains import gpu_ref
 from toposched.topology.model import Fabric
 from toposched.workload.dtypes import weight_format
+from toposched.workload.memory import seqs_held
 
 GroupFilter = Callable[[Group], bool]
 
@@ -379,7 +379,7 @@ def assess(
         kv_bytes = max(kv_bytes - experts.extra_bytes_per_gpu, 0)
     cap = option.max_batch
     if request.concurrent_seqs is None and kv_tokens < mem.kv_tokens_capacity:  # the expert copies' share
-        cap = max(1, kv_tokens // (math.ceil((request.input_len + request.output_len) / 16) * 16))
+        cap = max(1, seqs_held(kv_tokens, sequence_tokens(request)))
     raw = options.operating(option, link, pp_link, max_batch=cap)
     point = raw
     if compression or overlap:

@@ -86,44 +86,23 @@ def size_for_rate(scheduler: Scheduler, request: PlacementRequest, rate: float) 
     InputError when no degree option meets the SLO on this cluster's GPUs (with the remedies)."""
     if not (math.isfinite(rate) and rate > 0):
         raise InputError(f"request rate {rate!r} is not a positive number", fix="give requests/s, e.g. 10")
-    cands, dropped = scheduler.candidates(request)
-    best: tuple[tuple[int, float, int], Candidate, OperatingPoint, int] | None = None
-    for cand in cands:
-        point = _point(cand)
-        if not point.meets_slo or point.served_rps <= 0:
-            continue
-        replicas = max(1, math.ceil(rate / point.served_rps - 1e-9))
-        gpus = replicas * cand.option.gpus
-        key = (gpus, -point.goodput_tokens_per_s / cand.option.gpus, replicas)
-        if best is None or key < best[0]:
-            best = (key, cand, point, replicas)
-    if best is None:
+    sizing = _best(scheduler, request, rate, lambda _cand, point: point.served_rps)
+    if sizing is None:
+        cands, dropped = scheduler.candidates(request)
         why = "; ".join(dropped[:2]) if not cands else "no degree option meets the SLO at any batch"
         remedies = slo_remedies(scheduler, request)
         raise InfeasibleError(
             f"{request.model} cannot serve {rate:g} req/s on this cluster's GPUs: {why}",
             fix=("would meet it: " + "; ".join(remedies)) if remedies else "relax the SLO or use a larger GPU",
         )
-    _, cand, point, replicas = best
-    if replicas > MAX_REPLICAS:
+    cap = sizing.capacity
+    if cap.replicas > MAX_REPLICAS:
         raise InputError(
-            f"{rate:g} req/s of {request.model} needs {replicas:,} instances (tp={cand.option.tp}, "
-            f"{point.served_rps:.3g} req/s each); one request places at most {MAX_REPLICAS:,}",
+            f"{rate:g} req/s of {request.model} needs {cap.replicas:,} instances (tp={cap.tp}, "
+            f"{sizing.point.served_rps:.3g} req/s each); one request places at most {MAX_REPLICAS:,}",
             fix="split the rate over several requests, or relax the SLO",
         )
-    option = cand.option
-    capacity = Capacity(
-        request_rate_rps=rate,
-        replicas=replicas,
-        gpus=replicas * option.gpus,
-        served_rps=round(replicas * point.served_rps, 4),
-        tp=option.tp,
-        pp=option.pp,
-        gpu=cand.options.gpu.name,
-        batch=point.batch,
-    )
-    sized = request.model_copy(update={"replicas": replicas, "allowed_tp": (option.tp,), "max_pp": option.pp})
-    return Sizing(capacity, sized, point)
+    return sizing
 
 
 def missing_gpus(scheduler: Scheduler, sizing: Sizing, placed: int) -> str:
@@ -171,10 +150,15 @@ class ModeChoice(BaseModel):
 
 
 def _best(
-    scheduler: Scheduler, request: PlacementRequest, rate: float, rate_of: Callable[[Candidate, OperatingPoint], float]
+    scheduler: Scheduler,
+    request: PlacementRequest,
+    rate: float,
+    rate_of: Callable[[Candidate, OperatingPoint], float],
+    limit: int | None = None,
 ) -> Sizing | None:
     """The option serving ``rate`` with the fewest GPUs (ties: more per GPU, fewer instances), each option
-    planned for ``rate_of(candidate, its operating point)`` requests/s per instance."""
+    planned for ``rate_of(candidate, its operating point)`` requests/s per instance; options needing more
+    than ``limit`` instances are left out. None when no option meets the SLO."""
     cands, _ = scheduler.candidates(request)
     best: tuple[tuple[int, float, int], Candidate, OperatingPoint, int] | None = None
     for cand in cands:
@@ -186,7 +170,7 @@ def _best(
             continue
         point = replace(point, served_rps=served, goodput_tokens_per_s=served * point.osl)
         replicas = max(1, math.ceil(rate / served - 1e-9))
-        if replicas > MAX_ROLE_INSTANCES:
+        if limit is not None and replicas > limit:
             continue
         key = (replicas * cand.option.gpus, -served / cand.option.gpus, replicas)
         if best is None or key < best[0]:
@@ -256,12 +240,12 @@ def size_pd_for_rate(scheduler: Scheduler, request: PlacementRequest, rate: floa
         at_rate[(cand.option.tp, cand.option.pp, cand.options.gpu.name)] = ttft
         return served
 
-    prefill = _best(scheduler, prefill_req, rate, prefill_rate)
+    prefill = _best(scheduler, prefill_req, rate, prefill_rate, MAX_ROLE_INSTANCES)
     if prefill is None:
         return None
     pre_ttft = at_rate[(prefill.capacity.tp, prefill.capacity.pp, prefill.capacity.gpu)]
     wait_ms = pre_ttft if spare is None else (1 - PREFILL_SHARE) * spare
-    decode = _best(scheduler, decode_req, rate, lambda _c, p: planned_rate(p, p.ttft_ms + wait_ms))
+    decode = _best(scheduler, decode_req, rate, lambda _c, p: planned_rate(p, p.ttft_ms + wait_ms), MAX_ROLE_INSTANCES)
     if decode is None:
         return None
     kv = _kv_ms(scheduler, request, decode.capacity.tp)

@@ -263,8 +263,13 @@ class MemoryEstimate:
 
     def concurrent_seqs(self, seq_len: int, block_size: int = 16) -> int:
         """Sequences of ``seq_len`` tokens whose KV fits at once (whole blocks per sequence)."""
-        blocks = math.ceil(seq_len / block_size)
-        return self.kv_tokens_capacity // (blocks * block_size) if blocks else 0
+        return seqs_held(self.kv_tokens_capacity, seq_len, block_size)
+
+
+def seqs_held(kv_tokens: int, seq_len: int, block_size: int = 16) -> int:
+    """Sequences of ``seq_len`` tokens that ``kv_tokens`` of KV cache hold at once (whole blocks each)."""
+    blocks = math.ceil(seq_len / block_size)
+    return kv_tokens // (blocks * block_size) if blocks else 0
 
 
 def padded_vocab(vocab: int) -> int:
