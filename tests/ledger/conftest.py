@@ -14,6 +14,7 @@ import os
 import shutil
 import signal
 import socket
+import ssl
 import subprocess
 import tempfile
 import time
@@ -34,7 +35,7 @@ def grpc_missing() -> str | None:
     try:
         import toposched.ledger.etcd_grpc  # noqa: F401
     except ImportError as exc:
-        return f"protobuf is not installed ({exc}); pip install 'protobuf>=6.31.1,<7'"
+        return f"grpcio or protobuf is not installed ({exc}); pip install grpcio 'protobuf>=6.31.1,<7'"
     return None
 
 
@@ -56,7 +57,9 @@ def free_port() -> int:
 class EtcdServer:
     """One etcd process on loopback ports with its own data folder; stop/start keeps both."""
 
-    def __init__(self, data_dir: Path) -> None:
+    def __init__(self, data_dir: Path, *, tls: tuple[Path, Path] | None = None, host: str = "127.0.0.1") -> None:
+        """``tls``: (certificate, key) files: etcd serves its clients over TLS (``https://``); ``host``: the
+        address clients reach it at (``[::1]`` for IPv6 loopback)."""
         binary = os.environ.get("TOPOSCHED_ETCD") or shutil.which("etcd") or "/usr/bin/etcd"
         if not Path(binary).exists():
             pytest.fail(
@@ -68,7 +71,8 @@ class EtcdServer:
         self.data_dir = data_dir
         self.client_port = free_port()
         self.peer_port = free_port()
-        self.url = f"http://127.0.0.1:{self.client_port}"
+        self.tls = tls
+        self.url = f"{'https' if tls else 'http'}://{host}:{self.client_port}"
         self.proc: subprocess.Popen[bytes] | None = None
 
     def start(self) -> None:
@@ -84,6 +88,7 @@ class EtcdServer:
                 f"--listen-peer-urls={peer}",
                 f"--initial-advertise-peer-urls={peer}",
                 f"--initial-cluster=test={peer}",
+                *([f"--cert-file={self.tls[0]}", f"--key-file={self.tls[1]}"] if self.tls else []),
             ],
             stdout=self.log,
             stderr=subprocess.STDOUT,
@@ -93,7 +98,9 @@ class EtcdServer:
             if self.proc.poll() is not None:
                 pytest.fail(f"etcd exited with {self.proc.returncode}; see {self.log.name}", pytrace=False)
             try:
-                if httpx.post(f"{self.url}/v3/kv/range", json={"key": "eA=="}, timeout=1).status_code == 200:
+                verify = ssl.create_default_context(cafile=str(self.tls[0])) if self.tls else True
+                answer = httpx.post(f"{self.url}/v3/kv/range", json={"key": "eA=="}, timeout=1, verify=verify)
+                if answer.status_code == 200:
                     return
             except httpx.TransportError:
                 pass

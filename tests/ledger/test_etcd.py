@@ -69,7 +69,12 @@ def test_restart_loses_and_duplicates_nothing(own_etcd: EtcdServer, transport_en
 
 def test_stress_through_a_restart(own_etcd: EtcdServer, transport_env: Transport) -> None:
     def bounce() -> None:
-        time.sleep(0.4)
+        # the outage once the clients are booking (an etcd run's clients are spawned: they start later)
+        watcher = open_ledger(f"etcd:{own_etcd.url}")
+        deadline = time.monotonic() + 60
+        while len(watcher.audit()) < 60 and time.monotonic() < deadline:
+            time.sleep(0.05)
+        watcher.close()
         own_etcd.stop()
         time.sleep(1.0)
         own_etcd.start()
@@ -80,6 +85,25 @@ def test_stress_through_a_restart(own_etcd: EtcdServer, transport_env: Transport
     thread.join()
     assert result["double_bookings"] == 0 and result["lost"] == 0
     assert result["retried"] > 0  # the clients did see the outage and came through it
+    # the clients (from a fork server started by whichever run came first) used this run's transport
+    assert result["transports"] == [{"http": "EtcdClient", "grpc": "EtcdGrpcClient"}[transport_env]]
+
+
+def test_a_call_right_after_a_restart_is_answered(own_etcd: EtcdServer, transport_env: Transport) -> None:
+    """Five times: etcd goes down, a call fails, etcd comes back, the very next call is answered (a gRPC
+    channel still in its reconnection backoff waits for the connection instead of failing at once)."""
+    ledger = open_ledger(f"etcd:{own_etcd.url}")
+    ledger.set_capacity({"n/0": 80 * GIB})
+    for attempt in range(5):
+        own_etcd.stop()
+        began = time.monotonic()
+        with pytest.raises(StateError, match="unreachable"):
+            ledger.accounts()
+        assert time.monotonic() - began < 4.0  # a dead etcd is reported within about a backoff step
+        own_etcd.start()
+        assert ledger.reserve(f"r{attempt}", {"n/0": GIB}).status == "reserved"
+    assert ledger.accounts()["n/0"].reserved_bytes == 5 * GIB
+    ledger.close()
 
 
 def test_audit_reaches_another_replica_by_watch(etcd_url: str) -> None:

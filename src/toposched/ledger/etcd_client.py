@@ -475,8 +475,8 @@ class EtcdCalls(Protocol):
 
 
 def connect(endpoint: str, *, timeout_s: float = 5.0, transport: Transport | None = None) -> EtcdCalls:
-    """A client for ``endpoint`` (no I/O yet): etcd's gRPC API when ``protobuf`` is installed (``auto``),
-    else the JSON gateway. ``transport`` None reads ``TOPOSCHED_ETCD_TRANSPORT``."""
+    """A client for ``endpoint`` (no I/O yet): etcd's gRPC API when ``grpcio`` and ``protobuf`` are installed
+    (``auto``), else the JSON gateway. ``transport`` None reads ``TOPOSCHED_ETCD_TRANSPORT``."""
     chosen = transport or os.environ.get(TRANSPORT_ENV, "").strip().lower() or "auto"
     if chosen not in ("auto", "grpc", "http"):
         raise InputError(f"{TRANSPORT_ENV}={chosen!r} is not an etcd transport", fix="set it to grpc, http or auto")
@@ -489,8 +489,8 @@ def connect(endpoint: str, *, timeout_s: float = 5.0, transport: Transport | Non
             raise
         if chosen == "grpc":
             raise InputError(
-                f"etcd's gRPC transport needs protobuf >= 6.31.1 ({type(exc).__name__}: {exc})",
-                fix=f"install it (pip install 'protobuf>=6.31.1'), or set {TRANSPORT_ENV}=http",
+                f"etcd's gRPC transport needs grpcio and protobuf >= 6.31.1 ({type(exc).__name__}: {exc})",
+                fix=f"install them (pip install grpcio 'protobuf>=6.31.1'), or set {TRANSPORT_ENV}=http",
             ) from exc
         return EtcdClient(endpoint, timeout_s=timeout_s)
     return EtcdGrpcClient(endpoint, timeout_s=timeout_s)
