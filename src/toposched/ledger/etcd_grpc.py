@@ -9,9 +9,8 @@ same shape, except that the key-values inside a transaction's ``response_range``
 (``kvs_of`` takes both), so ``EtcdLedger`` does not know which transport it has. Watches are streams that
 are rare and long-lived: they stay on the HTTP gateway (``EtcdClient.watch``).
 
-A unary call sends a request serialized here (reads the ledger repeats are serialized once, and a
-transaction is its compares and operations one after the other, protobuf's wire format for repeated
-fields) and parses the answer with the generated message. The channel is opened on first use and again
+A unary call sends a request serialized by the generated messages and parses the answer with them (here,
+not by grpcio, so that an answer that does not parse is ``EtcdUnreachable``, not a refusal). The channel is opened on first use and again
 in a forked child (a gRPC channel must not cross a fork; the parent's is left alone), with a subchannel
 pool of its own so the child never picks up the parent's connection. ``https://`` endpoints trust the CA
 file Python's default context names (``SSL_CERT_FILE``, else the system's CA file; not a CA directory).
@@ -86,42 +85,15 @@ def _op(op: Json) -> Any:
     return pb.RequestOp(**{field: getattr(pb, _OP_TYPES[field])(**_fields(body))})
 
 
-_READS: dict[tuple[Any, ...], bytes] = {}  # a read's serialized RequestOp, by its fields
-_READS_MAX = 4096
-
-
-def _op_bytes(op: Json) -> bytes:
-    """One operation as a serialized ``RequestOp``; reads, which the ledger repeats (a GPU's keys, the counts),
-    are serialized once."""
-    body = op.get("requestRange")
-    if body is None:
-        return _op(op).SerializeToString()  # type: ignore[no-any-return]
-    fields = tuple(body.items())
-    done = _READS.get(fields)
-    if done is None:
-        if len(_READS) >= _READS_MAX:
-            _READS.clear()
-        done = _READS[fields] = _op(op).SerializeToString()
-    return done
-
-
-def _length_delimited(tag: bytes, payload: bytes) -> bytes:
-    """A protobuf field of wire type 2: its tag, the payload's length as a varint, the payload."""
-    size, varint = len(payload), bytearray()
-    while size >= 0x80:
-        varint.append((size & 0x7F) | 0x80)
-        size >>= 7
-    varint.append(size)
-    return tag + varint + payload
-
-
 def _txn_request(compare: Sequence[Json], success: Sequence[Json], failure: Sequence[Json]) -> bytes:
-    """A serialized ``TxnRequest`` (compare = 1, success = 2, failure = 3: each a repeated message, which in
-    protobuf's wire format is the fields one after the other)."""
-    parts = [_length_delimited(b"\x0a", pb.Compare(**_fields(c)).SerializeToString()) for c in compare]
-    parts += [_length_delimited(b"\x12", _op_bytes(op)) for op in success]
-    parts += [_length_delimited(b"\x1a", _op_bytes(op)) for op in failure]
-    return b"".join(parts)
+    """A serialized ``TxnRequest``, made by the generated messages (protobuf's own encoder; concatenating
+    cached operation bytes by hand saved about 30 µs on a transaction of 18 compares and 30 operations, 2 %
+    of a client's CPU per operation, and was not kept)."""
+    return pb.TxnRequest(  # type: ignore[no-any-return]
+        compare=[pb.Compare(**_fields(c)) for c in compare],
+        success=[_op(op) for op in success],
+        failure=[_op(op) for op in failure],
+    ).SerializeToString()
 
 
 def _kv(kv: Any) -> KeyValue:
