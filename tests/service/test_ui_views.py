@@ -8,10 +8,9 @@ from dataclasses import replace
 import pytest
 
 from toposched.service.config import ServiceConfig
-from toposched.service.metrics import SIGNAL_NAMES
+from toposched.service.metrics import SIGNAL_NAMES, signal_gpus
 from toposched.service.schemas import PlaceBody
 from toposched.service.state import ServiceState
-from toposched.service.views import signal_gpus
 from toposched.topology.sources import SourceRef
 
 

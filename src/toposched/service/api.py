@@ -34,7 +34,7 @@ from toposched.names import ID_PATTERN
 from toposched.perf.profile import use_profile
 from toposched.service import defrag as service_defrag
 from toposched.service.guards import Receive
-from toposched.service.metrics import THRESHOLDS, breaches, signals
+from toposched.service.metrics import THRESHOLDS, breaches, signal_gpus, signals
 from toposched.service.records import Decision, Instance
 from toposched.service.replica import P, R
 from toposched.service.schemas import (
@@ -57,7 +57,6 @@ from toposched.service.schemas import (
     TopologyOut,
 )
 from toposched.service.state import ServiceState
-from toposched.service.views import signal_gpus
 from toposched.solver.pd import place_stores
 from toposched.topology.model import Cluster
 

@@ -192,3 +192,33 @@ def build_registry(state: ServiceState) -> tuple[CollectorRegistry, Histogram]:
         registry=registry,
     )
     return registry, latency
+
+
+def signal_gpus(stats: Stats) -> dict[str, list[str]]:
+    """Per signal, the GPUs of the placements that move it: where an alert on that signal sends an operator.
+
+    Affinity: placements with a TP group outside one NVLink domain; budget: placements sending cross-domain
+    traffic; compression: those that compress it; HBM: GPUs whose own plan fills more of them than the
+    cluster-wide ratio alerts on (the lowest HBM threshold); drift and migrations: instances a sidecar
+    reported. Signals without a source (overlap, P99 gap) point nowhere.
+    """
+
+    def refs(placements: list[Placement]) -> list[str]:
+        return sorted({ref for p in placements for ref in p.gpu_refs})
+
+    live = stats.placements
+    hbm_alert = min(t.value for t in THRESHOLDS if t.signal == "toposched_hbm_utilization_ratio")
+    capacity = stats.gpu_capacity_bytes
+    full = sorted(r for p in live for r in p.gpu_refs if p.hbm_per_gpu.total > hbm_alert * capacity.get(r, 0))
+    reported = sorted(stats.degraded_gpus)
+    return {
+        "toposched_nvlink_affinity_ratio": refs([p for p in live if not in_one_domain(p)]),
+        "toposched_cross_domain_traffic_budget_ratio": refs([p for p in live if p.cross_domain_gbps > 0]),
+        "toposched_hbm_utilization_ratio": full,
+        "toposched_placements_by_tp": [],
+        "toposched_sidecar_drift_ratio": reported,
+        "toposched_cross_domain_compression_ratio": refs([p for p in live if p.compression]),
+        "toposched_comm_overlap_ratio": [],
+        "toposched_migration_ratio": reported,
+        "toposched_cross_domain_p99_gap_seconds": [],
+    }

@@ -3,8 +3,8 @@
 A sidecar report (``POST /v1/reports``, converted to the sidecar's ``Report`` value by the HTTP layer) marks
 the instance it names degraded and gets a re-placement proposal from ``sidecar.react`` (never committed).
 
-The web page reads two views: ``topology_view`` (per GPU: NVLink domain, NUMA node, PCIe switch, the
-placement holding it and its HBM split) and ``signal_gpus`` (per signal, the GPUs an alert on it points at).
+The web page reads ``topology_view`` (per GPU: NVLink domain, NUMA node, PCIe switch, the placement holding
+it and its HBM split) and ``metrics.signal_gpus`` (per signal, the GPUs an alert on it points at).
 """
 
 from __future__ import annotations
@@ -185,34 +185,3 @@ class Reporting(Following):
                 "nodes": nodes,
                 "domains": domains,
             }
-
-
-def signal_gpus(stats: Stats) -> dict[str, list[str]]:
-    """Per signal, the GPUs of the placements that move it: where an alert on that signal sends an operator.
-
-    Affinity: placements with a TP group outside one NVLink domain; budget: placements sending cross-domain
-    traffic; compression: those that compress it; HBM: GPUs whose own plan fills more of them than the
-    cluster-wide ratio alerts on (the lowest HBM threshold); drift and migrations: instances a sidecar
-    reported. Signals without a source (overlap, P99 gap) point nowhere.
-    """
-    from toposched.service.metrics import THRESHOLDS, in_one_domain  # metrics imports this module
-
-    def refs(placements: list[Placement]) -> list[str]:
-        return sorted({ref for p in placements for ref in p.gpu_refs})
-
-    live = stats.placements
-    hbm_alert = min(t.value for t in THRESHOLDS if t.signal == "toposched_hbm_utilization_ratio")
-    capacity = stats.gpu_capacity_bytes
-    full = sorted(r for p in live for r in p.gpu_refs if p.hbm_per_gpu.total > hbm_alert * capacity.get(r, 0))
-    reported = sorted(stats.degraded_gpus)
-    return {
-        "toposched_nvlink_affinity_ratio": refs([p for p in live if not in_one_domain(p)]),
-        "toposched_cross_domain_traffic_budget_ratio": refs([p for p in live if p.cross_domain_gbps > 0]),
-        "toposched_hbm_utilization_ratio": full,
-        "toposched_placements_by_tp": [],
-        "toposched_sidecar_drift_ratio": reported,
-        "toposched_cross_domain_compression_ratio": refs([p for p in live if p.compression]),
-        "toposched_comm_overlap_ratio": [],
-        "toposched_migration_ratio": reported,
-        "toposched_cross_domain_p99_gap_seconds": [],
-    }
