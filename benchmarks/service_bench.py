@@ -6,12 +6,21 @@
         [--ticks 30]
     .venv/bin/python benchmarks/service_bench.py --concurrency 8 --live 0 --healthz 2000 --profile serve.prof
     .venv/bin/python benchmarks/service_bench.py --against /tmp/old/src [--repeat 5] [...]
+    .venv/bin/python benchmarks/service_bench.py --concurrency 32 --live 0 --client aiohttp --client-procs 2 --rate 300
 
 Starts one server (``toposched serve``: uvicorn, a process of its own) per backend and cluster on a free
 loopback port, on a cluster spec of HGX H100 nodes (SQLite state in a temporary folder; etcd: Debian's
 ``/usr/bin/etcd`` on free loopback ports). The client is this process: ``httpx.AsyncClient`` with as many
 tasks (and keep-alive connections) as the concurrency, each running ``POST /v1/placements`` (llama-3.1-8b,
 one GPU) then ``DELETE /v1/placements/{id}``; every answer is checked (201 then 200).
+
+``--client aiohttp`` sends the same requests through aiohttp, which costs the client about a quarter of
+httpx's CPU; ``--client-procs P`` shares the pairs and the tasks out between P client processes (forked
+once, a pool), so that the client is not what limits the pairs per second on a machine with few cores.
+``--rate R`` offers R pairs per second (pair n starts no earlier than n / R seconds after the first; a task
+that falls behind starts its next at once) instead of as many as the server answers: the throughput
+target's form, "R pairs per second at concurrency C with p99 under X". ``p50 ms`` and ``p99 ms`` are over
+every request of the run (a create and a delete are two requests).
 
 Why the server's CPU: on a machine with few cores the client's own CPU slows the server down, so pairs
 per second measure both. ``server ms/pair`` is the server process's CPU (user + system, from ``/proc``)
@@ -55,6 +64,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import json
+import multiprocessing
 import os
 import shutil
 import signal
@@ -64,6 +74,7 @@ import subprocess
 import sys
 import tempfile
 import time
+from concurrent.futures import ProcessPoolExecutor
 from pathlib import Path
 from typing import Any
 
@@ -178,35 +189,107 @@ def stop(proc: subprocess.Popen[bytes]) -> None:
             proc.wait()
 
 
-async def _pairs(client: httpx.AsyncClient, ids: list[str], bad: list[str]) -> None:
-    """Create and delete each of ``ids`` in turn; wrong answers go to ``bad``."""
-    for pid in ids:
+async def _due(at: float | None) -> None:
+    """Wait for a pair's start time (``--rate``); None: at once."""
+    if at is not None and (delay := at - time.perf_counter()) > 0:
+        await asyncio.sleep(delay)
+
+
+async def _pairs(
+    client: httpx.AsyncClient, ids: list[str], bad: list[str], waits: list[float], starts: list[float | None]
+) -> None:
+    """Create and delete each of ``ids`` in turn, each not before its start time; wrong answers go to ``bad``,
+    each request's seconds to ``waits``."""
+    for pid, at in zip(ids, starts, strict=True):
+        await _due(at)
         body = {"model": "llama-3.1-8b", "replicas": 1, "id": pid}
+        began = time.perf_counter()
         created = await client.post("/v1/placements", json=body)
+        middle = time.perf_counter()
+        waits.append(middle - began)
         if created.status_code != 201:
             bad.append(f"POST {pid}: {created.status_code} {created.text[:200]}")
             continue
         deleted = await client.delete(f"/v1/placements/{pid}")
+        waits.append(time.perf_counter() - middle)
         if deleted.status_code != 200:
             bad.append(f"DELETE {pid}: {deleted.status_code} {deleted.text[:200]}")
 
 
-async def _hold(client: httpx.AsyncClient, ids: list[str], bad: list[str]) -> None:
+async def _pairs_aiohttp(
+    session: Any, ids: list[str], bad: list[str], waits: list[float], starts: list[float | None]
+) -> None:
+    """``_pairs`` through aiohttp (``--client aiohttp``)."""
+    for pid, at in zip(ids, starts, strict=True):
+        await _due(at)
+        body = {"model": "llama-3.1-8b", "replicas": 1, "id": pid}
+        began = time.perf_counter()
+        async with session.post("/v1/placements", json=body) as created:
+            text = await created.read()
+        middle = time.perf_counter()
+        waits.append(middle - began)
+        if created.status != 201:
+            bad.append(f"POST {pid}: {created.status} {text[:200]!r}")
+            continue
+        async with session.delete(f"/v1/placements/{pid}") as deleted:
+            text = await deleted.read()
+        waits.append(time.perf_counter() - middle)
+        if deleted.status != 200:
+            bad.append(f"DELETE {pid}: {deleted.status} {text[:200]!r}")
+
+
+async def _hold(
+    client: httpx.AsyncClient, ids: list[str], bad: list[str], waits: list[float], starts: list[float | None]
+) -> None:
     for pid in ids:
         created = await client.post("/v1/placements", json={"model": "llama-3.1-8b", "replicas": 1, "id": pid})
         if created.status_code != 201:
             bad.append(f"POST {pid}: {created.status_code} {created.text[:200]}")
 
 
-async def load(url: str, prefix: str, pairs: int, concurrency: int, *, hold: bool = False) -> list[str]:
+async def load(
+    url: str,
+    prefix: str,
+    pairs: int,
+    concurrency: int,
+    *,
+    hold: bool = False,
+    client: str = "httpx",
+    rate: float | None = None,
+) -> tuple[list[str], list[float]]:
     """``pairs`` create + delete pairs (or, with ``hold``, creates only) by ``concurrency`` tasks; the
-    wrong answers."""
-    limits = httpx.Limits(max_connections=concurrency, max_keepalive_connections=concurrency)
+    wrong answers and each request's seconds. With ``rate`` (pairs per second) pair n starts no earlier than
+    n / rate seconds after the first (an open load: a task that falls behind starts its next pair at once)."""
     bad: list[str] = []
-    async with httpx.AsyncClient(base_url=url, headers=HEADERS, limits=limits, timeout=60) as client:
-        shares = [[f"{prefix}-{k}-{i}" for i in range(k, pairs, concurrency)] for k in range(concurrency)]
-        await asyncio.gather(*((_hold if hold else _pairs)(client, ids, bad) for ids in shares))
-    return bad
+    waits: list[float] = []
+    shares = [[f"{prefix}-{k}-{i}" for i in range(k, pairs, concurrency)] for k in range(concurrency)]
+    zero = time.perf_counter()
+    starts: list[list[float | None]] = [
+        [zero + n / rate if rate else None for n in range(k, pairs, concurrency)] for k in range(concurrency)
+    ]
+    if client == "aiohttp" and not hold:
+        import aiohttp
+
+        connector = aiohttp.TCPConnector(limit=concurrency)
+        timeout = aiohttp.ClientTimeout(total=60)
+        async with aiohttp.ClientSession(url, headers=HEADERS, connector=connector, timeout=timeout) as session:
+            jobs = (_pairs_aiohttp(session, ids, bad, waits, at) for ids, at in zip(shares, starts, strict=True))
+            await asyncio.gather(*jobs)
+        return bad, waits
+    limits = httpx.Limits(max_connections=concurrency, max_keepalive_connections=concurrency)
+    async with httpx.AsyncClient(base_url=url, headers=HEADERS, limits=limits, timeout=60) as http:
+        tasks = ((_hold if hold else _pairs)(http, ids, bad, waits, at) for ids, at in zip(shares, starts, strict=True))
+        await asyncio.gather(*tasks)
+    return bad, waits
+
+
+def _load_in_process(
+    url: str, prefix: str, pairs: int, concurrency: int, client: str, rate: float | None
+) -> tuple[list[str], list[float], float]:
+    """``load`` in a client process of ``--client-procs``: its wrong answers, waits and CPU seconds."""
+    cpu = time.process_time()
+    bad, waits = asyncio.run(load(url, prefix, pairs, concurrency, client=client, rate=rate))
+    return bad, waits, time.process_time() - cpu
 
 
 async def _gets(url: str, path: str, count: int, concurrency: int) -> list[str]:
@@ -244,21 +327,52 @@ def ledger_commits(mark: Path) -> int:
     return int(mark.read_text().split()[2])
 
 
+CLIENT: dict[str, Any] = {"kind": "httpx", "procs": 1, "rate": None}  # --client, --client-procs, --rate
+_POOL: ProcessPoolExecutor | None = None
+
+
+def _client_pool() -> ProcessPoolExecutor:
+    global _POOL
+    if _POOL is None:
+        _POOL = ProcessPoolExecutor(CLIENT["procs"], mp_context=multiprocessing.get_context("fork"))
+    return _POOL
+
+
 def measure(
     server: subprocess.Popen[bytes], url: str, run: str, pairs: int, concurrency: int, mark: Path | None = None
 ) -> dict[str, float]:
-    """One measured run: wall seconds, the server's and this client's CPU, and with ``mark`` (SQLite's
-    ``FILE-commits``) the ledger's fsync-ed commits per pair (2: one per change)."""
+    """One measured run: wall seconds, the server's and the client's CPU, each request's time (p50, p99), and
+    with ``mark`` (SQLite's ``FILE-commits``) the ledger's fsync-ed commits per pair (2: one per change).
+    With ``--client-procs P`` the pairs and the tasks are shared out between P client processes."""
     commits = ledger_commits(mark) if mark is not None else 0
+    procs, kind, rate = min(int(CLIENT["procs"]), concurrency), str(CLIENT["kind"]), CLIENT["rate"]
     server_cpu, client_cpu, began = process_cpu_s(server.pid), time.process_time(), time.perf_counter()
-    bad = asyncio.run(load(url, run, pairs, concurrency))
+    if procs == 1:
+        bad, waits = asyncio.run(load(url, run, pairs, concurrency, client=kind, rate=rate))
+        client_s = time.process_time() - client_cpu
+    else:
+        pool = _client_pool()
+        jobs = []
+        for j in range(procs):
+            share, tasks = len(range(j, pairs, procs)), len(range(j, concurrency, procs))
+            share_rate = rate * share / pairs if rate else None
+            jobs.append(pool.submit(_load_in_process, url, f"{run}-p{j}", share, tasks, kind, share_rate))
+        bad, waits, client_s = [], [], 0.0
+        for job in jobs:
+            one_bad, one_waits, one_cpu = job.result()
+            bad += one_bad
+            waits += one_waits
+            client_s += one_cpu
     seconds = time.perf_counter() - began
     if bad:
         raise SystemExit(f"{len(bad)} wrong answers, first: {bad[0]}")
+    waits.sort()
     result = {
         "pairs_per_s": pairs / seconds,
         "server_ms": (process_cpu_s(server.pid) - server_cpu) / pairs * 1e3,
-        "client_ms": (time.process_time() - client_cpu) / pairs * 1e3,
+        "client_ms": client_s / pairs * 1e3,
+        "p50_ms": waits[len(waits) // 2] * 1e3,
+        "p99_ms": waits[min(len(waits) - 1, int(len(waits) * 0.99))] * 1e3,
     }
     if mark is not None:
         result["commits_per_pair"] = (ledger_commits(mark) - commits) / pairs
@@ -292,7 +406,7 @@ def bench(
             mark = folder / "state.sqlite3-commits"
         server, url = start_server(state, cluster_spec(folder, gpus), folder, profile=profile)
         try:
-            bad = asyncio.run(load(url, "held", live, 8, hold=True)) if live else []
+            bad = asyncio.run(load(url, "held", live, 8, hold=True))[0] if live else []
             if bad:
                 raise SystemExit(f"booking the live placements: {bad[0]}")
             rows = []
@@ -338,7 +452,7 @@ def paired(
                     f"sqlite:{folder / side / 'state.sqlite3'}", spec, folder / side, source=src
                 )
             for side, (server, url) in servers.items():
-                bad = asyncio.run(load(url, "held", live, 8, hold=True)) if live else []
+                bad = asyncio.run(load(url, "held", live, 8, hold=True))[0] if live else []
                 if bad:
                     raise SystemExit(f"booking the live placements ({side}): {bad[0]}")
                 measure(server, url, f"warm-{side}", min(pairs, 100), concurrency)
@@ -382,7 +496,7 @@ def format_paired_row(r: dict[str, Any]) -> str:
 
 HEADER = (
     f"{'backend':8} {'GPUs':>5} {'live':>5} {'concurrency':>11} {'pairs/s':>8} {'server ms/pair':>15} "
-    f"{'client ms/pair':>15} {'commits/pair':>13}"
+    f"{'client ms/pair':>15} {'commits/pair':>13} {'p50 ms':>7} {'p99 ms':>7}"
 )
 
 
@@ -393,6 +507,8 @@ def format_row(r: dict[str, Any]) -> str:
         f"{r['backend']:8} {r['gpus']:>5} {r['live']:>5} {r['concurrency']:>11} {r['pairs_per_s']:>8.0f} "
         f"{r['server_ms']:>15.3f} {r['client_ms']:>15.3f} {commits:>13}"
     )
+    if "p99_ms" in r:
+        line += f" {r['p50_ms']:>7.1f} {r['p99_ms']:>7.1f}"
     return line + "   (GET /healthz: per request)" if r.get("route") == "healthz" else line
 
 
@@ -479,7 +595,15 @@ def main() -> None:
     parser.add_argument(
         "--against", metavar="SRC", help="paired with a server running the package in SRC (SQLite; server CPU only)"
     )
+    parser.add_argument(
+        "--client", choices=("httpx", "aiohttp"), default="httpx", help="the client library (aiohttp costs less CPU)"
+    )
+    parser.add_argument("--client-procs", type=int, default=1, help="client processes sharing the pairs and tasks")
+    parser.add_argument("--rate", type=float, help="pairs per second offered (open load; default: as fast as answered)")
     args = parser.parse_args()
+    if args.client_procs < 1:
+        parser.error("--client-procs must be at least 1")
+    CLIENT.update(kind=args.client, procs=args.client_procs, rate=args.rate)
     profiles = iter([args.profile, *(f"{args.profile}.{n}" for n in range(2, 100))] if args.profile else [])
     backends = ("sqlite", "etcd") if args.backend == "both" else (args.backend,)
     if args.tick:
