@@ -51,7 +51,7 @@ from toposched.perf.calibrate import (
     leave_one_out,
     predict_sample,
 )
-from toposched.perf.latency import PerfConfig
+from toposched.perf.coefficients import PerfConfig
 from toposched.perf.links import get_link, two_level_link
 from toposched.perf.profile import save_profile
 from toposched.perf.samples import Sample

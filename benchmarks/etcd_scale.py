@@ -32,7 +32,8 @@ from ledger_bench import process_cpu_s, start_etcd  # benchmarks/ is on sys.path
 
 from toposched.ledger.base import GIB
 from toposched.ledger.etcd import EtcdLedger
-from toposched.ledger.etcd_client import Json, Transport, connect, op_bytes, put_op, range_op
+from toposched.ledger.etcd_client import Json, op_bytes, put_op, range_op
+from toposched.ledger.etcd_transport import Transport, connect
 
 
 def measure(ledger: EtcdLedger, call: Callable[[], Any], server: int | None = None) -> dict[str, float]:

@@ -112,7 +112,7 @@ def _batcher(p: Placement, cost: StepCost, *, prefill_only: bool = False) -> Bat
 def serve(front: list[Batcher], back: list[Batcher], arrivals: list[SimRequest], kv_ms: float) -> list[SimRequest]:
     """Run ``arrivals`` through the instances: each goes to the least-loaded ``front`` instance; with a
     ``back`` pool (disaggregated), a prompt prefilled there moves ``kv_ms`` later to the least-loaded decode
-    instance, which stamps its first token on arrival (as ``sim/engine.py`` does). Returns the finished."""
+    instance, which stamps its first token on arrival (as ``sim/disaggregated.py`` does). Returns the finished."""
     heap: list[tuple[float, int, int, str, object]] = []
     seq = itertools.count()
     version = [0] * (len(front) + len(back))

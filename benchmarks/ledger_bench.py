@@ -44,7 +44,7 @@ import httpx
 import toposched
 from toposched.ledger.stress import StressConfig, run_stress
 
-TRANSPORT_ENV = "TOPOSCHED_ETCD_TRANSPORT"  # as in toposched.ledger.etcd_client, which older code lacks
+TRANSPORT_ENV = "TOPOSCHED_ETCD_TRANSPORT"  # as in toposched.ledger.etcd_transport, which older code lacks
 
 BACKENDS = ("sqlite", "etcd", "etcd-grpc")
 

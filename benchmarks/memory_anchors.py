@@ -28,15 +28,8 @@ from toposched.inputs import load_json, read_text
 from toposched.perf.hardware import get_gpu
 from toposched.workload.catalog import resolve_model
 from toposched.workload.dtypes import KvDtype, WeightDtype
-from toposched.workload.memory import (
-    GIB,
-    MIB,
-    MemoryConfig,
-    estimate_memory,
-    moe_workspace,
-    padded_vocab,
-    vllm_batch_defaults,
-)
+from toposched.workload.memory import estimate_memory, moe_workspace, padded_vocab
+from toposched.workload.memory_config import GIB, MIB, MemoryConfig, vllm_batch_defaults
 from toposched.workload.spec import ModelSpec
 
 DEFAULT_ANCHORS = Path(__file__).resolve().parents[1] / "tests/data/reference/data/anchors-train.json"

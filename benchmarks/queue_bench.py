@@ -32,7 +32,8 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # the repository r
 
 from tests.solver.test_queue import ReferenceQueue
 
-from toposched.solver.queue import SLO_ORDER, FairQueue, QueuedItem
+from toposched.solver.queue import SLO_ORDER, FairQueue
+from toposched.solver.queueline import QueuedItem
 from toposched.solver.request import SloClass
 
 

@@ -25,7 +25,7 @@ import statistics
 import time
 import tracemalloc
 
-from toposched.sim.scenario import load_cluster
+from toposched.sim.loading import load_cluster
 from toposched.solver.request import PlacementRequest
 from toposched.solver.scheduler import Scheduler
 

@@ -32,8 +32,8 @@ import statistics
 import time
 from typing import Any
 
+from toposched.sim.loading import load_scenario
 from toposched.sim.run import make_arrivals, run_policy
-from toposched.sim.scenario import load_scenario
 
 
 def speed(repeat: int) -> None:

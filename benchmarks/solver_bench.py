@@ -26,9 +26,9 @@ import time
 
 from toposched.solver.exact import objective, place_exact
 from toposched.solver.index import ClusterIndex
-from toposched.solver.place import fragmentation
 from toposched.solver.request import Placement, PlacementRequest, Unplaced
 from toposched.solver.scheduler import Scheduler
+from toposched.solver.stages import fragmentation
 from toposched.topology.model import Cluster
 from toposched.topology.presets import hgx, hgx_h100_cluster, nvlink_pairs_4gpu
 

@@ -23,7 +23,8 @@ from importlib import resources
 from pathlib import Path
 from typing import Any
 
-from toposched.binding.engines import Engine, NodeLaunch, build_launches
+from toposched.binding.engines import build_launches
+from toposched.binding.node_launch import Engine, NodeLaunch
 from toposched.binding.plan_doc import PlanDoc, parse_plan, plan_json
 from toposched.binding.ray import ray_document
 from toposched.errors import ToposchedError

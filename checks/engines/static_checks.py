@@ -23,7 +23,8 @@ import kubernetes_validate
 from checks.engines import corpus as corpus_mod
 from checks.engines.corpus import IMAGES, Corpus, EngineCase, Plan
 from checks.engines.crd_schemas import SCHEMAS, pod_templates
-from toposched.binding.k8s import K8sOptions, render_objects, render_roles
+from toposched.binding.k8s import render_objects, render_roles
+from toposched.binding.k8s_options import K8sOptions
 from toposched.binding.k8s_pd import render_pd
 from toposched.binding.plan_doc import PlanDoc
 from toposched.cli.launch import write_scripts

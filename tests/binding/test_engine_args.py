@@ -11,8 +11,8 @@ import pytest
 
 from tests.binding.builders import make_doc, make_placement
 from tests.conftest import RunCli
-from toposched.binding.engine_args import served_model
 from toposched.binding.engines import build_launches
+from toposched.binding.model_ref import served_model
 from toposched.binding.plan_doc import PlanDoc, parse_plan, plan_json
 from toposched.binding.ray import ray_specs
 from toposched.errors import InputError

@@ -20,10 +20,10 @@ from toposched.binding.engines import (
     ENV_VARS,
     SGLANG_FLAGS,
     VLLM_FLAGS,
-    NodeLaunch,
     build_launches,
-    shell_script,
 )
+from toposched.binding.launch_script import shell_script
+from toposched.binding.node_launch import NodeLaunch
 from toposched.binding.plan_doc import load_plan, parse_plan
 from toposched.errors import InputError
 from toposched.solver.request import Placement, PlacementRequest

@@ -17,15 +17,14 @@ from tests.binding.conftest import DATA
 from tests.binding.test_k8s_dra import captured
 from toposched.binding.engines import VLLM_FLAGS
 from toposched.binding.k8s import (
-    GPU_CLIQUE,
-    K8sOptions,
     k8s_objects,
     lint_nodes,
-    node_requirements,
     normalise_bus_id,
     render_objects,
     role_based_group,
 )
+from toposched.binding.k8s_affinity import GPU_CLIQUE, node_requirements
+from toposched.binding.k8s_options import K8sOptions
 from toposched.binding.kubelet import kubelet_configs
 from toposched.binding.plan_doc import PlanDoc
 from toposched.errors import InputError

@@ -13,7 +13,7 @@ import yaml
 
 from tests.binding.builders import make_doc, make_placement
 from tests.conftest import FIXTURES
-from toposched.binding.k8s import GPU_RESOURCE, K8sOptions, k8s_objects, render_objects, render_roles
+from toposched.binding.k8s import k8s_objects, render_objects, render_roles
 from toposched.binding.k8s_dra import (
     BUS_ATTRIBUTE,
     DRA_BUS_ID,
@@ -27,6 +27,8 @@ from toposched.binding.k8s_dra import (
     invented_ids,
     normalise_bus_id,
 )
+from toposched.binding.k8s_options import K8sOptions
+from toposched.binding.k8s_pod import GPU_RESOURCE
 from toposched.binding.plan_doc import PlanDoc
 from toposched.errors import InputError, SpecError
 from toposched.topology.model import Cluster, Fabric, Node

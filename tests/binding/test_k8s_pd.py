@@ -19,10 +19,14 @@ from checks.engines.static_checks import object_problems
 from tests.binding.test_k8s import expressions, run_entrypoint, script_of
 from tests.binding.test_k8s_dra import captured, with_fabric
 from tests.conftest import RunCli
-from toposched.binding.engines import NodeLaunch, build_launches
-from toposched.binding.k8s import HOSTNAME, K8sOptions, render_objects, render_roles, unpinned_argv
+from toposched.binding.engines import build_launches
+from toposched.binding.k8s import render_objects, render_roles
+from toposched.binding.k8s_affinity import HOSTNAME
 from toposched.binding.k8s_dra import gpu_ids
+from toposched.binding.k8s_entrypoint import unpinned_argv
+from toposched.binding.k8s_options import K8sOptions
 from toposched.binding.k8s_pd import DEFAULT_RDMA_RESOURCE, render_pd
+from toposched.binding.node_launch import NodeLaunch
 from toposched.binding.plan_doc import PlanDoc, load_plan
 from toposched.errors import InputError
 

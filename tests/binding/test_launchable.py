@@ -37,7 +37,10 @@ from pathlib import Path
 import pytest
 
 from toposched.binding.engines import build_launches
-from toposched.binding.k8s import GPU_CLIQUE, GPU_RESOURCE, K8sOptions, k8s_objects
+from toposched.binding.k8s import k8s_objects
+from toposched.binding.k8s_affinity import GPU_CLIQUE
+from toposched.binding.k8s_options import K8sOptions
+from toposched.binding.k8s_pod import GPU_RESOURCE
 from toposched.binding.plan_doc import PlanDoc, load_plan
 from toposched.binding.ray import ray_document
 from toposched.errors import ToposchedError

@@ -21,7 +21,9 @@ from typing import Any
 import pytest
 
 from toposched.binding import mooncake
-from toposched.binding.engines import SGLANG_FLAGS, NodeLaunch, PortBook, build_launches, shell_script
+from toposched.binding.engines import SGLANG_FLAGS, build_launches
+from toposched.binding.launch_script import shell_script
+from toposched.binding.node_launch import NodeLaunch, PortBook
 from toposched.binding.plan_doc import PlanDoc, parse_plan, plan_json
 from toposched.errors import InputError
 from toposched.solver.pd import Disaggregation, KvStore, place_pd

@@ -10,7 +10,8 @@ import pytest
 
 from tests.conftest import RunCli
 from toposched.binding.engine_args import ROUTER_FLAGS
-from toposched.binding.engines import SGLANG_FLAGS, NodeLaunch, build_launches, sglang_ib_device
+from toposched.binding.engines import SGLANG_FLAGS, build_launches, sglang_ib_device
+from toposched.binding.node_launch import NodeLaunch
 from toposched.binding.plan_doc import PlanDoc, parse_plan, plan_json
 from toposched.errors import InputError
 from toposched.solver.pd import Disaggregation, place_pd

@@ -19,11 +19,11 @@ from toposched.binding.engines import (
     ENV_VARS,
     KV_ENV_SOURCES,
     VLLM_FLAGS,
-    NodeLaunch,
     build_launches,
-    shell_script,
     vllm_kv_transfer_config,
 )
+from toposched.binding.launch_script import shell_script
+from toposched.binding.node_launch import NodeLaunch
 from toposched.binding.plan_doc import PlanDoc, parse_plan, plan_json
 from toposched.errors import InputError
 from toposched.solver.pd import Disaggregation, place_pd

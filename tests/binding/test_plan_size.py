@@ -7,7 +7,7 @@ import json
 from toposched.binding.engines import build_launches
 from toposched.binding.plan_doc import parse_plan, plan_json
 from toposched.binding.plan_schema import ClusterSummary, used_cluster
-from toposched.sim.scenario import load_cluster
+from toposched.sim.loading import load_cluster
 from toposched.solver.request import PlacementRequest
 from toposched.solver.scheduler import Scheduler
 

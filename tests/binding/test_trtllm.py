@@ -15,14 +15,17 @@ import yaml
 from tests.binding.builders import make_doc, make_placement
 from tests.conftest import REFERENCE, RunCli
 from toposched.binding.engine_args import FLAG_SOURCES, TRTLLM_YAML_KEYS
-from toposched.binding.engines import ENV_VARS, TRTLLM_FLAGS, NodeLaunch, build_launches, shell_script, srun_script
+from toposched.binding.engines import ENV_VARS, TRTLLM_FLAGS, build_launches
+from toposched.binding.launch_script import shell_script, srun_script
+from toposched.binding.node_launch import NodeLaunch
 from toposched.errors import InputError
 from toposched.solver.options import gpu_type_for
 from toposched.solver.request import Placement, PlacementRequest
 from toposched.solver.scheduler import Scheduler
 from toposched.topology.presets import hgx_h100_cluster, load_preset, preset_names
 from toposched.workload import MemoryConfig, resolve_model
-from toposched.workload.memory import TRTLLM_FREE_FRACTION, estimate_memory
+from toposched.workload.memory import estimate_memory
+from toposched.workload.memory_config import TRTLLM_FREE_FRACTION
 
 SERVE_OPTIONS = json.loads((REFERENCE / "data" / "trtllm-serve-options.json").read_text())
 OPTIONS: dict[str, str] = {

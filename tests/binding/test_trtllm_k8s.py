@@ -22,13 +22,9 @@ from tests.binding.test_k8s import expressions, kubelet_expand, validate, valida
 from tests.binding.test_k8s_dra import captured, with_fabric
 from tests.binding.test_trtllm import OPTIONS, serve_part
 from tests.conftest import RunCli
-from toposched.binding.k8s import (
-    FILES_DIR,
-    MPI_SSH_DIR,
-    K8sOptions,
-    lint_nodes,
-    render_objects,
-)
+from toposched.binding.k8s import lint_nodes, render_objects
+from toposched.binding.k8s_entrypoint import FILES_DIR, MPI_SSH_DIR
+from toposched.binding.k8s_options import K8sOptions
 from toposched.binding.plan_doc import PlanDoc
 from toposched.errors import InputError
 from toposched.topology.presets import hgx_h100_cluster

@@ -13,7 +13,7 @@ from tests.conftest import RunCli
 from tests.perf.test_readers import DATA, exposition_pair
 from toposched.cli.calibrate import live_sample
 from toposched.perf.profile import load_profile
-from toposched.perf.readers import Setup
+from toposched.perf.sample_setup import Setup
 
 CSV = """model,gpu,tp,pp,weight_dtype,batch,input_len,output_len,ttft_ms,tpot_ms,tokens_per_s
 llama-3.1-8b,H100-SXM,1,1,bf16,1,1024,128,25.1,6.9,140
@@ -113,7 +113,7 @@ def test_live_window_scrapes_twice() -> None:
 
 def test_metrics_url_adds_a_live_sample(run_cli: RunCli, monkeypatch: pytest.MonkeyPatch) -> None:
     from toposched.cli import calibrate
-    from toposched.perf.readers import parse_exposition
+    from toposched.perf.prometheus import parse_exposition
 
     scrapes = iter(exposition_pair("sglang"))
     monkeypatch.setattr(calibrate, "scrape", lambda url, transport=None: parse_exposition(next(scrapes), source=url))

@@ -1,4 +1,4 @@
-"""``plan`` and every ``launch`` command take the same plan options, declared once (cli/plan_source.py)."""
+"""``plan`` and every ``launch`` command take the same plan options, declared once (cli/plan_options.py)."""
 
 from __future__ import annotations
 

@@ -194,7 +194,7 @@ def traces() -> list[tuple[str, bytes]]:
 @cache
 def scenarios() -> list[tuple[str, dict[str, Any], tuple[tuple[str, bytes], ...]]]:
     """Scenario documents: the built-ins (paths made relative) and ones with a trace and a spec."""
-    from toposched.sim.scenario import SCENARIOS
+    from toposched.sim.builtin_scenarios import SCENARIOS
 
     dense = package_file("data", "scenarios", "dense-175b-class.json").read_bytes()
     out: list[tuple[str, dict[str, Any], tuple[tuple[str, bytes], ...]]] = []

@@ -245,8 +245,9 @@ def run_model_config(case: Case, folder: Path) -> None:
 
 def run_scenario(case: Case, folder: Path) -> None:
     from toposched.sim.deployment import placement_template
+    from toposched.sim.loading import load_cluster, load_scenario
     from toposched.sim.run import make_arrivals
-    from toposched.sim.scenario import expected_instance_arrivals, load_cluster, load_scenario
+    from toposched.sim.scenario import expected_instance_arrivals
     from toposched.workload.catalog import resolve_model
 
     path = folder / case.name

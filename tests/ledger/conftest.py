@@ -3,7 +3,7 @@
 etcd is Debian's ``etcd-server`` (``/usr/bin/etcd``; ``make system-deps`` installs it). Without it the
 etcd tests fail with a message that says so; they never skip, so CI cannot pass without them.
 
-The etcd ledger has two transports (etcd's gRPC API and its JSON gateway, ``etcd_client.connect``): the
+The etcd ledger has two transports (etcd's gRPC API and its JSON gateway, ``etcd_transport.connect``): the
 contract tests run on both, as backends ``etcd`` (JSON gateway) and ``etcd-grpc``; tests that take the
 ``etcd_transport`` fixture run once per transport. The gRPC runs skip only when protobuf is not installed.
 """
@@ -27,7 +27,7 @@ import pytest
 
 from toposched.ledger import open_ledger
 from toposched.ledger.base import Clock, Ledger, wall_clock
-from toposched.ledger.etcd_client import Transport
+from toposched.ledger.etcd_transport import Transport
 
 
 def grpc_missing() -> str | None:

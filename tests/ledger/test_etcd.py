@@ -18,7 +18,8 @@ from toposched.errors import StateError
 from toposched.ledger import open_ledger
 from toposched.ledger.base import GIB, AuditEntry
 from toposched.ledger.etcd import EtcdLedger
-from toposched.ledger.etcd_client import TRANSPORT_ENV, Json, Transport, put_op
+from toposched.ledger.etcd_client import Json, put_op
+from toposched.ledger.etcd_transport import TRANSPORT_ENV, Transport
 from toposched.ledger.stress import Replay, StressConfig, run_stress
 
 

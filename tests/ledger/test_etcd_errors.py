@@ -7,8 +7,7 @@ import socket
 import pytest
 
 from toposched.errors import EtcdError, EtcdUnreachable, StateError
-from toposched.ledger import etcd_client
-from toposched.ledger.etcd_client import Transport
+from toposched.ledger.etcd_transport import Transport, connect
 
 
 def test_etcd_errors_are_state_errors() -> None:
@@ -19,7 +18,7 @@ def test_an_etcd_that_does_not_answer_is_unreachable_with_the_fix(etcd_transport
     with socket.socket() as s:  # a port nothing listens on
         s.bind(("127.0.0.1", 0))
         port = s.getsockname()[1]
-    client = etcd_client.connect(f"http://127.0.0.1:{port}", timeout_s=1.0, transport=etcd_transport)
+    client = connect(f"http://127.0.0.1:{port}", timeout_s=1.0, transport=etcd_transport)
     with pytest.raises(EtcdUnreachable, match=f"etcd at http://127.0.0.1:{port} is unreachable") as caught:
         client.range("/k")
     assert "\n" not in caught.value.message

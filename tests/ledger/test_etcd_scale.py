@@ -20,8 +20,9 @@ from tests.ledger.conftest import EtcdServer
 from tests.service.conftest import Server
 from toposched.errors import StateError
 from toposched.ledger.base import GIB
-from toposched.ledger.etcd import BUCKETS, CAPACITY_CHUNK, EtcdLedger, bucket_of
+from toposched.ledger.etcd import CAPACITY_CHUNK, EtcdLedger
 from toposched.ledger.etcd_client import ETCD_MAX_REQUEST_BYTES, ETCD_MAX_TXN_OPS, Json, op_bytes
+from toposched.ledger.etcd_keys import BUCKETS, bucket_of
 from toposched.ledger.stress import Replay
 
 

@@ -17,10 +17,7 @@ import pytest
 from tests.ledger.conftest import EtcdServer, grpc_missing
 from toposched.errors import EtcdError, EtcdUnreachable, InputError
 from toposched.ledger.etcd_client import (
-    TRANSPORT_ENV,
     EtcdClient,
-    Transport,
-    connect,
     count_of,
     delete_op,
     kvs_of,
@@ -28,6 +25,7 @@ from toposched.ledger.etcd_client import (
     put_op,
     range_op,
 )
+from toposched.ledger.etcd_transport import TRANSPORT_ENV, Transport, connect
 
 
 def test_both_transports_give_the_same_answers(etcd_server: EtcdServer) -> None:

@@ -21,8 +21,9 @@ import pytest
 from tests.ledger.common import FakeClock
 from toposched.errors import StateError
 from toposched.ledger.base import GIB
-from toposched.ledger.sqlite import SqliteLedger, row_checksum
+from toposched.ledger.sqlite import SqliteLedger
 from toposched.ledger.sqlite_checks import wal_damage
+from toposched.ledger.sqlite_rows import row_checksum
 from toposched.sqlite_file import access_problem
 
 FLIPS = int(os.environ.get("TOPOSCHED_FLIPS", "0"))

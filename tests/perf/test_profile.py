@@ -12,7 +12,7 @@ from typing import Any
 import pytest
 
 from tests.conftest import RunCli
-from toposched.perf.latency import PerfConfig
+from toposched.perf.coefficients import PerfConfig
 from toposched.perf.profile import (
     Profile,
     ProfileEntry,

@@ -18,15 +18,9 @@ import pytest
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest
 
 from toposched.errors import InputError
-from toposched.perf.readers import (
-    Setup,
-    detect_format,
-    observe,
-    parse_exposition,
-    read_samples,
-    scrape,
-    window_sample,
-)
+from toposched.perf.prometheus import observe, parse_exposition, scrape, window_sample
+from toposched.perf.readers import detect_format, read_samples
+from toposched.perf.sample_setup import Setup
 from toposched.perf.samples import Sample
 
 DATA = Path(__file__).parent / "data"

@@ -11,12 +11,12 @@ from toposched.perf.latency import PassModel, resolve_config
 from toposched.perf.links import get_link
 from toposched.perf.serving import (
     KNEE_FRACTION,
-    ServingRun,
     erlang_c,
     evaluate,
     operating_point,
     planned_rate,
 )
+from toposched.perf.serving_run import ServingRun
 from toposched.workload import resolve_model
 
 W = {"isl": 1024, "osl": 256, "budget": 8192}

@@ -6,7 +6,7 @@ import pytest
 
 from toposched.perf import get_gpu, get_link, predict_latency
 from toposched.perf.step import StepCost
-from toposched.sim.scenario import load_cluster
+from toposched.sim.loading import load_cluster
 from toposched.solver.request import PlacementRequest
 from toposched.solver.scheduler import Scheduler
 from toposched.solver.stepcost import step_cost

@@ -11,7 +11,7 @@ import pytest
 
 from tests.conftest import FIXTURES, RunCli
 from toposched.errors import InputError
-from toposched.ledger.etcd import split_url
+from toposched.ledger.etcd_keys import split_url
 from toposched.solver.scheduler import Scheduler
 from toposched.topology.presets import load_preset
 from toposched.topology.spec import load_cluster_spec

@@ -325,7 +325,7 @@ def test_instance_table_keeps_its_request_index_in_step() -> None:
 
 def test_the_service_profile_reaches_inline_calls_and_the_worker_thread() -> None:
     """A ServiceState built with a profile predicts with it wherever its work runs (issue 16)."""
-    from toposched.perf.latency import PerfConfig
+    from toposched.perf.coefficients import PerfConfig
     from toposched.perf.profile import Profile, ProfileEntry, active_config
 
     slow = Profile(entries=(ProfileEntry(config=PerfConfig(step_overhead_ms=50.0)),))

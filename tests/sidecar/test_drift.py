@@ -10,7 +10,7 @@ import pytest
 from tests.perf.test_readers import EngineMetrics
 from tests.sidecar.conftest import Scenario
 from toposched.errors import InputError
-from toposched.perf.readers import Exposition, parse_exposition
+from toposched.perf.prometheus import Exposition, parse_exposition
 from toposched.sidecar.drift import LatencyDrift
 from toposched.sidecar.loop import LoopConfig, Sidecar, SidecarMetrics
 

@@ -14,7 +14,8 @@ from hypothesis import strategies as st
 from tests.conftest import FIXTURES
 from toposched.errors import InputError
 from toposched.sidecar import nccl
-from toposched.sidecar.nccl import NcclReport, family_of, read_nccl_file, read_nccl_log
+from toposched.sidecar.nccl import family_of, read_nccl_file, read_nccl_log
+from toposched.sidecar.nccl_report import NcclReport
 
 NCCL = FIXTURES / "nccl"
 

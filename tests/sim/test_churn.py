@@ -6,10 +6,12 @@ import math
 
 import pytest
 
-from toposched.sim.engine import Simulation, Unit
+from toposched.sim.engine import Simulation
+from toposched.sim.loading import load_scenario
 from toposched.sim.metrics import check_conservation, compute
 from toposched.sim.run import deployments_for, run_policy
-from toposched.sim.scenario import Admission, Churn, Failure, Lengths, Scenario, Tenant, load_scenario
+from toposched.sim.scenario import Admission, Churn, Failure, Lengths, Scenario, Tenant
+from toposched.sim.units import Unit
 from toposched.sim.workload import SimRequest
 from toposched.solver.scheduler import Scheduler
 
@@ -120,7 +122,7 @@ def _scattered(scenario: Scenario, policy: str = "slo") -> tuple[Simulation, Uni
 
 
 def _cluster(scenario: Scenario):  # type: ignore[no-untyped-def]
-    from toposched.sim.scenario import load_cluster
+    from toposched.sim.loading import load_cluster
 
     return load_cluster(scenario.cluster)
 
@@ -259,7 +261,7 @@ def test_the_headroom_wait_is_bounded() -> None:
 
 def test_nvlink_down_moves_the_gpu_out_of_its_domain() -> None:
     from toposched.errors import InputError
-    from toposched.sim.scenario import load_cluster
+    from toposched.sim.loading import load_cluster
     from toposched.topology.domains import build_domain_map
     from toposched.topology.faults import without_nvlink
     from toposched.topology.model import Health, LinkKind

@@ -13,8 +13,9 @@ from toposched.perf.hardware import get_gpu
 from toposched.perf.links import get_link
 from toposched.perf.step import StepCost
 from toposched.sim.batching import Batcher
+from toposched.sim.loading import load_scenario
 from toposched.sim.run import PolicyResult, simulate
-from toposched.sim.scenario import Pd, Scenario, Tenant, load_scenario
+from toposched.sim.scenario import Pd, Scenario, Tenant
 from toposched.sim.workload import SimRequest
 from toposched.workload.catalog import resolve_model
 

@@ -4,9 +4,9 @@ from __future__ import annotations
 
 from rich.console import Console
 
+from toposched.sim.loading import load_scenario
 from toposched.sim.report import TABLE_COLUMNS, result_table
 from toposched.sim.run import run_policy
-from toposched.sim.scenario import load_scenario
 
 
 def _render(width: int) -> str:

@@ -8,8 +8,9 @@ import pytest
 
 from tests.conftest import RunCli
 from toposched.errors import InputError, SpecError
+from toposched.sim.loading import load_cluster, load_scenario
 from toposched.sim.run import read_trace, run_policy
-from toposched.sim.scenario import MAX_REQUESTS, Failure, Scenario, load_cluster, load_scenario
+from toposched.sim.scenario import MAX_REQUESTS, Failure, Scenario
 
 BASE = "cluster: 2xhgx-h100\nmodel: llama-3.1-8b\nrequests: 20\n"
 

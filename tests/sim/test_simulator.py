@@ -9,8 +9,9 @@ import pytest
 
 from tests.conftest import RunCli
 from toposched.errors import InputError, SpecError
+from toposched.sim.loading import load_scenario
 from toposched.sim.run import make_arrivals, read_trace, run_policy, simulate
-from toposched.sim.scenario import Arrivals, Failure, Lengths, Scenario, Tenant, load_scenario
+from toposched.sim.scenario import Arrivals, Failure, Lengths, Scenario, Tenant
 
 SMALL = Scenario(
     name="t",
@@ -285,8 +286,8 @@ def test_plots_are_step_functions_one_panel_per_policy() -> None:
 
 def test_nvlink_down_changes_the_domain_map_and_moves_only_affected_instances() -> None:
     from toposched.sim.engine import Simulation
+    from toposched.sim.loading import load_cluster
     from toposched.sim.run import deployments_for
-    from toposched.sim.scenario import load_cluster
     from toposched.solver.scheduler import Scheduler
 
     scenario = SMALL.model_copy(

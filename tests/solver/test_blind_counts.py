@@ -8,6 +8,7 @@ import random
 from collections import Counter
 
 from tests.solver.builders import make_scheduler
+from toposched.solver import policies
 from toposched.solver import scheduler as sched
 from toposched.solver.index import FreeCounts
 from toposched.solver.request import PlacementRequest
@@ -51,7 +52,7 @@ def test_index_order_takes_the_same_gpus_as_the_scan_of_nodes_with_room() -> Non
         nodes = s.index.levels["node"]
         usable = [(nodes.groups[i], nodes.free_count[i]) for i in nodes.with_free()]
         for n in (1, 3, 8, 20):
-            assert sched._lowest_free(s, n) == sched._lowest_indices(s, usable, n)
+            assert policies._lowest_free(s, n) == policies._lowest_indices(s, usable, n)
         assert nodes.counts is not None and nodes.counts.total == len(s.index.free)
 
 
@@ -60,7 +61,7 @@ def test_random_takes_distinct_free_gpus_each_equally_often() -> None:
     free = sorted(s.index.free)
     seen: Counter[str] = Counter()
     for _ in range(3000):
-        chosen = sched._random_free(s, 4)
+        chosen = policies._random_free(s, 4)
         assert len(set(chosen)) == 4 and set(chosen) <= s.index.free
         seen.update(chosen)
     assert s.index.levels["node"].counts.total == len(free)  # type: ignore[union-attr]  # restored

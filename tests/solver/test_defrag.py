@@ -9,7 +9,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from toposched.errors import LedgerConflict, StateError
-from toposched.sim.scenario import load_cluster
+from toposched.sim.loading import load_cluster
 from toposched.solver.defrag import (
     MOVED_FROM,
     DefragLimiter,

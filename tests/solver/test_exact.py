@@ -8,7 +8,7 @@ import pytest
 
 from tests.solver.builders import make_request, make_scheduler
 from toposched.errors import InfeasibleError
-from toposched.solver import exact
+from toposched.solver import cpsat
 from toposched.solver.layout import layout_problem
 from toposched.solver.request import Placement
 from toposched.solver.scheduler import Scheduler
@@ -41,7 +41,7 @@ def test_exact_keeps_the_cross_domain_budget() -> None:
 
 def test_a_plan_the_recheck_refuses_is_cut_and_never_committed(monkeypatch: pytest.MonkeyPatch) -> None:
     # make the model believe cross-domain traffic is 100x smaller than it is: assess must catch it
-    monkeypatch.setattr(exact, "_SLACK", 0.01)
+    monkeypatch.setattr(cpsat, "_SLACK", 0.01)
     s = make_scheduler("l40s-8x-pcie", budget_gbps=1.0)
     out = s.place(make_request("llama-3.1-70b", id="r", allowed_tp=(4,), affinity="none"), policy="exact")
     assert out.placements == [] and booked_ids(s) == set() and len(s.index.free) == 8

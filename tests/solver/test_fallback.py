@@ -8,9 +8,9 @@ import pytest
 
 from tests.solver.builders import make_request, make_scheduler
 from toposched.solver.index import ClusterIndex
-from toposched.solver.place import find_stages_across
 from toposched.solver.request import SLO_CLASSES, Placement, PlacementRequest
 from toposched.solver.scheduler import Scheduler
+from toposched.solver.stages import find_stages_across
 from toposched.topology.presets import hgx_h100_cluster
 
 # Free GPUs per node of a 4-node HGX H100 cluster: 2, 4, 6, 4 (16 in all, no node with 8).

@@ -13,13 +13,14 @@ import pytest
 from pydantic import ValidationError
 
 from tests.solver.builders import make_request, make_scheduler
+from toposched.solver.candidates import options_key
 from toposched.solver.constraints import first_failure
 from toposched.solver.index import LEVELS, ClusterIndex, LevelIndex
 from toposched.solver.layout import layout_problem
-from toposched.solver.locality import choose_on_node, node_topology, pick_in_group
-from toposched.solver.place import _R, _layout_problem
+from toposched.solver.locality import choose_on_node
+from toposched.solver.picking import node_topology, pick_in_group
 from toposched.solver.request import ConstraintCheck, PlacementRequest, Rank, ValueCache
-from toposched.solver.scheduler import _options_key
+from toposched.solver.stages import _R, _layout_problem
 from toposched.topology.presets import hgx_h100_cluster, load_preset
 
 
@@ -132,7 +133,7 @@ def test_group_filter_without_filters_accepts_what_the_filters_accept() -> None:
 def test_options_key_ignores_only_the_fields_that_do_not_change_options() -> None:
     base = PlacementRequest(model="llama-3.1-8b")
     same = PlacementRequest(model="llama-3.1-8b", id="other", replicas=3, priority=5, allow_cross_domain=True)
-    assert _options_key(base) == _options_key(same)
+    assert options_key(base) == options_key(same)
     for change in (
         {"max_model_len": 4096},
         {"kv_dtype": "fp8"},
@@ -141,7 +142,7 @@ def test_options_key_ignores_only_the_fields_that_do_not_change_options() -> Non
         {"node_selector": {"a": "b"}},
         {"model": "llama-3.1-70b"},
     ):
-        assert _options_key(PlacementRequest(**{"model": "llama-3.1-8b", **change})) != _options_key(base), change
+        assert options_key(PlacementRequest(**{"model": "llama-3.1-8b", **change})) != options_key(base), change
 
 
 def test_options_cache_answers_each_request_for_itself() -> None:

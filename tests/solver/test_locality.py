@@ -15,7 +15,8 @@ from hypothesis import strategies as st
 from toposched.solver.allocate import preferred_allocation
 from toposched.solver.index import ClusterIndex
 from toposched.solver.layout import layout_problem
-from toposched.solver.locality import node_topology, pick_in_group, score_set, set_key
+from toposched.solver.locality import score_set, set_key
+from toposched.solver.picking import node_topology, pick_in_group
 from toposched.topology.presets import hgx_h100_cluster, load_preset
 
 SINGLE_NODE = ("hgx-h100", "l40s-8x-pcie", "dgx1-v100")

@@ -19,7 +19,9 @@ from pydantic import ValidationError
 
 from toposched.errors import InputError
 from toposched.solver import queue as queue_module
-from toposched.solver.queue import SLO_ORDER, FairQueue, FairQueueConfig, QueuedItem
+from toposched.solver import queueline
+from toposched.solver.queue import SLO_ORDER, FairQueue, FairQueueConfig
+from toposched.solver.queueline import QueuedItem
 from toposched.solver.request import SloClass
 
 STRICT: tuple[SloClass, ...] = ("realtime", "interactive", "standard")
@@ -466,7 +468,8 @@ def test_same_answers_as_the_reference_over_a_long_run(
     seed: int, exact: bool, compact_at: int | None, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     if compact_at is not None:  # compact after every few deaths: slots renumbered all the time
-        monkeypatch.setattr(queue_module, "_COMPACT_AT", compact_at)
+        monkeypatch.setattr(queue_module, "COMPACT_AT", compact_at)
+        monkeypatch.setattr(queueline, "COMPACT_AT", compact_at)
     seen = drive(seed, 5000, exact=exact)
     # the run reached the paths it is meant to check: deep lines (compaction), whole-line expiry
     assert seen["max_depth"] >= 200

@@ -4,7 +4,8 @@ from __future__ import annotations
 
 from typing import Any
 
-from toposched.workload.spec import ModelSpec, spec_from_config
+from toposched.workload.hf_config import spec_from_config
+from toposched.workload.spec import ModelSpec
 
 
 def make_config(**overrides: Any) -> dict[str, Any]:

@@ -17,8 +17,8 @@ from tests.conftest import FIXTURES
 from tests.workload.builders import make_config
 from toposched.errors import InputError, SpecError
 from toposched.workload.catalog import resolve_model
+from toposched.workload.hf_config import load_config
 from toposched.workload.memory import estimate_memory
-from toposched.workload.spec import load_config
 
 CONFIGS = FIXTURES / "model_configs"
 H100 = 80 * 1024**3

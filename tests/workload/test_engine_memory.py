@@ -10,14 +10,8 @@ import pytest
 from tests.workload.builders import make_spec
 from toposched.perf.hardware import get_gpu
 from toposched.workload.catalog import resolve_model
-from toposched.workload.memory import (
-    GIB,
-    MemoryConfig,
-    estimate_memory,
-    padded_vocab,
-    sglang_default_mem_fraction,
-    vllm_batch_defaults,
-)
+from toposched.workload.memory import estimate_memory, padded_vocab
+from toposched.workload.memory_config import GIB, MemoryConfig, sglang_default_mem_fraction, vllm_batch_defaults
 
 H100_REPORTED = round(79.19 * GIB)
 # the published vLLM v0.19 runs (anchors-train.json): utilisation 0.95, 1024 seqs, 8192 tokens, and

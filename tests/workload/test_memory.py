@@ -8,7 +8,8 @@ from tests.workload.builders import make_spec
 from toposched.errors import InfeasibleError
 from toposched.workload.catalog import resolve_model
 from toposched.workload.fallbacks import capacity_fallbacks, first_fit
-from toposched.workload.memory import GIB, MemoryConfig, estimate_memory
+from toposched.workload.memory import estimate_memory
+from toposched.workload.memory_config import GIB, MemoryConfig
 from toposched.workload.parallel import check_degrees, stage_layers, valid_tps
 
 H100 = 80 * GIB

@@ -8,11 +8,11 @@ import pytest
 
 from toposched.errors import InfeasibleError
 from toposched.workload.catalog import resolve_model
-from toposched.workload.memory import (
+from toposched.workload.memory import estimate_memory
+from toposched.workload.memory_config import (
     GIB,
     TRTLLM_FREE_FRACTION,
     MemoryConfig,
-    estimate_memory,
     trtllm_fraction_for,
     trtllm_kv_budget,
 )

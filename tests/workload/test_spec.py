@@ -11,7 +11,7 @@ from tests.conftest import FIXTURES
 from tests.workload.builders import make_config, make_spec
 from toposched.errors import InputError, SpecError, UnknownNameError
 from toposched.workload.dtypes import parse_kv_dtype, parse_weight_dtype, weight_format
-from toposched.workload.spec import load_config
+from toposched.workload.hf_config import load_config
 
 CONFIGS = FIXTURES / "model_configs"
 

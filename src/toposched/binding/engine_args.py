@@ -8,7 +8,7 @@ file), a unit test fails on any other flag, and ``make check-engines`` runs ever
 through the engines' own parsers (TensorRT-LLM cannot be installed here: its options are checked
 against the options file, values included).
 
-* **Model** (``served_model``): exactly what the request named: a Hugging Face id as given, a local
+* **Model** (``served_model``, ``model_ref.py``): exactly what the request named: a Hugging Face id as given, a local
   model folder (or the folder of a ``config.json``), or for a catalog name the Hugging Face id the
   catalog gives that name; ``--model-path`` overrides it.
 * **Settings** (``serve_settings``): every engine setting the plan's memory and latency figures rely
@@ -51,24 +51,17 @@ from __future__ import annotations
 import json
 import math
 from dataclasses import dataclass
-from pathlib import Path
 from typing import Any, Literal
 
 from toposched.binding.mooncake import HICACHE_FLAG_SOURCES
+from toposched.binding.node_launch import Engine
 from toposched.errors import InputError
 from toposched.solver.options import RESERVE_SEQS, check_context
 from toposched.solver.request import Placement, PlacementRequest
-from toposched.workload import MemoryConfig, ModelSpec, resolve_model
-from toposched.workload.catalog import catalog_entry
+from toposched.workload import MemoryConfig, ModelSpec
 from toposched.workload.dtypes import WeightDtype, parse_weight_dtype, weight_format
-from toposched.workload.memory import (
-    TRTLLM_FREE_FRACTION,
-    non_torch_memory,
-    trtllm_fraction_for,
-    trtllm_free_bytes,
-)
-
-Engine = Literal["vllm", "sglang", "trtllm"]
+from toposched.workload.memory import non_torch_memory
+from toposched.workload.memory_config import TRTLLM_FREE_FRACTION, trtllm_fraction_for, trtllm_free_bytes
 
 # Where each flag is defined: "engines.md" (tests/data/reference/engines.md, sections 1.1 and 2 and the
 # verbatim LWS examples) or the file of the engine's wheel that declares it.
@@ -192,84 +185,6 @@ REDUNDANT_EXPERT_MODELS: dict[Engine, frozenset[str]] = {
     # is not in the reference list: toposched does not emit it, so no model takes redundant experts.
     "trtllm": frozenset(),
 }
-
-
-MAX_MODEL_ARG = 4096
-"""Longest model name or path written into a launch (PATH_MAX on Linux)."""
-
-
-def check_model_arg(value: str, what: str = "model") -> str:
-    """``value`` if it can be the engine's model argument: printable text (no newline, no NUL), not too long."""
-    if len(value) > MAX_MODEL_ARG or not value.isprintable():
-        shown = repr(value[:40]) + ("..." if len(value) > 40 else "")
-        raise InputError(
-            f"{what} {shown} is not a catalog name or a path: "
-            + (
-                f"longer than {MAX_MODEL_ARG} characters" if len(value) > MAX_MODEL_ARG else "it has control characters"
-            ),
-            fix="use a catalog model name or the path of a config.json",
-        )
-    return value
-
-
-def _repo_key(name: str) -> str:
-    """A catalog short name or a Hugging Face repo name, compared without case and Meta's ``Meta-`` prefix."""
-    return name.rsplit("/", 1)[-1].casefold().removeprefix("meta-")
-
-
-def _catalog_hf_id(ref: str) -> str:
-    """The Hugging Face id a catalog name stands for.
-
-    The entry's own name serves its ``hf_id``. A short alias (``llama-3.1-70b-instruct``) names a sibling
-    checkpoint of the same architecture, which the catalog lists among the entry's Hugging Face ids
-    (``meta-llama/Llama-3.1-70B-Instruct``): the id whose repo name is the alias, else the one id that
-    starts with it (``mixtral-8x7b-instruct`` -> ``mistralai/Mixtral-8x7B-Instruct-v0.1``). An alias that
-    matches none, or several, is refused rather than served as another checkpoint.
-    """
-    entry = catalog_entry(ref)
-    if ref.casefold() == entry.name.casefold():
-        return entry.hf_id
-    ids = list(dict.fromkeys([entry.hf_id, *(a for a in entry.aliases if "/" in a)]))
-    key = _repo_key(ref)
-    exact = [i for i in ids if _repo_key(i) == key]
-    found = exact or [i for i in ids if _repo_key(i).startswith(key)]
-    if len(found) != 1:
-        raise InputError(
-            f"catalog name {ref!r} names no single Hugging Face id "
-            + (f"(it could be {', '.join(found)})" if found else f"(the entry {entry.name} lists {', '.join(ids)})"),
-            fix="plan with the Hugging Face id itself (--model ORG/NAME), or pass --model-path",
-        )
-    return found[0]
-
-
-def served_model(ref: str) -> str:
-    """What the engine loads for the model a request names: exactly that id or path.
-
-    A local path serves that folder (a ``config.json``'s folder); a Hugging Face id (``ORG/NAME``) is
-    served as given; a catalog name serves the Hugging Face id the catalog gives that name.
-    """
-    check_model_arg(ref)
-    try:
-        path = Path(ref).expanduser()
-    except RuntimeError:  # "~user" of an unknown user: not a path here
-        path = Path(ref)
-    try:
-        if path.exists():
-            return str(path.parent if path.is_file() else path)
-    except OSError as exc:
-        raise InputError(f"model path {ref[:60]!r} cannot be read: {exc.strerror}") from None
-    resolve_model(ref)  # an unknown name or a missing config.json fails here, with "did you mean"
-    return ref if "/" in ref else _catalog_hf_id(ref)
-
-
-def checkpoint_of(request: PlacementRequest, model_path: str | None) -> ModelSpec | None:
-    """The model as its checkpoint is (dtypes, context), or None when only ``--model-path`` knows it."""
-    try:
-        return resolve_model(request.model)
-    except InputError:
-        if model_path is None:
-            raise
-        return None
 
 
 @dataclass(frozen=True)

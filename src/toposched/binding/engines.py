@@ -56,42 +56,34 @@ NCCL 2.30 are set (``ENV_VARS``, each in tests/data/reference/engines.md).
   offload does), and the store's settings go into a JSON file beside the script
   (``PLACEMENT-NODE.mooncake.json``, a file of the launch) named by ``MOONCAKE_CONFIG_PATH``.
 
-Scripts are safe to run whatever the plan said: ids and node names are checked by the rules of
-``toposched.names`` (the plan reader and the topology model check them first; ``NodeLaunch`` checks
-again), every value in a script is quoted (environment values always, in single quotes), and the one
-comment line carries only checked names and numbers, never a raw newline.
+``NodeLaunch`` and ``PortBook`` are ``node_launch.py``; the shell scripts of the launches are ``launch_script.py``.
 """
 
 from __future__ import annotations
 
-import hashlib
 import json
-import shlex
-from collections.abc import Container, Sequence
-from pathlib import Path
-from typing import Any, Literal
+from collections.abc import Sequence
+from typing import Any
 
 import yaml
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import BaseModel, ConfigDict
 
 from toposched.binding import mooncake
 from toposched.binding.engine_args import (
     SGLANG_FLAGS,
     TRTLLM_FLAGS,
     VLLM_FLAGS,
-    Engine,
     ServeSettings,
-    check_model_arg,
-    checkpoint_of,
     serve_settings,
-    served_model,
     sglang_serve_argv,
     trtllm_options,
     trtllm_serve_argv,
     vllm_serve_argv,
 )
+from toposched.binding.model_ref import check_model_arg, checkpoint_of, served_model
+from toposched.binding.node_launch import MAX_PORT, Engine, NodeLaunch, PortBook, plain_file_name
 from toposched.errors import InputError
-from toposched.names import NodeName, PlacementId, check_node_name, node_name_problem, placement_id_problem
+from toposched.names import check_node_name, placement_id_problem
 from toposched.solver.layout import layout_problem, node_blocks
 from toposched.solver.pd import Disaggregation, KvStore
 from toposched.solver.request import Placement, PlacementRequest
@@ -99,9 +91,8 @@ from toposched.topology.domains import DomainMap, build_domain_map, gpu_ref
 from toposched.topology.model import Cluster
 
 __all__ = [
-    "ENV_VARS", "KV_ENV_SOURCES", "SGLANG_FLAGS", "TRTLLM_FLAGS", "VLLM_FLAGS", "Engine", "NodeLaunch",
-    "build_launches", "sglang_ib_device", "sglang_router_argv", "shell_script", "srun_script",
-    "vllm_kv_transfer_config",
+    "ENV_VARS", "KV_ENV_SOURCES", "SGLANG_FLAGS", "TRTLLM_FLAGS", "VLLM_FLAGS", "build_launches",
+    "sglang_ib_device", "sglang_router_argv", "vllm_kv_transfer_config",
 ]  # fmt: skip
 
 ENV_VARS = frozenset(
@@ -119,8 +110,6 @@ KV_ENV_SOURCES: dict[str, str] = {
 """Variables of the disaggregated launches that tests/data/reference/engines.md does not list, and the file
 of the engine's wheel that reads each (as ``FLAG_SOURCES`` for flags)."""
 
-MAX_FILE_NAME = 255
-"""Longest file name (bytes) most file systems take (NAME_MAX)."""
 VLLM_MASTER_PORT = 29501  # vLLM's --master-port default (engines.md 1.1): the first one tried
 SGLANG_DIST_PORT = 20000  # the port of the LWS SGLang example (engines.md section 2): the first one tried
 SGLANG_BOOTSTRAP_PORT = 8998  # SGLang 0.5.23 --disaggregation-bootstrap-port default (srt/arg_groups/fields/disagg.py)
@@ -129,58 +118,8 @@ VLLM_KV_CONNECTOR = "MooncakeConnector"  # vLLM 0.33.0 kv_connector/factory.py: 
 VLLM_KV_ROLES = {"prefill": "kv_producer", "decode": "kv_consumer"}  # vllm/config/kv_transfer.py KVRole
 VLLM_STORE_CONNECTOR = "MooncakeStoreConnector"  # vLLM 0.33.0 kv_connector/factory.py: the Mooncake store
 VLLM_MULTI_CONNECTOR = "MultiConnector"  # vLLM 0.33.0 kv_connector/v1/multi_connector.py: several connectors
-FILE_ENV = frozenset({"MOONCAKE_CONFIG_PATH"})
-"""Variables whose value may be a file of the launch (its name; the script exports its path beside itself)."""
 ROUTER_PORT = 30000  # sglang-router 0.3.2 --port default (sglang_router/router_args.py)
 ROUTER_COMMAND = ("python3", "-m", "sglang_router.launch_router")
-MAX_PORT = 65535
-
-
-class NodeLaunch(BaseModel):
-    """What runs on one node for one placement; the placement id and node name are checked names."""
-
-    model_config = ConfigDict(frozen=True)
-
-    placement: PlacementId
-    node: NodeName
-    engine: Engine
-    role: Literal["prefill", "decode", "router", "store"] | None = Field(
-        default=None, description="part of a prefill/decode disaggregated deployment (None: a plain instance)"
-    )
-    node_rank: int
-    nnodes: int
-    env: dict[str, str]
-    argv: list[str] = Field(description="the full command, including any numactl prefix")
-    gpus: list[int] = Field(description="GPU indices on this node, in rank order")
-    gpu_ids: list[str] = Field(description="what CUDA_VISIBLE_DEVICES lists (indices or UUIDs)")
-    numa_nodes: list[int | None]
-    port: int = Field(description="the server's --port (bound on the head node)")
-    dist_port: int | None = Field(
-        default=None, description="the multi-node rendezvous port (vLLM --master-port, SGLang --dist-init-addr)"
-    )
-    files: dict[str, str] = Field(
-        default_factory=dict,
-        description="files the command reads, written next to its script (name -> text); the argv names them",
-    )
-    hosts: list[str] = Field(
-        default_factory=list, description="nodes whose ranks this command starts with mpirun, in rank order"
-    )
-    srun_argv: list[str] | None = Field(
-        default=None, description="the same ranks started by Slurm's srun (multi-node TensorRT-LLM on alike nodes)"
-    )
-    bootstrap_port: int | None = Field(
-        default=None, description="a prefill instance's KV bootstrap server port (SGLang, vLLM's Mooncake)"
-    )
-
-
-def plain_file_name(stem: str, suffix: str) -> str:
-    """``stem + suffix`` as one file name, hashed short past 255 bytes; ``stem`` is made of checked names."""
-    name = stem + suffix
-    if len(name.encode()) > MAX_FILE_NAME:
-        name = f"{stem[:200]}-{hashlib.sha256(stem.encode()).hexdigest()[:12]}{suffix}"
-    if name != Path(name).name or name.startswith(".") or not name.isprintable():
-        raise InputError(f"file name {name[:80]!r} is not a plain file name")
-    return name
 
 
 def _node_groups(p: Placement) -> list[tuple[str, list[int]]]:
@@ -196,31 +135,6 @@ def _node_groups(p: Placement) -> list[tuple[str, list[int]]]:
     if problem:
         raise InputError(f"placement {p.id}: {problem}")
     return node_blocks(p.ranks)
-
-
-class PortBook:
-    """Ports taken on each node by the launches of one plan: each new port is free on all its nodes.
-
-    A port is booked on every node of the instance that takes it, not only the head that binds it: a
-    LeaderWorkerSet pod on the host network (or an engine that starts its server on another rank) then
-    still finds it free.
-    """
-
-    def __init__(self) -> None:
-        self._used: dict[str, set[int]] = {}
-
-    def take(self, nodes: Sequence[str], first: int, what: str) -> int:
-        port = first
-        while any(port in self._used.get(n, ()) for n in nodes):
-            port += 1
-        if not 1 <= port <= MAX_PORT:
-            raise InputError(
-                f"no free {what} port from {first} to {MAX_PORT} on {', '.join(nodes[:3])}",
-                fix="pass a lower --port" if what == "server" else "launch fewer instances on these nodes",
-            )
-        for n in nodes:
-            self._used.setdefault(n, set()).add(port)
-        return port
 
 
 def _nccl_env(cluster: Cluster, dmap: DomainMap, node: str, gpus: Sequence[int], multi_node: bool) -> dict[str, str]:
@@ -535,69 +449,3 @@ def vllm_ray_argv(
         "--port",
         str(port),
     ]
-
-
-def _quoted(value: str) -> str:
-    """``value`` in single quotes, always (``shlex.quote`` leaves ``=mlx5_0`` bare, which shellcheck
-    reads as a mistyped ``==``, SC1097)."""
-    return "'" + value.replace("'", "'\"'\"'") + "'"
-
-
-FILE_FLAGS = frozenset({"--config", "--hostfile"})
-"""Options whose value may be a file of the launch (its name; the file lies beside the script)."""
-
-
-def is_file_arg(value: str, previous: str, files: Container[str]) -> bool:
-    """Whether an argv word names one of the launch's files (only as the value of a ``FILE_FLAGS`` option:
-    a model path that happens to equal a file name stays what it is)."""
-    return previous in FILE_FLAGS and value in files
-
-
-def _arg(value: str, previous: str, files: dict[str, str]) -> str:
-    """One argv word for a script: a file of the launch as a path beside the script, an mpirun ``-x
-    VAR=VALUE`` in single quotes (as the exports), anything else shell-quoted."""
-    if is_file_arg(value, previous, files):
-        return '"$here"/' + shlex.quote(value)
-    if previous == "-x":
-        return _quoted(value)
-    return shlex.quote(value)
-
-
-def shell_script(launch: NodeLaunch, argv: Sequence[str] | None = None) -> str:
-    """A script for one node; every value is shell-quoted, so nothing in a plan or a model path can execute.
-
-    ``argv`` replaces the launch's command (the ``srun`` form). The comment line names the placement
-    and node, which ``NodeLaunch`` has checked (no newline, no shell syntax); they are checked again
-    here so a hand-built launch cannot slip a line in. Files of the launch are found beside the script.
-    """
-    problem = placement_id_problem(launch.placement) or node_name_problem(launch.node)
-    if problem:
-        raise InputError(f"launch script: {problem}")
-    bad = sorted(k for k in launch.env if k not in ENV_VARS and k not in KV_ENV_SOURCES)
-    if bad:
-        raise InputError(f"launch script: environment variable {bad[0]!r} is not one toposched writes")
-    for name in launch.files:
-        plain_file_name(name, "")
-    command = list(launch.argv if argv is None else argv)
-    lines = [
-        "#!/usr/bin/env bash",
-        f"# toposched launch: placement {shlex.quote(launch.placement)}, node {shlex.quote(launch.node)} "
-        f"(rank {int(launch.node_rank)} of {int(launch.nnodes)}), engine {shlex.quote(launch.engine)}",
-        "set -euo pipefail",
-    ]
-    if launch.files:
-        lines.append('here=$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)')
-    for k, v in launch.env.items():  # a file of the launch as its path beside the script
-        lines.append(
-            f'export {k}="$here"/{shlex.quote(v)}'
-            if k in FILE_ENV and v in launch.files
-            else f"export {k}={_quoted(v)}"
-        )
-    words = [_arg(a, command[i - 1] if i else "", launch.files) for i, a in enumerate(command)]
-    lines.append("exec " + " ".join(words))
-    return "\n".join(lines) + "\n"
-
-
-def srun_script(launch: NodeLaunch) -> str | None:
-    """The ``srun`` form of a multi-node TensorRT-LLM launch as a script, or None when it has none."""
-    return None if launch.srun_argv is None else shell_script(launch, launch.srun_argv)

@@ -9,7 +9,7 @@ A disaggregated plan (``solver/pd.py``) becomes, in apply order:
 * one ``RoleBasedGroup`` (``workloads.x-k8s.io/v1alpha2``) with a role per prefill instance
   (``prefill``, or ``prefill-0`` ...), per decode instance, per store (``store``, or ``store-0`` ...)
   and the ``router``. Each instance is its own role because its pod is pinned to its planned node
-  and GPUs exactly as a plain plan's Deployment is (``k8s.pod_template``: node affinity on
+  and GPUs exactly as a plain plan's Deployment is (``k8s_pod.pod_template``: node affinity on
   ``kubernetes.io/hostname``, DRA claims or ``nvidia.com/gpu``, the GPU-selecting entrypoint that
   runs the SGLang command ``build_launches`` made for it);
 * a ``CoordinatedPolicy`` that rolls the prefill and store roles together (seed 003 section 1.4: their
@@ -39,7 +39,7 @@ warning says so when ``--cpu``/``--memory`` are not given (the pods are then not
 
 An instance that spans nodes (a 405B model at TP8 x PP2, say) is a role with RBG's ``leaderWorkerPattern``
 (``size`` = its nodes; ``restartPolicy: RecreateRoleInstanceOnPodRestart``: its ranks cannot outlive one
-pod). Every pod of it runs the one entrypoint of a multi-node LeaderWorkerSet pod (``k8s.pod_template``): it
+pod). Every pod of it runs the one entrypoint of a multi-node LeaderWorkerSet pod (``k8s_pod.pod_template``): it
 finds its node (``$NODE_NAME``) among the instance's and runs that node's SGLang command from
 ``build_launches``, with its ``--nnodes`` and ``--node-rank``. The two patches pin the pods: the leader
 (``leaderTemplatePatch``, labelled ``toposched.io/leader``) to the node of rank 0, the workers
@@ -61,33 +61,23 @@ import json
 from collections.abc import Mapping, Sequence
 
 from toposched.binding import mooncake
-from toposched.binding.engines import NodeLaunch, PortBook
-from toposched.binding.k8s import (
-    CONTAINER,
-    HOSTNAME,
+from toposched.binding.k8s import K8sOutput, claim_for, ordered_launches, placement_warnings
+from toposched.binding.k8s_affinity import HOSTNAME, Requirement, node_requirements
+from toposched.binding.k8s_dra import CLAIM, GpuIds, choose_gpu_request, claim_warning
+from toposched.binding.k8s_entrypoint import exec_line, kubelet_escape
+from toposched.binding.k8s_options import (
     LABEL_PLACEMENT,
     LABEL_REQUEST,
     MANAGED_BY,
     K8sOptions,
-    K8sOutput,
     Obj,
-    Requirement,
-    claim_for,
-    container_resources,
-    coordinated_policy,
     dns_name,
-    exec_line,
-    kubelet_escape,
     label_value,
-    node_requirements,
     object_metadata,
-    ordered_launches,
-    placement_warnings,
-    pod_template,
-    role_based_group_object,
-    standalone_role,
 )
-from toposched.binding.k8s_dra import CLAIM, GpuIds, choose_gpu_request, claim_warning
+from toposched.binding.k8s_pod import CONTAINER, container_resources, pod_template
+from toposched.binding.k8s_rbg import coordinated_policy, role_based_group_object, standalone_role
+from toposched.binding.node_launch import NodeLaunch, PortBook
 from toposched.binding.plan_doc import PlanDoc
 from toposched.errors import InputError
 from toposched.solver.request import Placement
@@ -202,7 +192,7 @@ def _plain_template(
         "containers": [container],
     }
     fabric = doc.cluster.fabric
-    if rdma and fabric is not None and fabric.host_network:  # as the GPU pods (k8s.pod_template)
+    if rdma and fabric is not None and fabric.host_network:  # as the GPU pods (k8s_pod.pod_template)
         spec["hostNetwork"] = True
         spec["dnsPolicy"] = "ClusterFirstWithHostNet"
     return {
@@ -364,7 +354,7 @@ def _gpu_role(
 
 
 def _node_affinity(doc: PlanDoc, p: Placement, nodes: Sequence[str], opts: K8sOptions) -> Obj:
-    """Required node affinity for pods of ``p`` on ``nodes``: ``k8s.node_requirements`` and their racks."""
+    """Required node affinity for pods of ``p`` on ``nodes``: ``k8s_affinity.node_requirements`` and their racks."""
     expressions = [r.expression() for r in node_requirements(doc, p, nodes, opts)]
     racks = [doc.cluster.node(n).rack for n in nodes]
     if all(racks) and not any(e["key"] == opts.rack_label for e in expressions):

@@ -42,17 +42,15 @@ from __future__ import annotations
 import json
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Literal
+from typing import Literal
 
 from pydantic import BaseModel, ConfigDict, Field
 
+from toposched.binding.node_launch import NodeLaunch, PortBook
 from toposched.errors import InputError
 from toposched.solver.pd import KvStore
 from toposched.solver.request import Placement
 from toposched.topology.model import Cluster
-
-if TYPE_CHECKING:
-    from toposched.binding.engines import NodeLaunch, PortBook
 
 __all__ = [
     "HICACHE_FLAG_SOURCES", "MASTER_COMMAND", "MASTER_FLAG_SOURCES", "STORE_ENV_SOURCES", "STORE_SERVICE_COMMAND",
@@ -184,7 +182,6 @@ def store_launches(
 ) -> list[NodeLaunch]:
     """Two launches per store, its master (``ID-store-N-master``) and its store service (``ID-store-N``); the
     same commands whichever ``engine`` the instances run (it is only what the launches say they belong to)."""
-    from toposched.binding.engines import NodeLaunch  # engines imports this module
 
     def launch(placement: str, argv: list[str], env: dict[str, str], port: int, node: str) -> NodeLaunch:
         return NodeLaunch(

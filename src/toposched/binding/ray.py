@@ -26,7 +26,8 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict
 
-from toposched.binding.engines import Engine, build_launches, vllm_ray_argv
+from toposched.binding.engines import build_launches, vllm_ray_argv
+from toposched.binding.node_launch import Engine
 from toposched.binding.plan_doc import PlanDoc
 from toposched.errors import InputError
 from toposched.solver.request import Placement

@@ -19,7 +19,9 @@ from pydantic import ValidationError
 from toposched.cli._common import console, err_console, print_json
 from toposched.errors import InputError, first_problem
 from toposched.perf.profile import Profile, load_profile, save_profile
-from toposched.perf.readers import FORMATS, Setup, observe, read_all, scrape, window_sample
+from toposched.perf.prometheus import observe, scrape, window_sample
+from toposched.perf.readers import FORMATS, read_all
+from toposched.perf.sample_setup import Setup
 from toposched.perf.samples import Sample
 
 MAX_WINDOW_S = 3600.0

@@ -32,10 +32,13 @@ from pathlib import Path
 
 import typer
 
-from toposched.binding.engines import Engine, NodeLaunch, build_launches, plain_file_name, shell_script, srun_script
+from toposched.binding.engines import build_launches
+from toposched.binding.launch_script import shell_script, srun_script
+from toposched.binding.node_launch import Engine, NodeLaunch, plain_file_name
 from toposched.cli import launch_k8s
 from toposched.cli._common import console, err_console, print_json
-from toposched.cli.plan_source import PlanSource, note_base_checkpoint, plan_options
+from toposched.cli.plan_options import plan_options
+from toposched.cli.plan_source import PlanSource, note_base_checkpoint
 from toposched.errors import InputError
 from toposched.names import node_name_problem, placement_id_problem
 

@@ -11,20 +11,16 @@ import yaml
 from rich.table import Table
 from rich.text import Text
 
-from toposched.binding.k8s import (
-    DEFAULT_RACK_LABEL,
-    K8sOptions,
-    lint_nodes,
-    render_objects,
-    render_roles,
-)
+from toposched.binding.k8s import lint_nodes, render_objects, render_roles
 from toposched.binding.k8s_dra import GPU_REQUESTS, GpuRequest
+from toposched.binding.k8s_options import DEFAULT_RACK_LABEL, K8sOptions
 from toposched.binding.k8s_pd import render_pd
 from toposched.binding.kubelet import kubelet_configs
 from toposched.binding.plan_doc import PlanDoc, load_plan
 from toposched.binding.ray import check_ray_engine, ray_document, ray_warnings
 from toposched.cli._common import console, err_console, print_json
-from toposched.cli.plan_source import PlanSource, note_base_checkpoint, plan_options
+from toposched.cli.plan_options import plan_options
+from toposched.cli.plan_source import PlanSource, note_base_checkpoint
 from toposched.errors import InputError
 from toposched.inputs import load_json, read_text
 

@@ -6,7 +6,8 @@ import typer
 from rich.table import Table
 
 from toposched.cli._common import console, err_console, print_json
-from toposched.cli.plan_source import Placed, PlanSource, plan_options
+from toposched.cli.plan_options import plan_options
+from toposched.cli.plan_source import Placed, PlanSource
 from toposched.solver.request import Placement, PlacementRequest, Unplaced
 
 

@@ -11,12 +11,14 @@ from toposched.cli._common import console, err_console, print_json
 from toposched.cli.calibrate import PROFILE, profile_option
 from toposched.errors import InputError
 from toposched.perf.profile import use_profile
+from toposched.sim.builtin_scenarios import SCENARIOS
 from toposched.sim.engine import Simulation
+from toposched.sim.loading import load_cluster, load_scenario
 from toposched.sim.report import LATENCY, result_json, result_table, write_report
 from toposched.sim.run import PolicyResult, check_scenario_fits
 from toposched.sim.run import simulate as run_simulation
-from toposched.sim.scenario import MAX_REQUESTS, SCENARIOS, Scenario, load_cluster, load_scenario
-from toposched.solver.scheduler import POLICIES
+from toposched.sim.scenario import MAX_REQUESTS, Scenario
+from toposched.solver.policies import POLICIES
 
 
 def register(app: typer.Typer) -> None:

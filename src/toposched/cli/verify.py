@@ -20,7 +20,8 @@ from toposched.cli._common import CLUSTER, LIVE, PRESET, SMI, console, print_jso
 from toposched.cli.allocate import pick_node
 from toposched.errors import InputError
 from toposched.sidecar.gpuset import parse_gpu_list, verify_gpu_set
-from toposched.sidecar.nccl import NcclReport, read_nccl_file
+from toposched.sidecar.nccl import read_nccl_file
+from toposched.sidecar.nccl_report import NcclReport
 from toposched.topology.sources import load_source
 
 verify_app = typer.Typer(help="Verify placements: NCCL logs and GPU-set topology.", no_args_is_help=True)

@@ -25,15 +25,8 @@ from toposched.solver.request import DEFAULT_MAX_MODEL_LEN
 from toposched.workload.catalog import resolve_model
 from toposched.workload.dtypes import parse_kv_dtype, parse_weight_dtype
 from toposched.workload.fallbacks import Fallback, capacity_fallbacks
-from toposched.workload.memory import (
-    ENGINES,
-    GIB,
-    MemoryConfig,
-    MemoryEstimate,
-    estimate_memory,
-    sglang_chunked_prefill,
-    vllm_batch_defaults,
-)
+from toposched.workload.memory import MemoryEstimate, estimate_memory
+from toposched.workload.memory_config import ENGINES, GIB, MemoryConfig, sglang_chunked_prefill, vllm_batch_defaults
 from toposched.workload.parallel import DEFAULT_PPS, DEFAULT_TPS, check_degrees, ep_problem, tp_problem
 from toposched.workload.spec import ModelSpec
 

@@ -1,16 +1,7 @@
 """The ledger for several scheduler replicas: etcd, through its gRPC API (``etcd_grpc``) or its v3 JSON gateway.
 
-Keys, under ``/NAMESPACE/ledger/`` (namespace from the URL path, default ``toposched``; refs and ids
-are percent-encoded so ``/`` in them cannot collide):
-
-    format             the key layout's version (``2``), written by ``set_capacity``
-    b/BB/g/REF/cap     capacity of a GPU; BB is the GPU's bucket (CRC-32 of its node name mod 64, in hex)
-    b/BB/g/REF/h/ID    bytes a small reservation (at most 32 GPUs) holds on REF
-    b/BB/all/ID        ``{REF: bytes}``: what a large reservation holds on the GPUs of bucket BB
-    res/ID             ``{"lease": N}``, attached to the reservation's lease: the reservation is live
-                       while this key exists
-    index/ID           the reservation (JSON, no lease), until it is released or its expiry is logged
-    audit/UUID-N       one audit entry, written in the same transaction as the change
+The key layout is in ``etcd_keys``; what a ledger object remembers between calls (and the round trips that
+saves) in ``etcd_memory``; shared leases and the logging of their ends in ``etcd_leases``.
 
 Transactions stay within etcd's defaults (128 operations, 1.5 MiB) at any cluster and reservation
 size. A small reservation reads, compares and writes per GPU (2 + 2 x 32 compares at most); a large
@@ -28,31 +19,6 @@ commit can refuse too much, never book too much; that is also why a remembered r
 this object's own deletes, and is updated after its own commits only when it was known as of the revision
 the commit was checked against.
 
-Round trips: a reserve on GPUs whose key ranges this ledger object remembers (from its earlier reads
-and commits: each range with the revision it was known at) commits at once when the booking fits in
-what it remembers, with each range's compare against that range's own revision; when another replica
-wrote there since, the commit fails and its failure branch reads everything afresh, which is the read it
-would otherwise have made first, so this never costs more round trips. Otherwise a reserve reads once
-and commits once. A refusal is only ever decided on a fresh read (remembered keys may hold bytes freed
-since). Every read also counts ``index/`` and ``res/`` keys, so a refusal knows without another round
-trip whether a lease ran out unlogged. A release or renew of a reservation this ledger object booked
-(or read) commits in one round trip: it compares the ``mod_revision`` of ``res/ID`` and ``index/ID`` it
-remembers, which proves that what it remembers is current; when the compare fails, the failure branch
-brings the keys as they are now.
-
-Leases are shared: reservations booked within about a second with the same TTL (in whole seconds)
-hang their ``res/ID`` on one etcd lease, granted ``LEASE_SPARE_S`` longer than asked, so a reserve
-rarely grants a lease and a release never revokes one (a lease left without keys simply runs out). A
-renew moves ``res/ID`` to a current shared lease; it never keeps a lease alive, which would extend the
-other reservations on it.
-
-Leases and the audit log: only ``res/ID`` is attached to the etcd lease. Hold keys stay until the
-transaction that logs the reservation's end (release, or ``expire`` once the lease is gone) deletes
-them, so a reserve counts an expired reservation's bytes as held until its ``expire`` entry is
-committed; when those bytes are in the way it logs the expiry first and reads again. Replaying the
-audit log in ``seq`` order therefore never puts a GPU over capacity, and the log ends where the
-ledger is. ``accounts()`` and ``reservations()`` count only live reservations (``res/ID`` exists).
-
 Leases are etcd's: whole seconds, at least etcd's minimum (about 2 s), kept by etcd's clock, so the
 clock given to ``open_ledger`` only stamps times (``Feature.CLOCK`` is unsupported). ``expires_at`` is
 the clock read before the commit plus the TTL asked for, capped at the clock read *before* the lease was
@@ -63,24 +29,17 @@ seconds (the spare second and etcd's whole seconds). A call made while etcd is d
 
 from __future__ import annotations
 
-import functools
 import json
-import math
 import random
 import threading
 import time
-import uuid
-import zlib
 from collections.abc import Callable, Iterator, Mapping, Sequence
-from dataclasses import dataclass, field
-from typing import Any, ClassVar
-from urllib.parse import quote, unquote, urlsplit
+from typing import ClassVar
 
 from pydantic import ValidationError
 
-from toposched.errors import EtcdError, InputError, StateError
+from toposched.errors import EtcdError, StateError
 from toposched.ledger.base import (
-    AuditAction,
     AuditEntry,
     Clock,
     Feature,
@@ -95,123 +54,29 @@ from toposched.ledger.etcd_client import (
     ETCD_MAX_REQUEST_BYTES,
     Json,
     KeyValue,
-    Transport,
     absent,
-    connect,
-    count_of,
     delete_op,
     kvs_of,
     mod_equals,
     op_bytes,
     put_op,
     range_op,
-    raw_bytes,
     unchanged_since,
 )
+from toposched.ledger.etcd_keys import SMALL_MAX, _Holds, split_url
+from toposched.ledger.etcd_leases import EtcdLeases, _SharedLease
+from toposched.ledger.etcd_memory import STALE_READ_FIRST, _Seen
+from toposched.ledger.etcd_transport import Transport, connect
 
 LAYOUT = "2"
-BUCKETS = 64  # a large reservation touches at most this many bucket keys
-SMALL_MAX = 32  # reservations of up to this many GPUs keep one hold key per GPU
 CAPACITY_CHUNK = 100  # capacity keys per transaction
 CHUNK_BYTES = 512 * 1024  # and at most about this many bytes
 SEQ_PER_REVISION = 16  # audit seq = revision * 16 + position in the transaction
 MAX_ATTEMPTS = 200
 FRESH_READS_AFTER = 3  # lost races answered from the failure branch; later ones back off and read again
-LEASE_SPARE_S = 1  # a shared lease is granted this much longer than asked, and shared while it has it to spare
-KNOWN_MAX = 4096  # reservations remembered per ledger object, for one-round-trip releases and renewals
-RANGES_MAX = 16384  # guarded key ranges remembered per ledger object, for reserves that commit without a read
-STALE_READ_FIRST = 0.5  # reserves read before committing while remembered ranges were stale this often lately
-STALE_WEIGHT = 0.25  # weight of the latest reserve in that moving average
 
 
-def split_url(url: str) -> tuple[str, str]:
-    """``http://HOST:PORT[/NAMESPACE]`` -> (endpoint, namespace). User and password are refused: the
-    endpoint appears in error messages, and etcd's own authentication is not supported."""
-    fix = "give it as etcd:http://HOST:PORT[/NAMESPACE], PORT from 1 to 65535"
-    try:
-        parts = urlsplit(url if "://" in url else f"http://{url}")
-        port = parts.port  # ValueError: not a number, or out of range
-    except ValueError as exc:
-        raise InputError(f"not an etcd endpoint: {url[:200]!r} ({exc})", fix=fix) from None
-    if parts.scheme not in ("http", "https") or not parts.hostname:
-        raise InputError(f"not an etcd endpoint: {url[:200]!r}", fix=fix)
-    if parts.username is not None or parts.password is not None:
-        raise InputError(
-            "an etcd endpoint with a user or password is not supported (it would show in error messages)",
-            fix="give it as etcd:http://HOST:PORT; restrict access to etcd by network or client certificates",
-        )
-    if port == 0 or not parts.netloc.isascii():
-        raise InputError(f"not an etcd endpoint: {url[:200]!r} (port 0 or non-ASCII characters)", fix=fix)
-    return f"{parts.scheme}://{parts.netloc}", parts.path.strip("/") or "toposched"
-
-
-@functools.lru_cache(maxsize=1 << 16)
-def _q(text: str) -> str:
-    """A ref or id, percent-encoded for a key (cached: every call builds the same few keys again)."""
-    return quote(text, safe="")
-
-
-@functools.lru_cache(maxsize=1 << 16)
-def _unq(text: str) -> str:
-    """A ref or id from a key (cached: a large reservation's read brings thousands of capacity keys)."""
-    return unquote(text)
-
-
-@functools.lru_cache(maxsize=1 << 16)
-def bucket_of(ref: str) -> str:
-    """The bucket of a GPU ref: its node's name (``node`` of ``node/index``) hashed into 64."""
-    node = ref.rpartition("/")[0] or ref
-    return f"{zlib.crc32(node.encode()) % BUCKETS:02x}"
-
-
-def _chunks(items: Sequence[Any], size: int) -> Iterator[Sequence[Any]]:
-    for start in range(0, len(items), size):
-        yield items[start : start + size]
-
-
-@dataclass
-class _Holds:
-    """Capacities and holds read from ``b/`` keys: GPU -> capacity, reservation id -> {GPU: bytes}."""
-
-    caps: dict[str, int] = field(default_factory=dict)
-    by_id: dict[str, dict[str, int]] = field(default_factory=dict)
-
-    def used(self, ref: str, ids: set[str] | None = None) -> int:
-        return sum(h.get(ref, 0) for rid, h in self.by_id.items() if ids is None or rid in ids)
-
-    def holders(self, refs: set[str]) -> set[str]:
-        return {rid for rid, h in self.by_id.items() if refs & h.keys()}
-
-
-@dataclass(frozen=True)
-class _Seen:
-    """The keys under one guarded range as this ledger object last knew them, at ``revision``: every key
-    in the range now is among ``kvs`` as long as none was written after ``revision`` (deletes only drop
-    keys), which is what a commit's compare on the range checks."""
-
-    revision: int
-    kvs: tuple[KeyValue, ...]
-
-
-@dataclass(frozen=True)
-class _SharedLease:
-    """An etcd lease that reservations asking the same TTL share while it has ``LEASE_SPARE_S`` to spare."""
-
-    id: int
-    stamp: float  # the ledger's clock, read before the grant
-    born: float  # time.monotonic(), read before the grant
-    granted_s: int  # the TTL etcd granted
-
-    def fits(self, ttl_s: float) -> bool:
-        """Whether the lease still lasts ``ttl_s`` from now."""
-        return time.monotonic() - self.born + ttl_s <= self.granted_s
-
-    def expires_at(self, now: float, ttl_s: float) -> float:
-        """What a reservation of ``ttl_s`` booked ``now`` reports: never after the lease's real end."""
-        return min(now + ttl_s, self.stamp + self.granted_s)
-
-
-class EtcdLedger:
+class EtcdLedger(EtcdLeases):
     """A ledger shared by scheduler replicas through etcd. The constructor does no I/O."""
 
     UNSUPPORTED: ClassVar[Mapping[Feature, str]] = {
@@ -239,77 +104,6 @@ class EtcdLedger:
         self._ranges: dict[str, _Seen] = {}  # guarded range (a key prefix) -> its keys as last seen
         self._ranges_lock = threading.RLock()  # _after_commit holds it around its _see calls
         self._stale = 0.0  # how often remembered ranges were stale lately (0-1): reserves read first past a half
-
-    # ------------------------------------------------------------------------------ keys
-
-    def _gpu(self, ref: str) -> str:
-        return f"{self.prefix}b/{bucket_of(ref)}/g/{_q(ref)}/"
-
-    def _bucket(self, bucket: str) -> str:
-        return f"{self.prefix}b/{bucket}/"
-
-    def _res(self, rid: str) -> str:
-        return f"{self.prefix}res/{_q(rid)}"
-
-    def _index(self, rid: str) -> str:
-        return f"{self.prefix}index/{_q(rid)}"
-
-    def _hold_keys(self, rid: str, gpus: Mapping[str, int]) -> dict[str, str]:
-        """The keys (and values) that hold a reservation's bytes: per GPU when small, else per bucket."""
-        if len(gpus) <= SMALL_MAX:
-            return {f"{self._gpu(ref)}h/{_q(rid)}": str(b) for ref, b in gpus.items()}
-        parts: dict[str, dict[str, int]] = {}
-        for ref, b in gpus.items():
-            parts.setdefault(bucket_of(ref), {})[ref] = b
-        return {f"{self._bucket(bb)}all/{_q(rid)}": json.dumps(part) for bb, part in parts.items()}
-
-    def _watched(self, gpus: Mapping[str, int]) -> list[tuple[str, bool]]:
-        """The key ranges a booking of ``gpus`` reads and guards: (key, is a prefix)."""
-        buckets = sorted({bucket_of(ref) for ref in gpus})
-        if len(gpus) <= SMALL_MAX:
-            return [(self._gpu(ref), True) for ref in sorted(gpus)] + [
-                (self._bucket(b) + "all/", True) for b in buckets
-            ]
-        return [(self._bucket(b), True) for b in buckets]
-
-    def _audit_op(self, action: AuditAction, held: Reservation, *, at: float, position: int = 0) -> Json:
-        entry: Json = {"at": at, "action": action, "id": held.id, "owner": held.owner, "gpus": held.gpus}
-        entry["expires_at"] = held.expires_at
-        return put_op(f"{self.prefix}audit/{uuid.uuid4().hex}-{position}", json.dumps(entry))
-
-    # ------------------------------------------------------------------------------ decoding
-
-    def _damaged(self, key: str, exc: Exception) -> StateError:
-        return StateError(
-            f"etcd at {self.client.endpoint}: key {key} is damaged ({type(exc).__name__}: {exc})",
-            fix="release the reservation (or delete the key with etcdctl); the ledger writes only valid values",
-        )
-
-    def _reservation(self, kv: KeyValue) -> Reservation:
-        try:
-            return Reservation.model_validate_json(kv.value)
-        except ValidationError as exc:
-            raise self._damaged(kv.key, exc) from exc
-
-    def _holds(self, kvs: Sequence[KeyValue]) -> _Holds:
-        out = _Holds()
-        for kv in kvs:
-            parts = kv.key[len(self.prefix) :].split("/")  # b, BB, g, REF, cap | b, BB, g, REF, h, ID | b, BB, all, ID
-            try:
-                if parts[2] == "g" and parts[4] == "cap":
-                    out.caps[_unq(parts[3])] = int(kv.value)
-                elif parts[2] == "g":
-                    out.by_id.setdefault(_unq(parts[5]), {})[_unq(parts[3])] = int(kv.value)
-                else:
-                    part = {str(ref): int(b) for ref, b in json.loads(kv.value).items()}
-                    out.by_id.setdefault(_unq(parts[3]), {}).update(part)
-            except (ValueError, IndexError, AttributeError) as exc:
-                raise self._damaged(kv.key, exc) from exc
-        return out
-
-    def _names(self, kvs: Sequence[KeyValue], kind: str) -> set[str]:
-        skip = len(self.prefix) + len(kind) + 1
-        return {unquote(kv.key[skip:]) for kv in kvs}
 
     @staticmethod
     def _backoff(attempt: int) -> None:
@@ -373,98 +167,6 @@ class EtcdLedger:
         _ok, data = self.client.txn([], self._find_ops(rid))
         return self._found(rid, data)
 
-    def _find_ops(self, rid: str) -> list[Json]:
-        return [range_op(self._res(rid)), range_op(self._index(rid))]
-
-    def _found(self, rid: str, data: Json) -> tuple[KeyValue | None, KeyValue | None]:
-        """(``res/ID``, ``index/ID``) from the answer to ``_find_ops``; remembers them when both exist."""
-        res, index = (kvs_of(r) for r in data["responses"][:2])
-        if res and index:
-            self._remember(rid, res[0], index[0])
-        else:
-            self._known.pop(rid, None)
-        return (res[0] if res else None), (index[0] if index else None)
-
-    def _remember(self, rid: str, res: KeyValue, index: KeyValue) -> None:
-        self._known.pop(rid, None)
-        self._known[rid] = (res, index)
-        while len(self._known) > KNOWN_MAX:  # forget the oldest: they are read again when needed
-            self._known.pop(next(iter(self._known)), None)
-
-    def _remember_commit(self, rid: str, success: Sequence[Json], at: int, created: tuple[int, int]) -> None:
-        """Remember ``rid``'s keys as a transaction committed at revision ``at`` left them (``created``:
-        their create revisions, 0 when it created them); forget them when it did not write both."""
-        puts = {op["requestPut"]["key"]: op["requestPut"] for op in success if "requestPut" in op}
-        pair: list[KeyValue] = []
-        for key, create in zip((self._res(rid), self._index(rid)), created, strict=True):
-            put = puts.get(key)
-            if put is None:
-                self._known.pop(rid, None)
-                return
-            pair.append(KeyValue(key, raw_bytes(put["value"]), create or at, at, int(put.get("lease", 0))))
-        self._remember(rid, pair[0], pair[1])
-
-    def _see(self, key: str, seen: _Seen) -> None:
-        with self._ranges_lock:
-            self._ranges.pop(key, None)
-            self._ranges[key] = seen
-            while len(self._ranges) > RANGES_MAX:  # forget the oldest: they are read again when needed
-                self._ranges.pop(next(iter(self._ranges)), None)
-
-    def _remembered(self, watched: Sequence[tuple[str, bool]]) -> list[_Seen] | None:
-        """What this object knows of every range in ``watched``, or None when it lacks one."""
-        seen = [self._ranges.get(key) for key, _prefix in watched]
-        return None if any(s is None for s in seen) else [s for s in seen if s is not None]
-
-    def _ranges_of(self, key: str) -> tuple[str, ...]:
-        """The guarded ranges that hold ``key`` (a ``b/`` key): its bucket, and its GPU's range or its
-        bucket's range of large reservations."""
-        parts = key[len(self.prefix) :].split("/")  # b, BB, g, REF, ... | b, BB, all, ID
-        if len(parts) < 4 or parts[0] != "b":
-            return ()
-        bucket = self._bucket(parts[1])
-        return (bucket, f"{bucket}all/" if parts[2] == "all" else f"{bucket}g/{parts[3]}/")
-
-    def _after_commit(self, at: int, success: Sequence[Json], guarded: Mapping[str, int] | None = None) -> None:
-        """Keep the remembered ranges true after a transaction committed at revision ``at``. ``guarded``:
-        the ranges its compares checked, with the revision each was checked against. Such a range was
-        unchanged up to ``at``, so when it is still remembered as of that revision it is now that plus the
-        transaction's puts, less its deletes. A range remembered from before ``at`` where it only deleted
-        loses those keys and keeps its revision (deletes cannot add bytes). Any other range it put a key in
-        is forgotten, to be read again. (Another thread may have stored a range in between: only a range
-        known as of the revision the change was made against is changed, so no key written in between is
-        lost.)"""
-        puts: dict[str, KeyValue] = {}
-        deleted: set[str] = set()
-        for op in success:
-            if "requestPut" in op:
-                put = op["requestPut"]
-                key = put["key"]
-                if key.startswith(self.prefix + "b/"):
-                    puts[key] = KeyValue(key, raw_bytes(put["value"]), at, at, int(put.get("lease", 0)))
-            elif "requestDeleteRange" in op:
-                deleted.add(op["requestDeleteRange"]["key"])
-        touched: dict[str, list[KeyValue]] = {}
-        for key, kv in puts.items():
-            for rng in self._ranges_of(key):
-                touched.setdefault(rng, []).append(kv)
-        for key in deleted:
-            for rng in self._ranges_of(key):
-                touched.setdefault(rng, [])
-        guarded = guarded or {}
-        with self._ranges_lock:  # another thread's _see may be evicting: no pop while it iterates
-            for rng, added in touched.items():
-                seen = self._ranges.get(rng)
-                if seen is None:
-                    continue
-                if rng in guarded and seen.revision == guarded[rng]:
-                    kept = tuple(kv for kv in seen.kvs if kv.key not in deleted and kv.key not in puts)
-                    self._see(rng, _Seen(at, kept + tuple(added)))
-                elif added or rng in guarded:
-                    self._ranges.pop(rng, None)
-                elif seen.revision < at and deleted & {kv.key for kv in seen.kvs}:
-                    self._see(rng, _Seen(seen.revision, tuple(kv for kv in seen.kvs if kv.key not in deleted)))
-
     def _last_seen(self, rid: str) -> tuple[KeyValue | None, KeyValue | None]:
         """What this object last saw of ``rid`` (a commit's compares check it is current), else a read."""
         known = self._known.get(rid)
@@ -485,83 +187,6 @@ class EtcdLedger:
         live = self._names(kvs_of(data["responses"][0]), "res")
         found = [self._reservation(kv) for kv in kvs_of(data["responses"][1])]
         return [r for r in found if r.id in live]
-
-    # ------------------------------------------------------------------------------ leases
-
-    def _lease(self, ttl_s: float) -> _SharedLease:
-        """A shared lease that lasts ``ttl_s`` from now: the current one for this TTL, or a new grant."""
-        want = max(1, math.ceil(ttl_s))
-        with self._lease_lock:
-            lease = self._leases.get(want)
-            if lease is None or not lease.fits(ttl_s):
-                stamp, born = self._clock(), time.monotonic()  # read before the grant: never late
-                lease_id, granted = self.client.grant(want + LEASE_SPARE_S)
-                lease = self._leases[want] = _SharedLease(lease_id, stamp, born, granted)
-            return lease
-
-    def _lease_gone(self, lease: _SharedLease) -> None:
-        """etcd no longer knows ``lease`` (it ran out, say while etcd was down): grant a new one next."""
-        with self._lease_lock:
-            for want in [want for want, held in self._leases.items() if held == lease]:
-                del self._leases[want]
-
-    # ------------------------------------------------------------------------------ expiry
-
-    def _log_expiry(self, index: KeyValue) -> bool:
-        """Log ``expire`` for a reservation whose lease is gone, and free its bytes (one transaction)."""
-        old = self._reservation(index)
-        self._known.pop(old.id, None)
-        compare = [absent(self._res(old.id)), mod_equals(index.key, index.mod_revision)]
-        success = [delete_op(index.key), *(delete_op(key) for key in self._hold_keys(old.id, old.gpus))]
-        success.append(self._audit_op("expire", old, at=old.expires_at or self._clock()))
-        committed, data = self.client.txn(compare, success)
-        if committed:
-            self._after_commit(int(data["header"]["revision"]), success)
-        return committed
-
-    def _sweep_ids(self, ids: set[str]) -> int:
-        """Log the expiry of those of ``ids`` whose lease is gone; how many were logged."""
-        logged = 0
-        for chunk in _chunks(sorted(ids), 50):
-            reads: list[Json] = []
-            for rid in chunk:
-                reads += [range_op(self._res(rid), keys_only=True), range_op(self._index(rid))]
-            _ok, data = self.client.txn([], reads)
-            for i in range(len(chunk)):
-                live, index = kvs_of(data["responses"][2 * i]), kvs_of(data["responses"][2 * i + 1])
-                if not live and index:
-                    logged += self._log_expiry(index[0])
-        return logged
-
-    def _sweep_reads(self) -> list[Json]:
-        """Counts of ``index/`` and ``res/`` keys: equal when no lease ran out unlogged (both are written
-        and deleted together; only a lease's end removes ``res/ID`` alone), so a sweep with nothing to do
-        reads two numbers, not every reservation's keys. (A damaged ``res/ID`` without its ``index/ID``
-        could hide one unlogged expiry; ``reserve`` still logs any expiry whose bytes it needs.)"""
-        return [
-            range_op(f"{self.prefix}index/", prefix=True, count_only=True),
-            range_op(f"{self.prefix}res/", prefix=True, count_only=True),
-        ]
-
-    def _sweep_answer(self, data: Json) -> int:
-        """Log ``expire`` for the reservations without a lease, when the answer to ``_sweep_reads``
-        shows there are some."""
-        if count_of(data["responses"][0]) == count_of(data["responses"][1]):
-            return 0
-        _ok, data = self.client.txn(
-            [],
-            [
-                range_op(f"{self.prefix}index/", prefix=True, keys_only=True),
-                range_op(f"{self.prefix}res/", prefix=True, keys_only=True),
-            ],
-        )
-        index = self._names(kvs_of(data["responses"][0]), "index")
-        live = self._names(kvs_of(data["responses"][1]), "res")
-        return self._sweep_ids(index - live) if index - live else 0
-
-    def sweep(self) -> int:
-        """Log ``expire`` for every reservation whose lease ran out; how many were logged."""
-        return self._sweep_answer(self.client.txn([], self._sweep_reads())[1])
 
     # ------------------------------------------------------------------------------ changes
 
@@ -682,10 +307,6 @@ class EtcdLedger:
             f"etcd at {self.client.endpoint}: reserve {rid} lost {MAX_ATTEMPTS} races in a row",
             fix="too many replicas booking the same GPUs at once; retry with the same id",
         )
-
-    def _note_stale(self, stale: bool) -> None:
-        """Follow how often the remembered ranges of a reserve that fits in them were stale (a moving average)."""
-        self._stale += STALE_WEIGHT * (float(stale) - self._stale)
 
     def _size_bound(self, reservation: Reservation) -> int:
         """An upper bound on the bytes (``op_bytes``) of a small reservation's transaction, cheaper than building

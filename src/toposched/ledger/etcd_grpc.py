@@ -9,11 +9,12 @@ same shape, except that the key-values inside a transaction's ``response_range``
 (``kvs_of`` takes both), so ``EtcdLedger`` does not know which transport it has. Watches are streams that
 are rare and long-lived: they stay on the HTTP gateway (``EtcdClient.watch``).
 
-A unary call sends a request serialized by the generated messages and parses the answer with them (here,
-not by grpcio, so that an answer that does not parse is ``EtcdUnreachable``, not a refusal). The channel is opened on first use and again
-in a forked child (a gRPC channel must not cross a fork; the parent's is left alone), with a subchannel
-pool of its own so the child never picks up the parent's connection. ``https://`` endpoints trust the CA
-file Python's default context names (``SSL_CERT_FILE``, else the system's CA file; not a CA directory).
+A unary call sends a request serialized by the generated messages and parses the answer with them (here, not
+by grpcio, so that an answer that does not parse is ``EtcdUnreachable``, not a refusal). The channel is opened
+on first use and again in a forked child (a gRPC channel must not cross a fork; the parent's is left alone),
+with a subchannel pool of its own so the child never picks up the parent's connection. ``https://`` endpoints
+trust the CA file Python's default context names (``SSL_CERT_FILE``, else the system's CA file; not a CA
+directory).
 
 Errors are translated here as in ``etcd_client``: UNAVAILABLE and DEADLINE_EXCEEDED (refused, reset, timed
 out, no answer within ``timeout_s``), a call cancelled by ``close()`` from another thread and an answer that
@@ -22,7 +23,7 @@ gRPC status code, which is the ``code`` the gateway reports for the same error (
 ran out).
 
 The messages are generated from etcd's v3 API (``etcdrpc/``, see its README). Importing this module
-needs ``grpcio`` and ``protobuf`` >= 6.31.1; ``etcd_client.connect`` falls back to HTTP without them.
+needs ``grpcio`` and ``protobuf`` >= 6.31.1; ``etcd_transport.connect`` falls back to HTTP without them.
 """
 
 from __future__ import annotations

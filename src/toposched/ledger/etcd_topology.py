@@ -30,8 +30,8 @@ from typing import Any
 from pydantic import ValidationError
 
 from toposched.errors import StateError
-from toposched.ledger.etcd import split_url
 from toposched.ledger.etcd_client import EtcdClient, KeyValue, delete_op, mod_equals, put_op
+from toposched.ledger.etcd_keys import split_url
 from toposched.topology.domains import DomainMap, build_domain_map
 from toposched.topology.model import SCHEMA_VERSION, Cluster
 from toposched.topology.sources import SourceRef

@@ -1,15 +1,6 @@
 """The embedded default ledger: one SQLite file, safe for several processes on one host.
 
-Layout (schema ``LEDGER_SCHEMA``; the file may also hold ``topology.store``'s DomainMap versions):
-
-    ledger_meta(key, value)                  schema, ledger id, number of commits
-    ledger_gpus(ref, capacity)               capacity per GPU
-    ledger_reservations(id, owner, created_at, expires_at, gpus_json, meta_json)
-    ledger_holds(rid, ref, bytes)            one row per GPU of a reservation (reserved sums)
-    ledger_audit(seq, at, action, rid, owner, gpus_json, expires_at)
-
-and on every row a ``checksum`` of its values (``row_checksum``). A schema-1 file (no checksums) is
-upgraded in place on first open, after it passes the integrity check.
+The tables, their checksums and the checks of what is stored are ``toposched.ledger.sqlite_rows``.
 
 Every change runs in a ``BEGIN IMMEDIATE`` transaction, which takes the file's single write lock
 before it reads: the fit check and the insert see the same sums, so several processes can never
@@ -48,11 +39,7 @@ that changed (another process, a person with the ``sqlite3`` shell, the DomainMa
 a transaction that failed or a new connection reads them again inside the transaction; entries written by
 anyone else are always read from the file and checked.
 
-``FILE-commits`` is written after every commit through a descriptor kept open with the connection (one
-``pwrite`` of a line of fixed length, not an open, write, truncate and close: 59 µs of CPU per change then,
-12 µs now, in process on a loaded 2-core VM); it is not fsync-ed (it only has to be no further ahead than
-the file). A ``-commits`` file removed while the ledger is open is written again when the ledger next
-connects (``close``, a new process).
+``FILE-commits`` is ``toposched.ledger.sqlite_mark``.
 
 A folder or file the user may not write is reported as such (``sqlite_file.access_problem``), not as
 damage. A file that stays locked past ``busy_timeout_s`` raises ``StateError`` too; the ledger never
@@ -67,10 +54,8 @@ import math
 import os
 import sqlite3
 import threading
-import uuid
-import zlib
-from collections.abc import Iterator, Mapping, Sequence
-from contextlib import contextmanager, suppress
+from collections.abc import Iterator, Mapping
+from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, ClassVar
@@ -91,93 +76,25 @@ from toposched.ledger.base import (
     validate_request,
     wall_clock,
 )
-from toposched.ledger.sqlite_checks import wal_damage
+from toposched.ledger.sqlite_checks import ledger_wal_damage
+from toposched.ledger.sqlite_mark import CommitMark
+from toposched.ledger.sqlite_rows import (
+    AUDIT_COLUMNS,
+    COLUMNS,
+    LIVE,
+    Damaged,
+    checked_row,
+    damage_error,
+    open_ledger,
+    put_meta,
+    row_to_reservation,
+    sqlite_error,
+    with_checksum,
+)
 
-LEDGER_SCHEMA = 2
 log = logging.getLogger(__name__)
-
-_TABLES = """
-CREATE TABLE IF NOT EXISTS ledger_meta (key TEXT PRIMARY KEY, value TEXT NOT NULL, checksum INTEGER NOT NULL);
-CREATE TABLE IF NOT EXISTS ledger_gpus (ref TEXT PRIMARY KEY, capacity INTEGER NOT NULL, checksum INTEGER NOT NULL);
-CREATE TABLE IF NOT EXISTS ledger_reservations (
-    id TEXT PRIMARY KEY,
-    owner TEXT NOT NULL,
-    created_at REAL NOT NULL,
-    expires_at REAL,
-    gpus_json TEXT NOT NULL,
-    meta_json TEXT NOT NULL,
-    checksum INTEGER NOT NULL
-);
-CREATE INDEX IF NOT EXISTS ledger_reservations_expiry ON ledger_reservations (expires_at);
-CREATE TABLE IF NOT EXISTS ledger_holds (
-    rid TEXT NOT NULL,
-    ref TEXT NOT NULL,
-    bytes INTEGER NOT NULL,
-    checksum INTEGER NOT NULL,
-    PRIMARY KEY (rid, ref)
-);
-CREATE INDEX IF NOT EXISTS ledger_holds_ref ON ledger_holds (ref);
-CREATE TABLE IF NOT EXISTS ledger_audit (
-    seq INTEGER PRIMARY KEY AUTOINCREMENT,
-    at REAL NOT NULL,
-    action TEXT NOT NULL,
-    rid TEXT NOT NULL,
-    owner TEXT NOT NULL,
-    gpus_json TEXT NOT NULL,
-    expires_at REAL,
-    checksum INTEGER NOT NULL
-);
-"""
-
-# The columns each row's checksum covers, in order; the first KEYS[table] of them name the row.
-ROWS: dict[str, tuple[str, ...]] = {
-    "ledger_meta": ("key", "value"),
-    "ledger_gpus": ("ref", "capacity"),
-    "ledger_reservations": ("id", "owner", "created_at", "expires_at", "gpus_json", "meta_json"),
-    "ledger_holds": ("rid", "ref", "bytes"),
-    "ledger_audit": ("seq", "at", "action", "rid", "owner", "gpus_json", "expires_at"),
-}
-_KEYS = {"ledger_meta": 1, "ledger_gpus": 1, "ledger_reservations": 1, "ledger_holds": 2, "ledger_audit": 1}
-_LIVE = "(r.expires_at IS NULL OR r.expires_at > ?)"
-_COLUMNS = "id, owner, created_at, expires_at, gpus_json, meta_json, checksum"
-_AUDIT_COLUMNS = "seq, at, action, rid, owner, gpus_json, expires_at, checksum"
 _LOGGED_MAX = 1024
 """Own audit entries kept for ``audit()`` (the oldest half goes when there are more)."""
-
-
-def row_checksum(table: str, values: Sequence[object]) -> int:
-    """CRC-32 of ``ascii((table, *values))``: the row's values as SQLite returns them (str, int, float,
-    None), spelled the same way by every Python version. Random damage goes unseen with odds 2**-32."""
-    return zlib.crc32(ascii((table, *values)).encode())
-
-
-def _with_checksum(table: str, values: Sequence[object]) -> tuple[object, ...]:
-    return (*values, row_checksum(table, values))
-
-
-class _Damaged(Exception):
-    """Stored content that fails a check; the ledger turns it into a StateError naming the file."""
-
-
-def _checked(table: str, row: Sequence[Any]) -> tuple[Any, ...]:
-    """A row's values without its checksum, once the checksum matches them."""
-    *values, checksum = row
-    if row_checksum(table, values) != checksum:
-        key = ", ".join(f"{col}={value!r}" for col, value in zip(ROWS[table], values[: _KEYS[table]], strict=False))
-        raise _Damaged(f"row {table} {key} fails its checksum")
-    return tuple(values)
-
-
-def _row_to_reservation(values: Sequence[Any]) -> Reservation:
-    rid, owner, created, expires, gpus_json, meta_json = values
-    return Reservation(
-        id=rid,
-        owner=owner,
-        created_at=created,
-        expires_at=expires,
-        gpus=json.loads(gpus_json),
-        meta=json.loads(meta_json),
-    )
 
 
 @dataclass
@@ -196,7 +113,7 @@ class _Known:
     logged_after: int
     """``logged`` holds every audit entry with a greater seq (seqs without gaps: nobody else wrote)."""
     logged: list[tuple[Any, ...]] = field(default_factory=list)
-    """The values of the audit rows this connection committed, oldest first (as ``_checked`` returns them)."""
+    """The values of the audit rows this connection committed, oldest first (as ``checked_row`` returns them)."""
 
 
 class SqliteLedger:
@@ -216,7 +133,7 @@ class SqliteLedger:
         self._conn: sqlite3.Connection | None = None
         self._pid = 0
         self._ledger_id = ""
-        self._mark_path = self.path.with_name(self.path.name + "-commits")
+        self._mark = CommitMark(self.path.with_name(self.path.name + "-commits"))
         self._known: _Known | None = None
         """What the connection knows while no other one commits (see the module docstring); None: read it."""
         # One connection per process, shared by its threads: transactions are serialised by this lock
@@ -225,46 +142,11 @@ class SqliteLedger:
         self._decoded: dict[str, tuple[tuple[Any, ...], Reservation]] = {}
         """Rows known good: id -> (the row as stored, checksum included; its Reservation). Those the last
         ``reservations()`` read, plus those this connection wrote since (and less those it deleted)."""
-        self._mark_fd: int | None = None
-        """``FILE-commits``, open for writing while the connection is (``_write_mark``)."""
-        self._mark_len = -1
-        """The length of the line last written through ``_mark_fd`` (-1: truncate at the next write)."""
-        self._mark_ino = -1
-        """The inode ``_mark_fd`` writes: another at the path (deleted, replaced) makes it open that one."""
 
     @property
     def mark_path(self) -> Path:
         """``FILE-commits``: the ledger's id and how many commits it has acknowledged."""
-        return self._mark_path
-
-    # ------------------------------------------------------------------------------ errors
-
-    def _damaged(self, what: str, *, state: str = "is damaged") -> StateError:
-        return StateError(
-            f"the ledger file {self.path} {state}: {what}",
-            fix=f"stop toposched, move {self.path.name} and its -wal/-shm/-commits files aside (keep them) and "
-            "restore a backup; without one, an empty ledger starts and holders must reserve again",
-        )
-
-    def _fail(self, exc: sqlite3.Error) -> StateError:
-        text = str(exc)
-        name = getattr(exc, "sqlite_errorname", "") or ""
-        if "locked" in text or "busy" in text:
-            return StateError(
-                f"the ledger file {self.path} is locked by another process (waited {self._busy_timeout_s:g} s)",
-                fix=f"find the process holding it (`fuser {self.path}`) or retry when it is done",
-            )
-        access = sqlite_file.access_problem(self.path)
-        if access is not None:
-            return StateError(access[0], fix=access[1])
-        if name == "SQLITE_NOTADB":
-            return self._damaged(f"{text} (or its first page is damaged)", state="is not usable")
-        if name.startswith("SQLITE_CORRUPT") or "decode" in text:
-            return self._damaged(f"{text} ({name or type(exc).__name__})")
-        return StateError(
-            f"the ledger file {self.path} is not usable: {text} ({name or type(exc).__name__})",
-            fix="check the file and the disk; toposched will not start an empty ledger over it",
-        )
+        return self._mark.path
 
     # ------------------------------------------------------------------------------ opening
 
@@ -272,21 +154,21 @@ class SqliteLedger:
         if self._conn is not None and self._pid == os.getpid():
             return self._conn
         sqlite_file.prepare(self.path, what="ledger file")
-        wal = self._wal_damage()
+        wal = ledger_wal_damage(self.path)
         if wal is not None:
-            raise self._damaged(wal)
-        mark = self._read_mark()
+            raise damage_error(self.path, wal)
+        mark = self._mark.read()
         conn: sqlite3.Connection | None = None
         try:
             conn = sqlite_file.connect(self.path, busy_timeout_s=self._busy_timeout_s, shared=True)
-            ledger_id, commits = self._open(conn)
+            ledger_id, commits = open_ledger(conn, self.path)
         except BaseException as exc:
             if conn is not None:
                 conn.close()
             if isinstance(exc, sqlite3.Error):
-                raise self._fail(exc) from exc
-            if isinstance(exc, _Damaged):
-                raise self._damaged(str(exc)) from exc
+                raise sqlite_error(self.path, exc, self._busy_timeout_s) from exc
+            if isinstance(exc, Damaged):
+                raise damage_error(self.path, str(exc)) from exc
             raise
         if mark is not None and mark[0] == ledger_id and mark[1] > commits:
             conn.close()
@@ -295,120 +177,12 @@ class SqliteLedger:
                 f"{self.mark_path.name} recorded {mark[1]} (a damaged, cut or deleted -wal file, or an older copy)",
                 fix=f"restore the newest backup; if you put back an older copy on purpose, delete {self.mark_path}",
             )
-        self._close_mark()
+        self._mark.close()
         if mark != (ledger_id, commits):
-            self._write_mark(ledger_id, commits)
+            self._mark.write(ledger_id, commits)
         self._conn, self._pid, self._ledger_id, self._known = conn, os.getpid(), ledger_id, None
         self._decoded = {}
         return conn
-
-    def _wal_damage(self) -> str | None:
-        """``wal_damage`` of the ``-wal`` file, asked twice before answering: a writer appending while
-        it is read can make a frame look bad once, not at the same place twice in a row."""
-        try:
-            with self.path.open("rb") as db:
-                raw = db.read(18)
-        except OSError:
-            raw = b""
-        page_size = int.from_bytes(raw[16:18], "big") if len(raw) == 18 else 0
-        page = 65536 if page_size == 1 else page_size or None
-        wal = self.path.with_name(self.path.name + "-wal")
-        problem = wal_damage(wal, page)
-        return problem if problem is None or wal_damage(wal, page) == problem else None
-
-    def _open(self, conn: sqlite3.Connection) -> tuple[str, int]:
-        """Check a new connection's file, create or upgrade the ledger tables; the ledger's id and commits."""
-        # The whole file, not only the ledger's tables: that also checks the free-page list, whose damage
-        # would let SQLite hand out a page in use. It costs 18 ms at 4,096 GPUs (+0.5 ms per MiB of DomainMaps).
-        check = conn.execute("PRAGMA integrity_check").fetchall()
-        if [tuple(row) for row in check] != [("ok",)]:
-            more = f" (and {len(check) - 1} more)" if len(check) > 1 else ""
-            raise _Damaged(f"integrity_check: {check[0][0] if check else 'no answer'}{more}")
-        sqlite_file.use_wal(conn)
-        conn.execute("BEGIN IMMEDIATE")
-        try:
-            for statement in _TABLES.split(";"):
-                if statement.strip():
-                    conn.execute(statement)
-            row = conn.execute("SELECT value FROM ledger_meta WHERE key = 'schema'").fetchone()
-            if row is None:
-                self._put_meta(conn, "schema", str(LEDGER_SCHEMA))
-                self._put_meta(conn, "ledger_id", uuid.uuid4().hex)
-                self._put_meta(conn, "commits", "0")
-            elif row[0] == "1":
-                self._upgrade_from_1(conn)
-            elif row[0] != str(LEDGER_SCHEMA):
-                raise StateError(
-                    f"the ledger file {self.path} has ledger schema {row[0]}; this toposched reads {LEDGER_SCHEMA}",
-                    fix="use the toposched version that wrote it, or move the file aside",
-                )
-            conn.execute("COMMIT")
-        except BaseException:
-            conn.execute("ROLLBACK")
-            raise
-        if row is None:  # put the new ledger's id in the main file at once (see FILE-commits)
-            conn.execute("PRAGMA wal_checkpoint(PASSIVE)")
-        conn.execute("BEGIN")
-        try:
-            return _verify(conn)
-        finally:
-            conn.execute("COMMIT")
-
-    def _upgrade_from_1(self, conn: sqlite3.Connection) -> None:
-        """Schema 1 had no checksums: add them over the rows as they are (after integrity_check)."""
-        for table, columns in ROWS.items():
-            conn.execute(f"ALTER TABLE {table} ADD COLUMN checksum INTEGER NOT NULL DEFAULT 0")
-            rows = conn.execute(f"SELECT rowid, {', '.join(columns)} FROM {table}").fetchall()
-            conn.executemany(
-                f"UPDATE {table} SET checksum = ? WHERE rowid = ?", [(row_checksum(table, r[1:]), r[0]) for r in rows]
-            )
-        self._put_meta(conn, "schema", str(LEDGER_SCHEMA))
-        self._put_meta(conn, "ledger_id", uuid.uuid4().hex)
-        self._put_meta(conn, "commits", "0")
-
-    # ------------------------------------------------------------------------------ FILE-commits
-
-    def _read_mark(self) -> tuple[str, int] | None:
-        """(ledger id, commits) from ``FILE-commits``; None when missing or unreadable (then unchecked)."""
-        try:
-            with self.mark_path.open("rb") as file:
-                words = file.read(128).decode("ascii").split()
-        except (OSError, UnicodeDecodeError):
-            return None
-        if len(words) != 4 or words[0] != "toposched-ledger-commits" or not words[2].isdigit():
-            return None
-        if f"{zlib.crc32(' '.join(words[:3]).encode()):08x}" != words[3]:
-            return None  # a torn write: a power loss while it was written
-        return words[1], int(words[2])
-
-    def _write_mark(self, ledger_id: str, commits: int) -> None:
-        """Written after the commit it counts (and never before), so it is never ahead of the file;
-        concurrent writers may leave it a commit or two behind, which only weakens the check."""
-        body = f"toposched-ledger-commits {ledger_id} {commits:020d}"
-        line = f"{body} {zlib.crc32(body.encode()):08x}\n".encode()
-        try:
-            if self._mark_fd is not None and os.stat(self.mark_path).st_ino != self._mark_ino:
-                self._close_mark()  # the file was deleted or replaced since: write the one at the path
-        except OSError:
-            self._close_mark()
-        try:
-            if self._mark_fd is None:
-                self._mark_fd, self._mark_len = os.open(self.mark_path, os.O_WRONLY | os.O_CREAT, 0o644), -1
-                self._mark_ino = os.fstat(self._mark_fd).st_ino
-            os.pwrite(self._mark_fd, line, 0)
-            if len(line) != self._mark_len:  # the line's length is fixed for one ledger id
-                os.ftruncate(self._mark_fd, len(line))
-                self._mark_len = len(line)
-        except OSError as exc:
-            self._close_mark()  # opened again at the next commit
-            log.warning("cannot record the commit count in %s: %s", self.mark_path, exc)
-
-    def _close_mark(self) -> None:
-        """Close ``FILE-commits`` (a descriptor inherited from another process is only forgotten)."""
-        fd, self._mark_fd, self._mark_len = self._mark_fd, None, -1
-        if fd is not None and self._pid == os.getpid():
-            with suppress(OSError):
-                os.close(fd)
 
     # ------------------------------------------------------------------------------ transactions
 
@@ -433,7 +207,7 @@ class SqliteLedger:
                 yield conn, now
                 if write and conn.total_changes != before:
                     known.commits += 1
-                    self._put_meta(conn, "commits", str(known.commits))
+                    put_meta(conn, "commits", str(known.commits))
                     commits = known.commits
                 conn.execute("COMMIT")
             except BaseException:
@@ -442,19 +216,11 @@ class SqliteLedger:
                     conn.execute("ROLLBACK")
                 raise
         except sqlite3.Error as exc:
-            raise self._fail(exc) from exc
-        except _Damaged as exc:
-            raise self._damaged(str(exc)) from exc
+            raise sqlite_error(self.path, exc, self._busy_timeout_s) from exc
+        except Damaged as exc:
+            raise damage_error(self.path, str(exc)) from exc
         if commits is not None:
-            self._write_mark(self._ledger_id, commits)
-
-    @staticmethod
-    def _put_meta(conn: sqlite3.Connection, key: str, value: str) -> None:
-        conn.execute(
-            "INSERT INTO ledger_meta (key, value, checksum) VALUES (?, ?, ?) "
-            "ON CONFLICT (key) DO UPDATE SET value = excluded.value, checksum = excluded.checksum",
-            _with_checksum("ledger_meta", (key, value)),
-        )
+            self._mark.write(self._ledger_id, commits)
 
     def _know(self, conn: sqlite3.Connection) -> _Known:
         """``_Known`` for the transaction ``conn`` is in: kept when no other connection committed since it
@@ -466,8 +232,8 @@ class SqliteLedger:
         (last,) = conn.execute("SELECT coalesce(max(seq), 0) FROM ledger_audit").fetchone()
         row = conn.execute("SELECT key, value, checksum FROM ledger_meta WHERE key = 'commits'").fetchone()
         if row is None:
-            raise _Damaged("ledger_meta has no commit count")
-        commits = int(_checked("ledger_meta", row)[1])
+            raise Damaged("ledger_meta has no commit count")
+        commits = int(checked_row("ledger_meta", row)[1])
         (floor,) = conn.execute("SELECT min(expires_at) FROM ledger_reservations").fetchone()
         self._known = _Known(version, last + 1, commits, math.inf if floor is None else floor, last)
         return self._known
@@ -475,10 +241,10 @@ class SqliteLedger:
     def _sweep(self, conn: sqlite3.Connection, now: float, known: _Known) -> None:
         """Delete and log the leases that ran out; sets ``expiry_floor`` to the earliest lease left."""
         due = conn.execute(
-            f"SELECT {_COLUMNS} FROM ledger_reservations WHERE expires_at <= ? ORDER BY expires_at", (now,)
+            f"SELECT {COLUMNS} FROM ledger_reservations WHERE expires_at <= ? ORDER BY expires_at", (now,)
         ).fetchall()
         for row in due:
-            rid, owner, _created, expires, gpus_json, _meta = _checked("ledger_reservations", row)
+            rid, owner, _created, expires, gpus_json, _meta = checked_row("ledger_reservations", row)
             self._delete(conn, rid)
             self._log(conn, "expire", rid, owner, json.loads(gpus_json), expires, at=expires or now)
         (floor,) = conn.execute("SELECT min(expires_at) FROM ledger_reservations").fetchone()
@@ -505,8 +271,8 @@ class SqliteLedger:
         assert known is not None, "_log runs in a write transaction"
         values = (known.next_seq, float(at), action, rid, owner, json.dumps(gpus, sort_keys=True), expires_at)
         conn.execute(
-            f"INSERT INTO ledger_audit ({_AUDIT_COLUMNS}) VALUES (?, ?, ?, ?, ?, ?, ?, ?)",
-            _with_checksum("ledger_audit", values),
+            f"INSERT INTO ledger_audit ({AUDIT_COLUMNS}) VALUES (?, ?, ?, ?, ?, ?, ?, ?)",
+            with_checksum("ledger_audit", values),
         )
         known.next_seq += 1
         known.logged.append(values)
@@ -516,14 +282,14 @@ class SqliteLedger:
 
     def _find_row(self, conn: sqlite3.Connection, rid: str, now: float) -> tuple[Any, ...] | None:
         """The live row ``rid`` without its checksum, checked unless it is stored exactly as known good."""
-        row = conn.execute(f"SELECT {_COLUMNS} FROM ledger_reservations r WHERE id = ? AND {_LIVE}", (rid, now))
+        row = conn.execute(f"SELECT {COLUMNS} FROM ledger_reservations r WHERE id = ? AND {LIVE}", (rid, now))
         found = row.fetchone()
         if found is None:
             return None
         known = self._decoded.get(rid)
         if known is not None and known[0] == found:
             return found[:-1]  # type: ignore[no-any-return]
-        return _checked("ledger_reservations", found)
+        return checked_row("ledger_reservations", found)
 
     def _find(self, conn: sqlite3.Connection, rid: str, now: float) -> Reservation | None:
         values = self._find_row(conn, rid, now)
@@ -532,7 +298,7 @@ class SqliteLedger:
         known = self._decoded.get(rid)
         if known is not None and known[0][:-1] == values:
             return known[1]
-        return _row_to_reservation(values)
+        return row_to_reservation(values)
 
     # ------------------------------------------------------------------------------ the interface
 
@@ -544,7 +310,7 @@ class SqliteLedger:
             conn.executemany(
                 "INSERT INTO ledger_gpus (ref, capacity, checksum) VALUES (?, ?, ?) "
                 "ON CONFLICT (ref) DO UPDATE SET capacity = excluded.capacity, checksum = excluded.checksum",
-                [_with_checksum("ledger_gpus", (ref, int(cap))) for ref, cap in capacities.items()],
+                [with_checksum("ledger_gpus", (ref, int(cap))) for ref, cap in capacities.items()],
             )
 
     def accounts(self) -> dict[str, GpuAccount]:
@@ -553,7 +319,7 @@ class SqliteLedger:
             sums = dict(
                 conn.execute(
                     "SELECT h.ref, SUM(h.bytes) FROM ledger_holds h JOIN ledger_reservations r ON r.id = h.rid "
-                    f"WHERE {_LIVE} GROUP BY h.ref",
+                    f"WHERE {LIVE} GROUP BY h.ref",
                     (now,),
                 ).fetchall()
             )
@@ -603,12 +369,12 @@ class SqliteLedger:
                 json.dumps(reservation.gpus, sort_keys=True),
                 json.dumps(reservation.meta, sort_keys=True),
             )
-            stored = _with_checksum("ledger_reservations", row)
-            conn.execute(f"INSERT INTO ledger_reservations ({_COLUMNS}) VALUES (?, ?, ?, ?, ?, ?, ?)", stored)
+            stored = with_checksum("ledger_reservations", row)
+            conn.execute(f"INSERT INTO ledger_reservations ({COLUMNS}) VALUES (?, ?, ?, ?, ?, ?, ?)", stored)
             self._decoded[rid] = (stored, reservation)
             conn.executemany(
                 "INSERT INTO ledger_holds (rid, ref, bytes, checksum) VALUES (?, ?, ?, ?)",
-                [_with_checksum("ledger_holds", (rid, r, int(gpus[r]))) for r in refs],
+                [with_checksum("ledger_holds", (rid, r, int(gpus[r]))) for r in refs],
             )
             self._log(conn, "reserve", rid, owner, reservation.gpus, reservation.expires_at, at=now)
             self._lease_ends(reservation.expires_at)
@@ -626,8 +392,8 @@ class SqliteLedger:
             values = self._find_row(conn, rid, now)
             if values is None:
                 return None
-            renewed = _row_to_reservation(values).model_copy(update={"expires_at": now + float(ttl_s)})
-            stored = _with_checksum("ledger_reservations", (*values[:3], renewed.expires_at, *values[4:]))
+            renewed = row_to_reservation(values).model_copy(update={"expires_at": now + float(ttl_s)})
+            stored = with_checksum("ledger_reservations", (*values[:3], renewed.expires_at, *values[4:]))
             conn.execute(
                 "UPDATE ledger_reservations SET expires_at = ?, checksum = ? WHERE id = ?",
                 (renewed.expires_at, stored[-1], rid),
@@ -654,14 +420,14 @@ class SqliteLedger:
     def reservations(self) -> list[Reservation]:
         """Every live reservation; a row unchanged since the last call is not decoded again (see above)."""
         with self._txn(write=False) as (conn, now):
-            rows = conn.execute(f"SELECT {_COLUMNS} FROM ledger_reservations r WHERE {_LIVE} ORDER BY id", (now,))
+            rows = conn.execute(f"SELECT {COLUMNS} FROM ledger_reservations r WHERE {LIVE} ORDER BY id", (now,))
             decoded: dict[str, tuple[tuple[Any, ...], Reservation]] = {}
             for row in rows.fetchall():
                 known = self._decoded.get(row[0])
                 if known is not None and known[0] == row:
                     decoded[row[0]] = known
                 else:
-                    decoded[row[0]] = (row, _row_to_reservation(_checked("ledger_reservations", row)))
+                    decoded[row[0]] = (row, row_to_reservation(checked_row("ledger_reservations", row)))
             self._decoded = decoded  # only the rows live now: it never outgrows the table
         return [reservation for _row, reservation in decoded.values()]
 
@@ -671,10 +437,10 @@ class SqliteLedger:
 
         def entries(conn: sqlite3.Connection) -> list[tuple[Any, ...]]:
             rows = conn.execute(
-                f"SELECT {_AUDIT_COLUMNS} FROM ledger_audit WHERE seq > ? ORDER BY seq LIMIT ?",
+                f"SELECT {AUDIT_COLUMNS} FROM ledger_audit WHERE seq > ? ORDER BY seq LIMIT ?",
                 (since, -1 if limit is None else limit),
             ).fetchall()
-            return [_checked("ledger_audit", row) for row in rows]
+            return [checked_row("ledger_audit", row) for row in rows]
 
         with self._lock:
             checked = self._own_entries(since)
@@ -704,7 +470,7 @@ class SqliteLedger:
         try:
             (version,) = conn.execute("PRAGMA data_version").fetchone()
         except sqlite3.Error as exc:
-            raise self._fail(exc) from exc
+            raise sqlite_error(self.path, exc, self._busy_timeout_s) from exc
         if version != known.version or known.expiry_floor <= float(self._clock()):
             return None
         return known.logged[since - known.logged_after :]
@@ -713,44 +479,10 @@ class SqliteLedger:
         with self._lock:
             if self._conn is not None and self._pid == os.getpid():
                 self._conn.close()
-            self._close_mark()
+            self._mark.close()
             self._conn = None
             self._decoded = {}
             self._known = None
-
-
-def _verify(conn: sqlite3.Connection) -> tuple[str, int]:
-    """Every ledger row against its checksum, reservations against their holds, audit seqs without
-    gaps; the ledger's id and commit count. Runs inside a read transaction."""
-
-    def rows(table: str) -> Iterator[tuple[Any, ...]]:
-        query = f"SELECT {', '.join(ROWS[table])}, checksum FROM {table} ORDER BY rowid"
-        return (_checked(table, row) for row in conn.execute(query))
-
-    meta = {key: value for key, value in rows("ledger_meta")}
-    gpus = {ref for ref, _capacity in rows("ledger_gpus")}
-    holds: dict[str, dict[str, int]] = {}
-    for rid, ref, size in rows("ledger_holds"):
-        if ref not in gpus:
-            raise _Damaged(f"ledger_holds row rid={rid!r}, ref={ref!r} names a GPU that is not in ledger_gpus")
-        holds.setdefault(rid, {})[ref] = size
-    for rid, *_, gpus_json, _meta_json in rows("ledger_reservations"):
-        try:
-            booked = json.loads(gpus_json)
-        except ValueError:
-            booked = None
-        if booked != holds.pop(rid, None):
-            raise _Damaged(f"reservation {rid!r} and its rows in ledger_holds disagree")
-    if holds:
-        raise _Damaged(f"ledger_holds has rows of no reservation (rid={min(holds)!r})")
-    count = first = last = 0
-    for seq, *_ in rows("ledger_audit"):
-        first, last, count = first or seq, seq, count + 1
-    if count != last - first + 1 and count:
-        raise _Damaged(f"ledger_audit holds {count} entries for seq {first}..{last}")
-    if not meta.get("ledger_id") or not meta.get("commits", "").isdigit():
-        raise _Damaged("ledger_meta has no ledger id or commit count")
-    return meta["ledger_id"], int(meta["commits"])
 
 
 BACKENDS.register("sqlite", lambda arg, clock: SqliteLedger(arg or default_state_path(), clock=clock))

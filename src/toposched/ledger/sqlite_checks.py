@@ -98,3 +98,19 @@ def wal_damage(wal: Path, page_size: int | None) -> str | None:
         f"frame {first_bad + 1} of {wal.name} (byte {32 + first_bad * (24 + page)}) fails its checksum, so SQLite "
         f"would silently drop the {lost} committed transaction(s) after it"
     )
+
+
+def ledger_wal_damage(path: Path) -> str | None:
+    """``wal_damage`` of the ledger file ``path``'s ``-wal`` file (with the page size its header gives),
+    asked twice before answering: a writer appending while it is read can make a frame look bad once,
+    not at the same place twice in a row."""
+    try:
+        with path.open("rb") as db:
+            raw = db.read(18)
+    except OSError:
+        raw = b""
+    page_size = int.from_bytes(raw[16:18], "big") if len(raw) == 18 else 0
+    page = 65536 if page_size == 1 else page_size or None
+    wal = path.with_name(path.name + "-wal")
+    problem = wal_damage(wal, page)
+    return problem if problem is None or wal_damage(wal, page) == problem else None

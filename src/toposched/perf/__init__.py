@@ -8,8 +8,9 @@ latency.py    ``predict_latency`` -> LatencyEstimate
 
 from __future__ import annotations
 
+from toposched.perf.coefficients import PerfConfig
 from toposched.perf.hardware import GpuSpec, get_gpu, gpu_registry
-from toposched.perf.latency import LatencyEstimate, PerfConfig, predict_latency
+from toposched.perf.latency import LatencyEstimate, predict_latency
 from toposched.perf.links import LinkSpec, get_link, link_registry
 
 __all__ = [

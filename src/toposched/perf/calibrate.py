@@ -14,7 +14,7 @@ reference/data/anchors-train.md says:
   offline maximum-throughput runs the caller sets ``batch`` to the saturated batch (what the KV
   cache and the engine's batch limit allow). A run of ``num_requests`` identical requests runs in
   waves of ``c``; an open-loop run (``request_rate``) serves its arrivals, and no more than the
-  closed loop at ``c`` would (``perf/serving.py`` ``ServingRun``, the same model the plans' operating points use).
+  closed loop at ``c`` would (``perf/serving_run.py`` ``ServingRun``, the same model the plans' operating points use).
 
 The sample's ``engine`` is passed on to the model (``latency.prefill_launched_from_host``: whether a
 prefill pays the host-launch cost).
@@ -33,12 +33,13 @@ from typing import Any
 import numpy as np
 
 from toposched.errors import InputError
+from toposched.perf.coefficients import PerfConfig
 from toposched.perf.hardware import get_gpu
-from toposched.perf.latency import PassModel, PerfConfig
+from toposched.perf.latency import PassModel
 from toposched.perf.links import get_link
 from toposched.perf.profile import ANY, Profile, ProfileEntry
 from toposched.perf.samples import Sample
-from toposched.perf.serving import ServingRun
+from toposched.perf.serving_run import ServingRun
 from toposched.workload.catalog import resolve_model
 from toposched.workload.dtypes import parse_kv_dtype, parse_weight_dtype
 from toposched.workload.spec import ModelSpec

@@ -22,7 +22,7 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
 from toposched.errors import InputError, first_problem
 from toposched.inputs import load_json, read_text
-from toposched.perf.latency import PerfConfig
+from toposched.perf.coefficients import PerfConfig
 
 ANY = "*"
 

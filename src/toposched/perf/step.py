@@ -29,8 +29,9 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
+from toposched.perf.coefficients import PerfConfig
 from toposched.perf.hardware import GpuSpec
-from toposched.perf.latency import PassModel, PerfConfig, resolve_config, roofline
+from toposched.perf.latency import PassModel, resolve_config, roofline
 from toposched.perf.links import LinkSpec
 from toposched.workload.parallel import check_degrees
 from toposched.workload.spec import ModelSpec

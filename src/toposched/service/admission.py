@@ -29,7 +29,7 @@ from toposched.service.deciding import Deciding, held_for_headroom
 from toposched.service.defrag import plan_head
 from toposched.service.records import Decision
 from toposched.service.request import ServiceRequest
-from toposched.solver.queue import QueuedItem
+from toposched.solver.queueline import QueuedItem
 from toposched.solver.request import SLO_CLASSES
 
 

@@ -20,9 +20,10 @@ from toposched.service.following import Following
 from toposched.service.records import PD_PAIR, Decision, Instance, PdBooking, complete, serving
 from toposched.service.replica import log
 from toposched.service.request import ServiceRequest
+from toposched.solver.outcome import Outcome
 from toposched.solver.pd import place_pd
+from toposched.solver.policies import HEADROOM_REASON
 from toposched.solver.request import PlacementRequest
-from toposched.solver.scheduler import HEADROOM_REASON, Outcome
 from toposched.solver.sizing import size_for_rate
 from toposched.topology.model import Cluster
 

@@ -26,7 +26,7 @@ from toposched.solver.defrag import (
     search_defrag,
     start_move,
 )
-from toposched.solver.queue import QueuedItem
+from toposched.solver.queueline import QueuedItem
 from toposched.solver.request import PlacementRequest
 
 log = logging.getLogger("toposched.service")

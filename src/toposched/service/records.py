@@ -20,10 +20,11 @@ from toposched.ledger.base import Ledger, Reservation
 from toposched.service.ledger_guard import GuardedLedger
 from toposched.service.request import PdSpec, slot_ids
 from toposched.solver.defrag import INSTANCE, MOVED_FROM
+from toposched.solver.outcome import Outcome
 from toposched.solver.pd import near_check, role_ids, role_request_id, with_role
 from toposched.solver.place import Assessment
 from toposched.solver.request import Placement, PlacementRequest, Role
-from toposched.solver.scheduler import DEFAULT_BUDGET_GBPS, Outcome, Scheduler
+from toposched.solver.scheduler import DEFAULT_BUDGET_GBPS, Scheduler
 from toposched.topology.model import Cluster, Health
 
 PD_PAIR = "pd_pair"

@@ -15,7 +15,7 @@ from __future__ import annotations
 
 from toposched.errors import InputError, StateError, ToposchedError
 from toposched.ledger.base import Ledger, capacities_from_cluster, open_ledger
-from toposched.ledger.etcd import split_url
+from toposched.ledger.etcd_keys import split_url
 from toposched.service.admission import Admission, Waiting
 from toposched.service.deciding import check_policy
 from toposched.service.ledger_guard import GuardedLedger

@@ -1,6 +1,6 @@
 """Predicted-vs-observed latency of a placement, from its engine's own Prometheus ``/metrics``.
 
-Each sidecar cycle scrapes the engine (vLLM or SGLang; metric names in ``perf/readers.py``) and
+Each sidecar cycle scrapes the engine (vLLM or SGLang; metric names in ``perf/prometheus.py``) and
 compares the means over the window since the previous scrape with what the placement predicted:
 
 * ``toposched_sidecar_latency_drift_ratio{placement,kind}``: observed / predicted, ``kind`` ``ttft``
@@ -23,7 +23,7 @@ from dataclasses import dataclass
 
 from prometheus_client import CollectorRegistry, Gauge
 
-from toposched.perf.readers import Exposition, Window, observe, scrape
+from toposched.perf.prometheus import Exposition, Window, observe, scrape
 
 KINDS = ("ttft", "tpot")
 

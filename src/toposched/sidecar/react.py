@@ -15,8 +15,9 @@ from typing import Any, Literal
 from toposched.sidecar.checks import Alert
 from toposched.sidecar.loop import Report
 from toposched.solver.place import Assessment
+from toposched.solver.policies import POLICIES
 from toposched.solver.request import Placement, PlacementRequest
-from toposched.solver.scheduler import POLICIES, Scheduler
+from toposched.solver.scheduler import Scheduler
 
 Status = Literal["ok", "degraded"]
 

@@ -39,8 +39,9 @@ from toposched.solver.queue import FairQueue
 from toposched.solver.request import SLO_CLASSES, Placement
 
 if TYPE_CHECKING:
-    from toposched.sim.engine import SimInstance, Simulation, Unit
     from toposched.sim.events import Event
+    from toposched.sim.state import SimState
+    from toposched.sim.units import SimInstance, Unit
 
 BLIND_POLICIES = frozenset({"index-order", "random"})
 """Policies that ignore topology: they never wait for NVLink room."""
@@ -71,7 +72,7 @@ class DefragRun:
 class Admission:
     """The waiting instances of one run and the defragmentation in flight."""
 
-    def __init__(self, sim: Simulation) -> None:
+    def __init__(self, sim: SimState) -> None:
         self.sim = sim
         self.cfg = sim.scenario.admission
         self.aware = sim.policy not in BLIND_POLICIES

@@ -42,7 +42,7 @@ from toposched.solver.scheduler import Scheduler
 from toposched.topology.model import Cluster, Node
 
 if TYPE_CHECKING:
-    from toposched.sim.engine import SimInstance
+    from toposched.sim.units import SimInstance
 
 
 class Router:

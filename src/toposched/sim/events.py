@@ -13,7 +13,8 @@ from typing import TYPE_CHECKING, ClassVar
 from toposched.sim.workload import draw_request
 
 if TYPE_CHECKING:
-    from toposched.sim.engine import SimInstance, Simulation, Unit
+    from toposched.sim.engine import Simulation
+    from toposched.sim.units import SimInstance, Unit
     from toposched.sim.workload import SimRequest
 
 

@@ -18,9 +18,11 @@ from typing import Any
 from toposched.errors import InputError, InvariantError
 from toposched.ledger.base import GIB
 from toposched.sim.deployment import Deployment, build_deployment, label_nodes, place_pd_layout
-from toposched.sim.engine import PdSimulation, Simulation
+from toposched.sim.disaggregated import PdSimulation
+from toposched.sim.engine import Simulation
+from toposched.sim.loading import load_cluster
 from toposched.sim.metrics import check_conservation, compute, per_token_ms
-from toposched.sim.scenario import MAX_INSTANCES, PdLayout, Scenario, expected_instance_arrivals, load_cluster
+from toposched.sim.scenario import MAX_INSTANCES, PdLayout, Scenario, expected_instance_arrivals
 from toposched.sim.workload import SimRequest, make_arrivals, read_trace
 from toposched.solver.pd import cluster_kv_links
 from toposched.solver.scheduler import Scheduler

@@ -8,26 +8,8 @@ stream from its ready time (arrival + start-up) to its departure, placed or not.
 one tenant may give the tenant's fields at the top level
 (``model``, ``batch``, ``input_len``, ``slo_ms`` ...), as the scenarios before issue 15 did.
 
-Built-in scenarios (``SCENARIOS``):
-
-* ``seed-256`` — seed 000's setting: 32 x HGX H100 (256 GPUs) over 8 x 400G InfiniBand; an FP8
-  175B-class dense model (``data/scenarios/dense-175b-class.json``: GPT-3 175B's shape); 4,096
-  requests of sequence length 2,048 (1,024 in, 1,024 out); instances with batch 32; per-token SLO
-  100 ms; Poisson arrivals at 36 requests/s (unchanged since before issue 15).
-* ``small`` — 4 HGX H100 nodes, Llama-3.1-70B, 400 requests: for tests and quick looks.
-* ``large-16k`` — 2,048 HGX H100 nodes (16,384 GPUs), Llama-3.1-70B, 100,000 requests: the
-  performance scenario.
-* ``churn-128`` — issue 15's busy cluster: 16 x HGX H100, tenants of TP 1/2/4/8 (weights 4:3:2:1),
-  exponential lifetimes (mean 300 s), requests at 70 % of each instance's in-domain capacity, three
-  GPU failures, SLO = 1.25 x the in-domain per-token latency, offered occupancy 0.85.
-* ``churn-tiny`` — a two-node churn scenario for tests.
-* ``pd-256`` — issue 20's disaggregated deployment on the 256-GPU preset: Llama-3.1-70B, 32 prefill
-  and 32 decode instances of TP 4, each request's KV moved from its prefill to a decode instance
-  (``perf/kv_transfer.py``), run once per layout of decode (and store) against prefill: same-server,
-  rack-local, spread (``Pd``).
-* ``pd-tiny`` — the same with Llama-3.1-8B at TP 2 on 16 HGX H100 nodes (two racks), for tests.
-
-A scenario file (YAML) has the same fields; see docs/simulator.md. Every field is bounded (at most
+A scenario file (YAML, read by ``sim/loading.py``) has the same fields; see docs/simulator.md. The
+built-in scenarios are in ``sim/builtin_scenarios.py``. Every field is bounded (at most
 ``MAX_REQUESTS`` requests, durations up to ``MAX_SECONDS``, finite numbers only), so a damaged or
 hostile file gets one error naming the file and the key, never an unbounded run.
 """
@@ -35,21 +17,12 @@ hostile file gets one error naming the file and the key, never an unbounded run.
 from __future__ import annotations
 
 import math
-import re
-from importlib import resources
-from pathlib import Path
 from typing import Annotated, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
+from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
-from toposched.errors import InputError, SpecError, first_problem
-from toposched.inputs import load_yaml, read_text
 from toposched.names import ObjectId, node_name_problem
-from toposched.registry import Registry
 from toposched.solver.request import SloClass
-from toposched.topology.model import Cluster, Fabric
-from toposched.topology.presets import load_preset, preset_node
-from toposched.topology.spec import MAX_NODES, load_cluster_spec
 
 MAX_REQUESTS = 1_000_000
 """Most requests one scenario or trace may hold (10x the largest fixed scenario)."""
@@ -390,227 +363,6 @@ class Scenario(_Value):
                 slo_ms=self.slo_ms,
             ),
         )
-
-
-def _dense_175b() -> str:
-    return str(resources.files("toposched") / "data" / "scenarios" / "dense-175b-class.json")
-
-
-SCENARIOS: Registry[Scenario] = Registry("scenario")
-SCENARIOS.register(
-    "seed-256",
-    Scenario(
-        name="seed-256",
-        cluster="cluster-32x-hgx-h100",
-        model=_dense_175b(),
-        weight_dtype="fp8",
-        requests=4096,
-        arrivals=Arrivals(rate_per_s=36.0),
-        input_len=Lengths(mean=1024),
-        output_len=Lengths(mean=1024),
-        slo_ms=100.0,
-        batch=32,
-    ),
-)
-SCENARIOS.register(
-    "small",
-    Scenario(
-        name="small",
-        cluster="4xhgx-h100",
-        model="llama-3.1-70b",
-        requests=400,
-        arrivals=Arrivals(rate_per_s=20.0),
-        input_len=Lengths(mean=512, dist="uniform"),
-        output_len=Lengths(mean=128, dist="uniform"),
-        slo_ms=60.0,
-        slo_mix={"interactive": 0.7, "batch": 0.3},
-        batch=16,
-        failures=(Failure(at_s=5.0, gpu="hgx-h100-1/3"),),
-    ),
-)
-SCENARIOS.register(
-    "large-16k",
-    Scenario(
-        name="large-16k",
-        cluster="2048xhgx-h100",
-        model="llama-3.1-70b",
-        requests=100_000,
-        arrivals=Arrivals(rate_per_s=2000.0),
-        input_len=Lengths(mean=512),
-        output_len=Lengths(mean=128),
-        slo_ms=30.0,
-        batch=32,
-    ),
-)
-
-# Request lengths of the churn scenarios: lognormal (sigma 0.6) around 1,024 prompt and 256 output
-# tokens, clipped at 4x the mean. Our choice, of the order of chat workloads; not a measured trace.
-_CHAT_IN = Lengths(dist="lognormal", mean=1024, sigma=0.6)
-_CHAT_OUT = Lengths(dist="lognormal", mean=256, sigma=0.6)
-_CHURN_TENANTS = (
-    # TP 1/2/4/8 with weights 4:3:2:1 (issue 15); each model needs exactly that degree on H100 80 GB
-    # for batch 32 at this context: 8B BF16 fits one GPU, 70B FP8 two, 70B BF16 four, 405B FP8 eight.
-    Tenant(name="llama8b-tp1", model="llama-3.1-8b", tp=1, batch=32, weight=4, slo_factor=1.25,
-           input_len=_CHAT_IN, output_len=_CHAT_OUT),
-    Tenant(name="llama70b-fp8-tp2", model="llama-3.1-70b", weight_dtype="fp8", tp=2, batch=32, weight=3,
-           slo_factor=1.25, input_len=_CHAT_IN, output_len=_CHAT_OUT),
-    Tenant(name="llama70b-tp4", model="llama-3.1-70b", tp=4, batch=32, weight=2, slo_factor=1.25,
-           input_len=_CHAT_IN, output_len=_CHAT_OUT),
-    Tenant(name="llama405b-fp8-tp8", model="llama-3.1-405b", weight_dtype="fp8", tp=8, batch=32, weight=1,
-           slo_factor=1.25, input_len=_CHAT_IN, output_len=_CHAT_OUT),
-)  # fmt: skip
-SCENARIOS.register(
-    "churn-128",
-    Scenario(
-        name="churn-128",
-        cluster="16xhgx-h100",
-        tenants=_CHURN_TENANTS,
-        # five mean lifetimes: long enough for fragmentation to settle, short enough for ~20 s per run
-        churn=Churn(occupancy=0.85, duration_s=1500.0, mean_lifetime_s=300.0, load=0.7),
-        # vLLM loads a checkpoint and captures CUDA graphs before serving; 30 s is our assumption
-        # for a warm node (weights in the page cache), not a measurement.
-        instance_startup_s=30.0,
-        failures=(
-            Failure(at_s=375.0, gpu="hgx-h100-03/5"),
-            Failure(at_s=750.0, gpu="hgx-h100-08/2"),
-            Failure(at_s=1125.0, gpu="hgx-h100-13/7"),
-        ),
-    ),
-)
-SCENARIOS.register(
-    "churn-tiny",
-    Scenario(
-        name="churn-tiny",
-        cluster="2xhgx-h100",
-        tenants=(
-            Tenant(name="small-tp1", model="llama-3.1-8b", tp=1, batch=8, weight=3, slo_factor=1.25,
-                   input_len=Lengths(dist="uniform", mean=256), output_len=Lengths(dist="uniform", mean=32)),
-            Tenant(name="big-tp4", model="llama-3.1-70b", tp=4, batch=8, weight=1, slo_factor=1.25,
-                   slo_class="standard", input_len=Lengths(dist="uniform", mean=256),
-                   output_len=Lengths(dist="uniform", mean=32)),
-        ),
-        churn=Churn(occupancy=0.85, duration_s=120.0, mean_lifetime_s=30.0, load=0.7),
-        instance_startup_s=2.0,
-        failures=(Failure(at_s=40.0, gpu="hgx-h100-1/3"),),
-    ),
-)  # fmt: skip
-
-
-# Issue 20's disaggregated deployment. Llama-3.1-70B BF16 at TP 4 on HGX H100: one prefill and one
-# decode instance per node, so every layout holds the same instances (same-server needs both on a
-# node). Requests at about 70 % of the 32 decode instances' capacity (batch 32, 256 output tokens:
-# ~6.5 requests/s each by the cost model), chat lengths as churn-128's.
-SCENARIOS.register(
-    "pd-256",
-    Scenario(
-        name="pd-256",
-        cluster="cluster-32x-hgx-h100",
-        model="llama-3.1-70b",
-        requests=4096,
-        arrivals=Arrivals(rate_per_s=145.0),
-        input_len=_CHAT_IN,
-        output_len=_CHAT_OUT,
-        slo_ms=100.0,
-        batch=32,
-        pd=Pd(prefill=32, decode=32, prefill_tp=4, decode_tp=4, layouts=PD_LAYOUTS),
-    ),
-)
-SCENARIOS.register(
-    "pd-tiny",
-    Scenario(
-        name="pd-tiny",
-        cluster="16xhgx-h100",
-        model="llama-3.1-8b",
-        requests=300,
-        arrivals=Arrivals(rate_per_s=40.0),
-        input_len=Lengths(dist="uniform", mean=1024),
-        output_len=Lengths(dist="uniform", mean=64),
-        slo_ms=100.0,
-        batch=16,
-        pd=Pd(prefill=4, decode=4, prefill_tp=2, decode_tp=2, layouts=PD_LAYOUTS),
-    ),
-)
-
-
-def _exists(ref: str) -> bool:
-    """Whether ``ref`` names an existing file; False for names the OS cannot hold."""
-    try:
-        return Path(ref).exists()
-    except (OSError, ValueError):
-        return False
-
-
-def _check_ref(ref: str, what: str) -> None:
-    if not ref or len(ref) > MAX_REF or "\x00" in ref:
-        shown = repr(ref) if len(ref) <= 60 else repr(ref[:57]) + "..."
-        raise InputError(f"{what} {shown} is not a name or a path", fix=f"at most {MAX_REF} characters, no NUL byte")
-
-
-def _relative(raw: dict[str, object], key: str, base: Path) -> None:
-    """A relative path in ``raw[key]`` becomes relative to the scenario file's folder when it exists there."""
-    value = raw.get(key)
-    if isinstance(value, str) and value and len(value) <= MAX_REF and _exists(str(base / value)):
-        raw[key] = str(base / value)
-
-
-def load_scenario(ref: str) -> Scenario:
-    """A built-in scenario by name, or a YAML file; errors name the file and the key path.
-
-    The file is read through ``toposched.inputs`` (a bounded regular UTF-8 file, YAML without
-    duplicate keys or deep nesting); every number must be finite and within its field's bounds.
-    """
-    _check_ref(ref, "scenario")
-    path = Path(ref)
-    if not _exists(ref):
-        return SCENARIOS.get(ref)
-    source = str(path)
-    text = read_text(path, what="scenario file", max_bytes=MAX_SCENARIO_BYTES)
-    try:
-        raw = load_yaml(text, source=source)
-    except SpecError:
-        raise
-    except InputError as exc:
-        raise SpecError(source, "", exc.message.removeprefix(f"{source}: "), fix=exc.fix) from None
-    except ValueError as exc:  # PyYAML's int() of a 5,000-digit literal (Python's digit limit)
-        raise SpecError(source, "", f"a number is too long to read ({str(exc).split(';')[0]})") from None
-    if not isinstance(raw, dict):
-        raise SpecError(source, "", "a scenario file is a mapping of fields")
-    for key in ("model", "cluster", "trace"):  # relative paths are relative to the scenario file
-        _relative(raw, key, path.parent)
-    tenants = raw.get("tenants")
-    if isinstance(tenants, list):
-        raw["tenants"] = [dict(t) if isinstance(t, dict) else t for t in tenants]
-        for tenant in raw["tenants"]:
-            if isinstance(tenant, dict):
-                _relative(tenant, "model", path.parent)
-    try:
-        return Scenario.model_validate(raw)
-    except ValidationError as exc:
-        problem = first_problem(exc)
-        raise SpecError(source, problem.path, problem.msg) from None
-
-
-def load_cluster(ref: str) -> Cluster:
-    """A preset, ``NxPRESET`` (N copies of a one-node preset, racks of 8, zones of 64, 8x400G IB) or a spec."""
-    _check_ref(ref, "cluster")
-    m = re.fullmatch(r"([0-9]+)x([A-Za-z0-9][A-Za-z0-9._-]*)", ref)  # ASCII digits, a preset name (no spaces)
-    if m and not _exists(ref):
-        digits, preset = m.group(1), m.group(2)
-        count = int(digits) if len(digits) <= 6 else MAX_NODES + 1
-        if not 1 <= count <= MAX_NODES:
-            raise InputError(f"cluster {ref[:60]!r}: the node count must be between 1 and {MAX_NODES}")
-        width = len(str(count - 1))
-        base = preset_node(preset)
-        nodes = [
-            base.model_copy(
-                update={"name": f"{preset}-{n:0{width}d}", "rack": f"rack{n // 8}", "zone": f"zone{n // 64}"}
-            )
-            for n in range(count)
-        ]
-        return Cluster(name=ref, nodes=tuple(nodes), fabric=Fabric(kind="IB", nic_gbps=50.0, nics_per_node=8))
-    if _exists(ref):
-        return load_cluster_spec(ref)
-    return load_preset(ref)
 
 
 def expected_instance_arrivals(churn: Churn, gpus: int, mean_gpus: float, startup_s: float) -> float:

@@ -46,9 +46,10 @@ from toposched.ledger.base import GpuAccount
 from toposched.names import placement_id_problem
 from toposched.solver.index import LEVELS, Group
 from toposched.solver.pd import with_role
-from toposched.solver.place import find_stages, stage_links
+from toposched.solver.place import stage_links
 from toposched.solver.request import ConstraintCheck, Placement, PlacementRequest, Rank
 from toposched.solver.scheduler import Scheduler
+from toposched.solver.stages import find_stages
 
 MAX_SUBSETS_PER_GROUP = 2000
 """Subsets of occupants tried per group and move count (a 72-GPU NVL72 domain full of TP=1 instances

@@ -18,12 +18,14 @@ from toposched.errors import InfeasibleError, InputError
 from toposched.perf.hardware import GpuSpec, get_gpu, gpu_registry
 from toposched.perf.latency import LatencyEstimate, PassModel, predict_latency, resolve_config
 from toposched.perf.links import get_link
-from toposched.perf.serving import CommAdjust, OperatingPoint, evaluate, operating_point, settle
+from toposched.perf.serving import OperatingPoint, evaluate, operating_point, settle
+from toposched.perf.serving_run import CommAdjust
 from toposched.solver.request import PlacementRequest
 from toposched.solver.split import balanced_partition
 from toposched.workload import resolve_model
 from toposched.workload.dtypes import KvDtype, kv_element_bytes, parse_kv_dtype, parse_weight_dtype
-from toposched.workload.memory import MemoryConfig, MemoryEstimate, estimate_memory, vllm_batch_defaults
+from toposched.workload.memory import MemoryEstimate, estimate_memory
+from toposched.workload.memory_config import MemoryConfig, vllm_batch_defaults
 from toposched.workload.parallel import valid_tps
 from toposched.workload.spec import ModelSpec
 

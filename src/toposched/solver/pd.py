@@ -24,7 +24,7 @@ from __future__ import annotations
 
 from collections import Counter
 from dataclasses import dataclass, field
-from typing import Literal
+from typing import TYPE_CHECKING, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
@@ -33,12 +33,15 @@ from toposched.names import Label, NodeName, PlacementId, Word
 from toposched.perf.hardware import GpuSpec
 from toposched.perf.kv_transfer import KvLane, KvLinks, kv_links, rank_kv_bytes_per_token
 from toposched.solver.constraints import near_node
+from toposched.solver.outcome import Outcome
 from toposched.solver.request import ConstraintCheck, Placement, PlacementRequest, Role, Unplaced, instance_ids
-from toposched.solver.scheduler import Outcome, Scheduler
 from toposched.topology.domains import DomainMap, gpu_ref
 from toposched.topology.model import Cluster, LinkKind, Node
 from toposched.workload.dtypes import KvDtype
 from toposched.workload.spec import ModelSpec
+
+if TYPE_CHECKING:  # plans are booked in the scheduler given: no import circle at run time
+    from toposched.solver.scheduler import Scheduler
 
 KvStoreKind = Literal["mooncake"]
 KV_STORES: tuple[str, ...] = ("mooncake",)

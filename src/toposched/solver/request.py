@@ -101,7 +101,7 @@ class PlacementRequest(BaseModel):
     expert_replicas: int = Field(default=0, ge=0, le=4096, description="copies of hot experts allowed (ep > 1)")
     affinity: Affinity = "auto"
     allow_int4_kv: bool = False
-    # Kubernetes label syntax: the selector becomes node-affinity expressions of the pods (binding/k8s.py)
+    # Kubernetes label syntax: the selector becomes node-affinity expressions of the pods (binding/k8s_affinity.py)
     node_selector: dict[Label, LabelValue] = Field(default_factory=dict, description="node labels that must match")
     racks: tuple[Label, ...] | None = None
     zones: tuple[Label, ...] | None = None

@@ -40,7 +40,8 @@ from toposched.perf.serving import OperatingPoint, planned_rate, prefill_planned
 from toposched.solver.request import PlacementRequest
 
 if TYPE_CHECKING:  # the scheduler calls slo_remedies: no import circle at run time
-    from toposched.solver.scheduler import Candidate, Scheduler
+    from toposched.solver.candidates import Candidate
+    from toposched.solver.scheduler import Scheduler
 
 
 MAX_REPLICAS: int = next(m.le for m in PlacementRequest.model_fields["replicas"].metadata if getattr(m, "le", None))

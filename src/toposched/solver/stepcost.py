@@ -10,8 +10,8 @@ from __future__ import annotations
 from functools import lru_cache
 
 from toposched.errors import InputError
+from toposched.perf.coefficients import PerfConfig
 from toposched.perf.hardware import GpuSpec
-from toposched.perf.latency import PerfConfig
 from toposched.perf.links import get_link
 from toposched.perf.profile import active_config
 from toposched.perf.step import StepCost

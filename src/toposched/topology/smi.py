@@ -32,11 +32,10 @@ from __future__ import annotations
 import re
 from dataclasses import dataclass
 
-from pydantic import ValidationError
-
-from toposched.errors import TopologyParseError, first_problem
+from toposched.errors import TopologyParseError
 from toposched.names import node_name_problem, word_problem
-from toposched.topology.model import GPU, MAX_GPU_INDEX, NIC, Link, LinkKind, NicLink, Node, nominal_link
+from toposched.topology.model import Node
+from toposched.topology.smi_node import NUMA_ID, SmiHeader, SmiLine, build_node
 
 MAX_DEVICES = 512
 """Most header columns (GPUs + NICs) read; a real ``nvidia-smi topo -m`` shows a few dozen."""
@@ -47,10 +46,7 @@ _P2P_CELL = re.compile(r"^(OK|CNS|GNS|TNS|NS|DR|U)$")
 _AFFINITY_LABELS = ("CPU Affinity", "NUMA Affinity", "GPU NUMA ID")
 _DEVICE_TOKEN = re.compile(r"GPU\d+|NIC\d+|mlx\d+_(?:bond_)?\d+|[A-Za-z][\w.:-]*", re.ASCII)
 _GLUED = re.compile(r"(?:GPU\d+|NIC\d+|mlx\d+_(?:bond_)?\d+)", re.ASCII)
-_PROMPT = re.compile(r"[\w.-]+@([\w.-]+):[^$#]*[$#]")  # matched against one word: "root@host:~#"
-_NIC_LEGEND = re.compile(r"^(NIC\d+):\s*(\S+)\s*$", re.ASCII)
 _CPULIST = re.compile(r"^\d{1,6}(?:-\d{1,6})?(?:,\d{1,6}(?:-\d{1,6})?)*$", re.ASCII)
-_NUMA_ID = re.compile(r"^\d{1,4}$", re.ASCII)  # ASCII digits, a real node count
 
 
 @dataclass(frozen=True)
@@ -59,20 +55,6 @@ class SmiTopology:
 
     node: Node
     warnings: tuple[str, ...] = ()
-
-
-@dataclass(frozen=True)
-class _Line:
-    number: int  # 1-based line number in the input
-    text: str  # ANSI removed, prefix ('#', indentation) removed, trailing whitespace kept
-
-
-@dataclass(frozen=True)
-class _Header:
-    line: int
-    devices: tuple[str, ...]  # GPU columns then NIC columns, as named in the header
-    gpus: tuple[str, ...]
-    affinity: tuple[str, ...]  # affinity column labels present, in order
 
 
 def _clean(raw: str) -> str:
@@ -99,7 +81,7 @@ def _split_header(text: str) -> list[str]:
     return tokens
 
 
-def _find_header(lines: list[_Line], source: str) -> _Header:
+def _find_header(lines: list[SmiLine], source: str) -> SmiHeader:
     for line in lines:
         if not line.text.startswith("GPU0"):
             continue
@@ -141,11 +123,11 @@ def _find_header(lines: list[_Line], source: str) -> _Header:
             problem = word_problem(name, "NIC column")
             if problem:
                 raise TopologyParseError(problem, source=source, line=line.number, column=name[:40])
-        return _Header(line.number, tuple(devices), gpus, tuple(affinity))
+        return SmiHeader(line.number, tuple(devices), gpus, tuple(affinity))
     raise TopologyParseError(_not_a_matrix_reason(lines), source=source, fix="pass the output of `nvidia-smi topo -m`")
 
 
-def _not_a_matrix_reason(lines: list[_Line]) -> str:
+def _not_a_matrix_reason(lines: list[SmiLine]) -> str:
     text = "\n".join(line.text for line in lines)
     if not text.strip():
         return "the input is empty; expected the output of `nvidia-smi topo -m`"
@@ -154,18 +136,6 @@ def _not_a_matrix_reason(lines: list[_Line]) -> str:
     if "Status Ok" in text or re.search(r"\bGNS\b|\bCNS\b", text):
         return "this is `nvidia-smi topo -p2p` output (pass it as --p2p FILE); toposched needs `nvidia-smi topo -m`"
     return "no `nvidia-smi topo -m` header (a line starting 'GPU0 GPU1 ...' or 'GPU0 CPU Affinity') found"
-
-
-def _numa_node(value: str | None) -> int | None:
-    """A single NUMA node, or None for N/A, ranges over several nodes and lists."""
-    if value is None:
-        return None
-    if _NUMA_ID.match(value):
-        return int(value)
-    m = re.fullmatch(r"(\d{1,4})-(\d{1,4})", value, re.ASCII)
-    if m and m.group(1) == m.group(2):
-        return int(m.group(1))
-    return None
 
 
 def _cells(text: str, count: int) -> tuple[list[str], str]:
@@ -200,7 +170,7 @@ def parse_topo_matrix(text: str, *, source: str = "<input>", hostname: str | Non
     if hostname is not None and node_name_problem(hostname):
         raise TopologyParseError(f"hostname: {node_name_problem(hostname)}", source=source)
     raw_lines = text.split("\n")
-    lines = [_Line(i + 1, _clean(raw)) for i, raw in enumerate(raw_lines)]
+    lines = [SmiLine(i + 1, _clean(raw)) for i, raw in enumerate(raw_lines)]
     header = _find_header(lines, source)
     warnings: list[str] = []
     n_dev = len(header.devices)
@@ -287,12 +257,12 @@ def parse_topo_matrix(text: str, *, source: str = "<input>", hostname: str | Non
             warnings.append(f"the input ends before the rows of {', '.join(expected)}; NIC-to-NIC paths unknown")
 
     _check_matrix(header, rows, source)
-    node = _build_node(header, rows, affinity, lines, source, hostname, warnings)
+    node = build_node(header, rows, affinity, lines, source, hostname, warnings)
     return SmiTopology(node=node, warnings=tuple(warnings))
 
 
 def _read_affinity(
-    header: _Header, name: str, rest: str, line: _Line, is_last: bool, source: str, warnings: list[str]
+    header: SmiHeader, name: str, rest: str, line: SmiLine, is_last: bool, source: str, warnings: list[str]
 ) -> dict[str, str]:
     values = rest.split()
     columns = header.affinity
@@ -320,7 +290,7 @@ def _read_affinity(
         values = ["", *values]
     result = dict(zip(columns, values, strict=True))
     for column, value in result.items():
-        ok = value in ("", "N/A") or (_NUMA_ID.match(value) if column == "GPU NUMA ID" else _CPULIST.match(value))
+        ok = value in ("", "N/A") or (NUMA_ID.match(value) if column == "GPU NUMA ID" else _CPULIST.match(value))
         if not ok:
             raise TopologyParseError(
                 f"row {name}: {value[:40]!r}{'...' if len(value) > 40 else ''} is not a valid {column} value",
@@ -331,7 +301,7 @@ def _read_affinity(
     return result
 
 
-def _check_matrix(header: _Header, rows: dict[str, list[str]], source: str) -> None:
+def _check_matrix(header: SmiHeader, rows: dict[str, list[str]], source: str) -> None:
     index = {d: i for i, d in enumerate(header.devices)}
     for name, cells in rows.items():
         i = index[name]
@@ -351,157 +321,3 @@ def _check_matrix(header: _Header, rows: dict[str, list[str]], source: str) -> N
                     source=source,
                     column=other,
                 )
-
-
-MAX_NVLINKS = 64
-"""More NVLinks between two GPUs than any NVIDIA part has (18 on H100/B200): a cell over it is not real."""
-
-
-def _kind(cell: str) -> tuple[LinkKind, int]:
-    if cell.startswith("NV"):
-        digits = cell[2:]
-        if len(digits) > 2 or not 1 <= int(digits) <= MAX_NVLINKS:
-            raise ValueError(f"link cell {cell[:12]!r} is not a count of 1 to {MAX_NVLINKS} NVLinks")
-        return LinkKind.NVLINK, int(digits)
-    return LinkKind(cell), 0
-
-
-def _first_error(exc: ValueError) -> str:
-    """A one-line reason from a ``ValueError`` or pydantic's ``ValidationError``."""
-    if isinstance(exc, ValidationError):
-        problem = first_problem(exc)
-        return f"{problem.path}: {problem.msg}" if problem.path else problem.msg
-    return str(exc)
-
-
-def _prompt_host(text: str) -> str | None:
-    """The host in a shell prompt before ``nvidia-smi topo`` (``root@dl380ag11:~# nvidia-smi topo -m``)."""
-    at = text.find("nvidia-smi")
-    if at < 0 or "topo" not in text[at:]:
-        return None
-    for word in reversed(text[:at].split()):
-        if word.endswith(("$", "#")):
-            m = _PROMPT.fullmatch(word)
-            return m.group(1) if m else None
-    return None
-
-
-def _legend(header: _Header, lines: list[_Line], source: str) -> dict[str, str]:
-    """``NICn -> device`` from the NIC Legend lines after the header; every device one safe word."""
-    legend: dict[str, str] = {}
-    for line in lines:
-        if line.number <= header.line:
-            continue
-        m = _NIC_LEGEND.match(line.text.strip())
-        if not m:
-            continue
-        nic, device = m.group(1), m.group(2)
-        problem = word_problem(device, f"NIC Legend device of {nic}")
-        if problem:
-            raise TopologyParseError(problem, source=source, line=line.number, column=nic)
-        if legend.get(nic, device) != device:
-            raise TopologyParseError(
-                f"the NIC Legend names {nic} twice ({legend[nic]}, {device})", source=source, line=line.number
-            )
-        legend[nic] = device
-    return legend
-
-
-def _unnamed_nics_warning(unnamed: list[str], legend: dict[str, str], nic_count: int) -> str:
-    """A warning naming the NIC columns whose RDMA device the capture does not give."""
-    listed = ", ".join(unnamed)
-    if legend:
-        why = (
-            f"the NIC Legend names {nic_count - len(unnamed)} of {nic_count} NICs and has no entry for {listed} "
-            "(is the legend cut?)"
-        )
-    else:
-        why = f"there is no NIC Legend for {listed}"
-    return (
-        f"{why}: their RDMA device names are unknown, so NCCL_IB_HCA cannot list them; capture the whole "
-        "`nvidia-smi topo -m` output, including the 'NIC Legend:' lines"
-    )
-
-
-def _build_node(
-    header: _Header,
-    rows: dict[str, list[str]],
-    affinity: dict[str, dict[str, str]],
-    lines: list[_Line],
-    source: str,
-    hostname: str | None,
-    warnings: list[str],
-) -> Node:
-    if hostname is None:
-        for line in lines:
-            if line.number > header.line:
-                break
-            prompt_host = _prompt_host(line.text)
-            if prompt_host is not None:
-                problem = node_name_problem(prompt_host)
-                if problem:
-                    warnings.append(f"line {line.number}: the shell prompt's host is not used: {problem}")
-                else:
-                    hostname = prompt_host
-                break
-    legend = _legend(header, lines, source)
-
-    gpu_index: dict[str, int] = {}
-    for name in header.gpus:
-        if len(name) > 3 + 4 or int(name[3:]) > MAX_GPU_INDEX:
-            raise TopologyParseError(f"GPU index {name[:20]!r} is too large (at most {MAX_GPU_INDEX})", source=source)
-        index = int(name[3:])
-        if index in gpu_index.values():
-            raise TopologyParseError(f"{name} names the same GPU as another header column", source=source)
-        gpu_index[name] = index
-    try:
-        gpus = []
-        for name in header.gpus:
-            values = affinity.get(name, {})
-            numa_text = values.get("NUMA Affinity") or None
-            cpu_text = values.get("CPU Affinity") or None
-            gpus.append(
-                GPU(
-                    index=gpu_index[name],
-                    numa_node=_numa_node(numa_text),
-                    numa_affinity=numa_text,
-                    cpu_affinity=None if cpu_text in (None, "N/A") else cpu_text,
-                )
-            )
-        nic_names = header.devices[len(header.gpus) :]
-        devices = {n: legend.get(n) if n.startswith("NIC") else n for n in nic_names}
-        unnamed = [n for n in nic_names if devices[n] is None]
-        if unnamed:
-            warnings.append(_unnamed_nics_warning(unnamed, legend, len(nic_names)))
-        nics = [NIC(name=n, device=devices[n]) for n in nic_names]
-        links: list[Link] = []
-        nic_links: list[NicLink] = []
-        for i, a in enumerate(header.gpus):
-            for j, b in enumerate(header.devices):
-                cell = rows[a][j]
-                if j == i:
-                    continue
-                kind, lanes = _kind(cell)
-                if b in gpu_index:
-                    if j > i:
-                        bandwidth, latency = nominal_link(kind, lanes)
-                        lo, hi = sorted((gpu_index[a], gpu_index[b]))
-                        links.append(
-                            Link(a=lo, b=hi, kind=kind, nvlinks=lanes, bandwidth_gbps=bandwidth, latency_us=latency)
-                        )
-                else:
-                    nic_links.append(NicLink(gpu=gpu_index[a], nic=b, kind=kind))
-    except ValueError as exc:  # a value the model refuses (ValidationError is one), a link count out of range
-        raise TopologyParseError(_first_error(exc), source=source) from None
-    try:
-        return Node(
-            name=hostname or "localhost",
-            gpus=tuple(gpus),
-            nics=tuple(nics),
-            links=tuple(links),
-            nic_links=tuple(nic_links),
-            source=f"nvidia-smi topo -m: {source}",
-        )
-    except ValidationError as exc:  # the checks above should leave nothing for the model to refuse
-        bad = first_problem(exc)
-        raise TopologyParseError(f"not a valid node: {bad.path}: {bad.msg}", source=source) from None

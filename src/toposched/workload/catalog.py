@@ -17,7 +17,8 @@ from toposched.errors import InputError
 from toposched.inputs import load_json, read_text
 from toposched.registry import Registry
 from toposched.workload.dtypes import KvDtype, WeightDtype
-from toposched.workload.spec import ModelSpec, load_config, spec_from_config
+from toposched.workload.hf_config import load_config, spec_from_config
+from toposched.workload.spec import ModelSpec
 
 
 @dataclass(frozen=True)

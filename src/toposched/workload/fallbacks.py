@@ -13,7 +13,8 @@ import math
 from dataclasses import dataclass
 
 from toposched.workload.dtypes import KvDtype, kv_element_bytes
-from toposched.workload.memory import MemoryConfig, MemoryEstimate, estimate_memory
+from toposched.workload.memory import MemoryEstimate, estimate_memory
+from toposched.workload.memory_config import MemoryConfig
 from toposched.workload.spec import ModelSpec
 
 

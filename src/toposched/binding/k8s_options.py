@@ -1,0 +1,111 @@
+"""How a plan is rendered for Kubernetes (``K8sOptions``: engine, image, namespace, resources, how pods get
+their GPUs) and the names and labels every object toposched writes carries."""
+
+from __future__ import annotations
+
+import hashlib
+import re
+from dataclasses import dataclass
+from typing import Any
+
+from pydantic import TypeAdapter, ValidationError
+
+from toposched.binding.k8s_dra import GPU_REQUESTS, GpuRequest
+from toposched.binding.node_launch import Engine
+from toposched.binding.plan_doc import PlanDoc
+from toposched.errors import InputError, first_problem
+from toposched.topology.model import ResourceName
+
+Obj = dict[str, Any]
+
+# The vLLM image tag follows the `vllm/vllm-openai:v0.8.5` form of the LWS example (engines.md 4),
+# pinned to the engine version whose flags the emitter uses (vLLM 0.33.0, engines.md 1).
+DEFAULT_IMAGES: dict[Engine, str | None] = {"vllm": "vllm/vllm-openai:v0.33.0", "sglang": None, "trtllm": None}
+# Kubernetes has no well-known rack label; this is toposched's own, overridable with --rack-label.
+DEFAULT_RACK_LABEL = "toposched.io/rack"
+LABEL_PLACEMENT = "toposched.io/placement"
+ANNOTATION_PLACEMENT = "toposched.io/placement"
+"""The pod annotation holding the exact placement id (labels hold a DNS-1123 name derived from it)."""
+LABEL_REQUEST = "toposched.io/request"
+MANAGED_BY = {"app.kubernetes.io/managed-by": "toposched"}
+_DNS_SUBDOMAIN = re.compile(r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?(\.[a-z0-9]([-a-z0-9]*[a-z0-9])?)*$")
+
+
+@dataclass(frozen=True)
+class K8sOptions:
+    """How to render a plan for Kubernetes."""
+
+    engine: Engine = "vllm"
+    image: str | None = None
+    """Container image; None takes the engine's pinned default (vLLM only)."""
+    namespace: str = "default"
+    name_prefix: str = "toposched"
+    model_path: str | None = None
+    """Model path/id inside the container (default: the request's model)."""
+    rack_label: str = DEFAULT_RACK_LABEL
+    shm_size: str | None = None
+    """sizeLimit of the /dev/shm emptyDir (memory-backed; counts against the pod's memory)."""
+    cpu: str | None = None
+    """CPU request = limit (Guaranteed QoS, needed for exclusive CPUs under the static CPU manager)."""
+    memory: str | None = None
+    """Memory request = limit."""
+    gpu_request: GpuRequest = "auto"
+    """How pods get their GPUs: DRA claims, ``nvidia.com/gpu`` from the device plugin, or auto (DRA when pinnable)."""
+    rdma_resource: str | None = None
+    """RDMA resource of a disaggregated plan's pods (None: the fabric's, else ``rdma/hca_shared_devices_a``)."""
+    mpi_ssh_secret: str | None = None
+    """Secret with ``ssh-privatekey`` and ``ssh-publickey`` through which a multi-node TensorRT-LLM leader's
+    mpirun reaches the worker pods (None: ``NAME_PREFIX-mpi-ssh``)."""
+
+    def __post_init__(self) -> None:
+        if self.gpu_request not in GPU_REQUESTS:
+            raise InputError(f"--gpu-request {self.gpu_request!r} is not one of {', '.join(GPU_REQUESTS)}")
+        if self.mpi_ssh_secret is not None and not (
+            len(self.mpi_ssh_secret) <= 253 and _DNS_SUBDOMAIN.match(self.mpi_ssh_secret)
+        ):
+            raise InputError(
+                f"--ssh-secret {self.mpi_ssh_secret[:80]!r} is not a Secret name",
+                fix="use lower-case letters, digits, '-' and '.' (a DNS subdomain), e.g. llm-mpi-ssh",
+            )
+        if self.rdma_resource is not None:
+            try:
+                TypeAdapter(ResourceName).validate_python(self.rdma_resource)
+            except ValidationError as exc:
+                raise InputError(f"--rdma-resource: {first_problem(exc).msg}") from None
+
+    def ssh_secret(self) -> str:
+        """The Secret a multi-node TensorRT-LLM instance's pods take their ssh key pair from."""
+        return self.mpi_ssh_secret or dns_name(self.name_prefix, "mpi-ssh", limit=253)
+
+    def resolved_image(self) -> str:
+        image = self.image or DEFAULT_IMAGES[self.engine]
+        if not image:
+            raise InputError(f"no default image for {self.engine}", fix="pass --image with a pinned tag")
+        return image
+
+
+def dns_name(*parts: str, limit: int = 52) -> str:
+    """A DNS-1123 label from free text (LWS appends group and worker indices, so keep it short). A text longer
+    than ``limit`` is cut and ends with 8 hex digits of a hash of the whole text, so two ids that differ only
+    after the cut still name two objects."""
+    joined = "-".join(parts)
+    text = re.sub(r"-{2,}", "-", re.sub(r"[^a-z0-9-]+", "-", joined.lower())).strip("-")
+    if len(text) > limit:
+        digest = hashlib.sha256(joined.encode("utf-8", "surrogatepass")).hexdigest()[:8]
+        text = text[: limit - 9].rstrip("-") + "-" + digest
+    if not text:
+        raise InputError(f"cannot make a Kubernetes name from {parts!r}")
+    return text
+
+
+def label_value(text: str) -> str:
+    value = re.sub(r"[^A-Za-z0-9_.-]+", "-", text)[:63].strip("-_.")
+    return value or "none"
+
+
+def object_metadata(name: str, opts: K8sOptions, doc: PlanDoc) -> Obj:
+    return {
+        "name": name,
+        "namespace": opts.namespace,
+        "labels": {**MANAGED_BY, LABEL_REQUEST: label_value(doc.request.id)},
+    }

@@ -1,0 +1,60 @@
+"""The cost model's coefficients (``PerfConfig``): achievable fractions and overheads, every field bounded.
+
+``perf/latency.py`` evaluates the model with them; a calibration profile (``perf/profile.py``) holds them
+per GPU and weight dtype.
+"""
+
+from __future__ import annotations
+
+from pydantic import BaseModel, ConfigDict, Field
+
+from toposched.perf.hardware import GpuSpec
+
+
+class PerfConfig(BaseModel):
+    """Achievable fractions and overheads of the cost model (every field bounded).
+
+    The defaults are the uncalibrated model (literature values, perf-anchors.md); the shipped
+    profile ``data/profiles/default.json`` holds the values fitted on the published anchors.
+    """
+
+    model_config = ConfigDict(frozen=True, extra="forbid", allow_inf_nan=False)
+
+    eta_mem: float = Field(0.8, ge=0.3, le=1.0)
+    """Achievable HBM fraction: AIC ``mem_bw_empirical_scaling_factor: 0.8`` (perf-anchors §0)."""
+    eta_flops: float = Field(0.7, ge=0.1, le=1.0)
+    """Achievable BF16/FP16 dense GEMM fraction of BF16 peak: 0.7-0.75 (perf-anchors §4.1)."""
+    eta_flops_fp8: float = Field(0.6, ge=0.1, le=1.0)
+    """Achievable FP8 GEMM fraction of FP8 peak (lower than BF16's: scaling, smaller tiles)."""
+    eta_attn: float = Field(0.5, ge=0.1, le=1.0)
+    """Achievable fraction of BF16 peak of the attention kernels' FLOPs (FlashAttention-style fused
+    softmax: FA2 reaches 50-73 % of A100 peak forward, FA3 up to 75 % of H100's; below the GEMMs'
+    fraction at the head dims and prompt lengths of serving). Not fitted by default: only two
+    published prompts are long enough to inform it (calibrate.DEFAULT_FIELDS)."""
+    roofline_p: float = Field(2.0, ge=1.0, le=16.0)
+    """Smooth-roofline exponent: 1 adds memory and compute time, large ``p`` takes their max."""
+    moe_tile_m: float = Field(16.0, ge=1.0, le=256.0)
+    """Token rows of one grouped-GEMM tile: an expert that gets fewer tokens still costs a tile."""
+    moe_layer_us: float = Field(20.0, ge=0.0, le=2000.0)
+    """Router, top-k, permute and unpermute kernels of one MoE layer, in µs."""
+    mla_layer_us: float = Field(10.0, ge=0.0, le=2000.0)
+    """Extra projections, latent norms and the MLA kernel's fixed cost per layer, in µs."""
+    kernel_us: float = Field(3.0, ge=0.0, le=100.0)
+    """Fixed cost of one small kernel: AIC ``mem_empirical_constant_latency: 3us`` (perf-anchors §0)."""
+    kernels_per_layer: int = Field(6, ge=0, le=64)
+    """Small kernels per layer (norms, RoPE, activation, residual): 5-8 (perf-anchors §3.4)."""
+    prefill_kernel_factor: float = Field(1.0, ge=1.0, le=20.0)
+    """Small-kernel cost of a pass with prefill work relative to a decode step, on engines that
+    launch a prefill op by op from Python (``HOST_LAUNCHED_PREFILL``): decode steps replay CUDA
+    graphs, such prefill passes launch every kernel from the host."""
+    step_overhead_ms: float = Field(2.6, ge=0.0, le=100.0)
+    """Per decode step engine/host overhead (perf-anchors §3.4: "0-5 ms ... calibrate it per engine")."""
+    prefill_overhead_ms: float = Field(2.6, ge=0.0, le=500.0)
+    """Per pass with prefill work: no CUDA graph, scheduling; client-side TTFT adds its HTTP path."""
+    comm_scale: float = Field(1.0, ge=0.5, le=4.0)
+    """TP all-reduce time inside an engine's forward pass relative to the link table's curve (the best
+    of nccl-tests and a CUDA-graph custom all-reduce, run alone); not applied over PCIe-only links."""
+
+    def gemm_eta(self, weight_dtype: str, gpu: GpuSpec) -> float:
+        """GEMM efficiency for weights of ``weight_dtype`` on ``gpu`` (FP8 only where it runs FP8)."""
+        return self.eta_flops_fp8 if weight_dtype == "fp8" and gpu.fp8_flops else self.eta_flops
