@@ -119,3 +119,25 @@ def test_the_circle_finder_finds_a_circle(tmp_path: Path) -> None:
     assert _circles(modules) == [["pkg.a", "pkg.b"]]
     modules["pkg.c"].write_text("from pkg import d\n")
     assert sorted(_circles(modules)) == [["pkg.a", "pkg.b"], ["pkg.c", "pkg.d"]]
+
+
+def _readme_layout() -> str:
+    text = (SRC.parent / "README.md").read_text(encoding="utf-8")
+    start = text.index("## Layout\n")
+    end = text.find("\n## ", start + 1)
+    return text[start : end if end != -1 else len(text)]
+
+
+def test_the_readme_layout_names_real_modules_and_every_package() -> None:
+    """The README's concept -> module map points at modules that exist, and names every package."""
+    import re
+
+    layout = _readme_layout()
+    named = set(re.findall(r"`([a-z_]+(?:/[a-z_<>]+)*\.py)`", layout))
+    missing = sorted(
+        n for n in named if "<" not in n and not (SRC.parent / n if n.startswith("tests/") else PACKAGE / n).is_file()
+    )
+    assert missing == [], f"README's Layout names modules that do not exist: {missing}"
+    packages = sorted(p.name for p in PACKAGE.iterdir() if p.is_dir() and any(p.glob("*.py")))
+    unnamed = [p for p in packages if f"{p}/" not in layout]
+    assert unnamed == [], f"README's Layout does not name the packages {unnamed}"
