@@ -12,6 +12,9 @@ what the parts underneath cost on the machine it runs on, each alone, as CPU per
   reads the body and sends a fixed answer of the service's size: what uvicorn's request cycle adds;
 * ``uvicorn, guarded protocol``: the same app behind ``toposched serve``'s own protocol class
   (``guards.GuardedHttpProtocol``: deadlines, header cap, connection cap);
+* ``uvicorn + FastAPI``: the same answers from a FastAPI app with the service's two routes (a pydantic body
+  of the fields the load sends, a path parameter; async handlers, as the service's): what the framework the
+  service runs on adds to uvicorn, with no work in the handlers;
 * ``ledger pair, FULL`` / ``NORMAL``: ``SqliteLedger.reserve`` + ``release`` of one GPU, in process (no
   HTTP), with ``synchronous=FULL`` (every commit fsync-ed: what the ledger runs) and ``NORMAL`` (no
   fsync at commit: what the fsyncs cost is the difference);
@@ -23,7 +26,8 @@ The HTTP rows run a server process on a free loopback port with this process as 
 concurrency 8, keep-alive); their figure is the server process's CPU (``/proc``). The in-process rows
 are this process's CPU (``time.process_time``). A floor for the server is the bare uvicorn row plus the
 ledger's FULL row: requests parsed and answered by uvicorn and two fsync-ed commits, before any
-decision is made.
+decision is made (``floor``, issue 33's); the same with FastAPI in place of the bare app is the floor of the
+stack the service is built on (``floor with FastAPI``). The last lines give both and the server's ratio to each.
 """
 
 from __future__ import annotations
@@ -85,6 +89,27 @@ if mode == "raw":
     asyncio.run(main())
 else:
     import uvicorn
+
+    if mode == "fastapi":
+        from fastapi import FastAPI, Response
+        from pydantic import BaseModel, ConfigDict, Field
+
+        class Body(BaseModel):  # the shape of the service's PlaceBody's fields this load sends
+            model_config = ConfigDict(extra="forbid")
+            model: str = Field(min_length=1, max_length=256)
+            replicas: int = Field(1, ge=1, le=1024)
+            id: str | None = Field(None, max_length=253)
+
+        app = FastAPI()
+
+        @app.post("/v1/placements", status_code=201)
+        async def create(place: Body) -> Response:
+            return Response(body, media_type="application/json")
+
+        @app.delete("/v1/placements/{pid}")
+        async def delete(pid: str) -> Response:
+            return Response(body, media_type="application/json")
+
     from toposched.service.guards import ConnectionLimits, guarded_protocol
 
     http = guarded_protocol(ConnectionLimits()) if mode == "guarded" else "httptools"
@@ -197,6 +222,7 @@ def main() -> None:
         ("raw protocol (httptools)", lambda: http_row("raw", args.pairs, args.repeat)),
         ("uvicorn, bare ASGI app", lambda: http_row("bare", args.pairs, args.repeat)),
         ("uvicorn, guarded protocol", lambda: http_row("guarded", args.pairs, args.repeat)),
+        ("uvicorn + FastAPI", lambda: http_row("fastapi", args.pairs, args.repeat)),
         ("ledger pair, FULL", lambda: ledger_row("FULL", args.gpus, args.pairs, args.repeat)),
         ("ledger pair, NORMAL", lambda: ledger_row("NORMAL", args.gpus, args.pairs, args.repeat)),
         ("state pair, FULL", lambda: state_row("FULL", args.gpus, args.pairs, args.repeat)),
@@ -207,8 +233,14 @@ def main() -> None:
         ),
     ]
     print(f"{'part':<32} {'ms CPU/pair':>12}")
+    got: dict[str, float] = {}
     for name, measure in rows:
-        print(f"{name:<32} {measure():>12.3f}", flush=True)
+        got[name] = measure()
+        print(f"{name:<32} {got[name]:>12.3f}", flush=True)
+    server = got["server pair (toposched serve)"]
+    for name, http in (("floor", "uvicorn, bare ASGI app"), ("floor with FastAPI", "uvicorn + FastAPI")):
+        floor = got[http] + got["ledger pair, FULL"]
+        print(f"{name:<32} {floor:>12.3f}   server / floor {server / floor:.2f}x")
 
 
 if __name__ == "__main__":
