@@ -170,14 +170,53 @@ def test_fit_stays_within_bounds_and_rejects_bad_fields() -> None:
 
 def test_fit_profile_records_leave_one_out_errors() -> None:
     samples = _synthetic(PerfConfig(step_overhead_ms=1.0))
-    profile = fit_profile(samples, name="t", source="synthetic", fields=("step_overhead_ms",))
+    profile = fit_profile(samples, name="t", source="synthetic", fields=("step_overhead_ms",), scoped=False)
     (shared,) = [e for e in profile.entries if e.gpu == "*"]
     assert shared.samples == 6 and set(shared.loo_mean_abs_error) == {"ttft", "tpot", "throughput"}
     # H100-SXM has 4 samples: enough for its own entry when one field is fitted (2 per field)
     assert {(e.gpu, e.weight_dtype) for e in profile.entries} >= {("*", "*"), ("H100-SXM", "bf16")}
     assert profile.config_for("H100-SXM", "bf16").step_overhead_ms == pytest.approx(1.0, abs=0.05)
-    one = fit_profile(samples[:1], name="t", source="one", fields=("step_overhead_ms",))
+    one = fit_profile(samples[:1], name="t", source="one", fields=("step_overhead_ms",), scoped=False)
     assert one.entries[0].samples == 1 and one.entries[0].loo_mean_abs_error == {}  # nothing to hold out
+
+
+def test_a_calibrated_profile_prices_only_what_it_was_fitted_on() -> None:
+    """A user's profile (scoped, calibrate's default) has no catch-all: one shared entry per GPU, engine and
+    model family its samples ran; any other setup falls back to the shipped profile."""
+    samples = [s.model_copy(update={"engine": "vllm"}) for s in _synthetic(PerfConfig(step_overhead_ms=40.0))]
+    profile = fit_profile(samples, name="mine", source="synthetic", fields=("step_overhead_ms",))
+    assert all(e.gpu != "*" and e.engine == "vllm" and e.model_family == "llama" for e in profile.entries)
+    assert {e.gpu for e in profile.entries} == {"H100-SXM", "A100-SXM-80GB", "H200"}
+    llama, deepseek = resolve_model("llama-3.1-70b"), resolve_model("deepseek-v3")
+    kw = dict(tp=8, link=NV4, batch=4, input_len=1000, output_len=100)
+    shipped = default_profile().config_for("H200", "fp8").step_overhead_ms
+    with use_profile(profile):
+        fitted = predict_latency(llama, get_gpu("H200"), engine="vllm", **kw)  # type: ignore[arg-type]
+        other_family = predict_latency(deepseek, get_gpu("H200"), engine="vllm", **kw)  # type: ignore[arg-type]
+        other_engine = predict_latency(llama, get_gpu("H200"), engine="sglang", **kw)  # type: ignore[arg-type]
+        other_gpu = predict_latency(llama, get_gpu("B200"), engine="vllm", **kw)  # type: ignore[arg-type]
+    assert fitted.decode.overhead_ms == pytest.approx(40.0, abs=1.0)
+    assert other_family.decode.overhead_ms == shipped  # DeepSeek-V3 is not repriced by a Llama calibration
+    assert other_engine.decode.overhead_ms == shipped
+    assert other_gpu.decode.overhead_ms == default_profile().config_for("B200", "bf16").step_overhead_ms
+
+
+def test_the_most_specific_profile_entry_wins() -> None:
+    entries = (
+        ProfileEntry(config=PerfConfig(eta_mem=0.5)),
+        ProfileEntry(engine="sglang", config=PerfConfig(eta_mem=0.55)),
+        ProfileEntry(gpu="H100-SXM", config=PerfConfig(eta_mem=0.6)),
+        ProfileEntry(gpu="H100-SXM", engine="sglang", config=PerfConfig(eta_mem=0.65)),
+        ProfileEntry(gpu="H100-SXM", engine="sglang", model_family="llama", config=PerfConfig(eta_mem=0.7)),
+    )
+    p = Profile(entries=entries)
+    find = p.config_for
+    assert find("H100-SXM", "bf16", engine="sglang", family="llama").eta_mem == 0.7
+    assert find("H100-SXM", "bf16", engine="sglang", family="qwen2").eta_mem == 0.65
+    assert find("H100-SXM", "bf16", engine="vllm", family="llama").eta_mem == 0.6  # the GPU outranks the engine
+    assert find("H200", "bf16", engine="sglang").eta_mem == 0.55
+    assert find("H200", "bf16", engine=None).eta_mem == 0.5  # an unnamed engine is matched by * only
+    assert Profile(entries=entries[1:2]).find("H200", "bf16") is None
 
 
 def test_default_profile_is_shipped_with_its_leave_one_out_errors() -> None:

@@ -158,7 +158,7 @@ def _engine_command(engine: Engine) -> None:
                 "--master-addr is the vLLM/SGLang rendezvous; TensorRT-LLM's ranks meet through MPI (mpirun/srun)",
                 fix="leave out --master-addr",
             )
-        doc = source.resolve()
+        doc = source.resolve(engine)
         launches = build_launches(
             doc.placements, doc.request, doc.cluster, engine,
             model_path=model_path, master_addr=master_addr, base_port=port, disaggregation=doc.disaggregation,

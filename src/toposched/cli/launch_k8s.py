@@ -140,7 +140,7 @@ def register_launch(launch_app: typer.Typer) -> None:
                 raise InputError("--roles takes the plans itself; leave out --plan/--model")
             output = render_roles(_roles(roles), group, opts)
         else:
-            doc = source.resolve()
+            doc = source.resolve(opts.engine)
             if kubelet:
                 # Node names and the reason travel in fields, never in a YAML comment: only the serialiser writes.
                 configs = [k.document() for k in kubelet_configs(doc, policy=topology_policy)]
@@ -205,7 +205,7 @@ def register_launch(launch_app: typer.Typer) -> None:
             raise InputError(f"--format {fmt!r} is not one of json, yaml for Ray placement groups")
         ray_engine = _engine(engine)
         check_ray_engine(ray_engine)  # before planning: the answer does not depend on the plan
-        doc = source.resolve()
+        doc = source.resolve(ray_engine)
         document = ray_document(doc, model_path=model_path, engine=ray_engine)
         _warn(ray_warnings(doc))
         if fmt == "json":

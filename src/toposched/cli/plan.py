@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from dataclasses import replace
+
 import typer
 from rich.table import Table
 
@@ -119,11 +121,14 @@ def _render_pd(placed: Placed) -> None:
 @plan_options(plan_file=False)
 def plan(
     json_out: bool = typer.Option(False, "--json", help="Print one JSON object."),
+    engine: str = typer.Option(
+        "vllm", "--engine", help="Engine the instances run: vllm, sglang or trtllm (prices their steps)."
+    ),
     *,
     source: PlanSource,
 ) -> None:
     """Choose parallel degrees and exact GPUs for model instances, with predicted latency and reasons."""
-    placed = source.place()
+    placed = replace(source, engine=engine).place()
     outcome = placed.outcome
     if json_out:
         print_json(placed.document())

@@ -19,7 +19,7 @@ from __future__ import annotations
 
 import dataclasses
 import math
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
@@ -82,6 +82,8 @@ class PlanSource:
     pd_same_rack_required: bool = False
     request_rate: float | None = None
     pd_mode: str | None = None
+    engine: str | None = None
+    """The engine the plan is sized for (``plan --engine``; a launch command's own engine); None: vllm."""
 
     def topology(self) -> SourceRef | None:
         """The one topology source the flags name (None when none is given)."""
@@ -176,6 +178,7 @@ class PlanSource:
                 weight_dtype=self.weight_dtype,
                 kv_dtype=self.kv_dtype,
                 affinity=self.affinity,
+                engine=self.engine or "vllm",
             )
         except ValidationError as exc:
             bad = first_problem(exc)
@@ -261,12 +264,25 @@ class PlanSource:
             shortfall=short, mode=choice,
         )  # fmt: skip
 
-    def resolve(self) -> PlanDoc:
-        """The plan to launch: read from ``--plan``, or made now from ``--model`` and a topology source."""
+    def resolve(self, engine: str | None = None) -> PlanDoc:
+        """The plan to launch with ``engine``: read from ``--plan``, or made now from ``--model`` and a
+        topology source, sized for ``engine`` (the cost model prices each engine's steps)."""
         if self.plan is not None:
             if self.model is not None or self.topology() is not None:
                 raise InputError("give --plan, or --model with a topology source, not both")
-            return load_plan(self.plan)
+            doc = load_plan(self.plan)
+            if engine is not None and doc.request.engine != engine:
+                err_console.print(
+                    f"warning: {self.plan} was sized for {doc.request.engine}, launched here with {engine}: its "
+                    f"operating point and predictions are {doc.request.engine}'s (plan again with --engine {engine})",
+                    markup=False,
+                    soft_wrap=True,
+                )
+            return doc
+        if engine is not None and self.engine not in (None, engine):
+            raise InputError(f"the plan is sized for {self.engine} but launched with {engine}", fix="use one engine")
+        if engine is not None:
+            return replace(self, engine=engine).resolve()
         if self.model is None or self.topology() is None:
             raise InputError(
                 "launch needs a plan", fix="pass --plan PLAN.json, or --model NAME with --preset/--smi/--cluster/--live"

@@ -16,9 +16,9 @@ from rich.table import Table
 from toposched.cli._common import console, print_json
 from toposched.errors import InfeasibleError, InputError
 from toposched.perf.hardware import GpuSpec, get_gpu
-from toposched.perf.latency import LatencyEstimate, PassModel, StepTime, predict_latency, resolve_config
+from toposched.perf.latency import LatencyEstimate, PassModel, StepTime, engine_of, predict_latency
 from toposched.perf.links import get_link
-from toposched.perf.profile import load_profile, use_profile
+from toposched.perf.profile import active_entry, load_profile, use_profile
 from toposched.perf.serving import OperatingPoint, evaluate
 from toposched.solver.options import context_limit
 from toposched.solver.request import DEFAULT_MAX_MODEL_LEN
@@ -289,14 +289,24 @@ def fit(
         )
 
 
+STEP_TERMS = ("gemm_ms", "attention_ms", "comm_ms", "small_kernels_ms", "p2p_ms", "overhead_ms")
+"""The terms a pass's ``total_ms`` is the sum of (``gemm_ms``: the smooth roofline of ``memory_ms`` and
+``compute_ms``, which are its two parts, not terms of the sum)."""
+
+
 def _step_json(s: StepTime) -> dict[str, Any]:
     return {
         "memory_ms": s.memory_ms,
         "compute_ms": s.compute_ms,
+        "gemm_ms": s.roofline_ms,
+        "roofline_p": s.roofline_p,
+        "attention_ms": s.attention_ms,
         "comm_ms": s.comm_ms,
         "small_kernels_ms": s.small_kernels_ms,
         "p2p_ms": s.p2p_ms,
         "overhead_ms": s.overhead_ms,
+        "total_ms": s.total_ms,
+        "terms": list(STEP_TERMS),
         "bound": s.bound,
     }
 
@@ -350,10 +360,13 @@ def estimate(
                          max_num_batched_tokens=max_num_batched_tokens)  # fmt: skip
     loaded = load_profile(profile) if profile else None
     with use_profile(loaded):
+        coefficients, priced = active_entry(g.name, str(spec.weight_dtype), engine=engine_of(cfg.engine),
+                                            family=spec.model_type or None)  # fmt: skip
         r = predict_latency(spec, g, tp=tp, pp=pp, link=tp_link, pp_link=between, batch=batch,
                             input_len=input_len, output_len=output_len,
-                            max_batched_tokens=cfg.max_num_batched_tokens)  # fmt: skip
-        passes = PassModel(spec, g, tp=tp, pp=pp, link=tp_link, pp_link=between, cfg=resolve_config(spec, g, None))
+                            max_batched_tokens=cfg.max_num_batched_tokens, config=coefficients,
+                            engine=cfg.engine)  # fmt: skip
+        passes = PassModel(spec, g, tp=tp, pp=pp, link=tp_link, pp_link=between, cfg=coefficients, engine=cfg.engine)
         point = evaluate(passes, batch, isl=input_len, osl=output_len, budget=cfg.max_num_batched_tokens)
     mem = estimate_memory(spec, gpu_memory_bytes=memory_bytes, tp=tp, pp=pp,
                           max_model_len=input_len + output_len, num_seqs=batch, config=cfg)  # fmt: skip
@@ -362,6 +375,7 @@ def estimate(
         "model": spec.name, "gpu": g.name, "tp": tp, "pp": pp, "link": tp_link.name,
         "weight_dtype": spec.weight_dtype, "batch": batch, "input_len": input_len, "output_len": output_len,
         "tpot_context_len": context, "profile": loaded.name if loaded is not None else None,
+        "cost_engine": engine_of(cfg.engine), "priced_by": priced.model_dump(),
         **_engine_json(cfg, memory_bytes), "fits_memory": mem.fits,
         "kv_tokens_capacity": mem.kv_tokens_capacity,
     }  # fmt: skip
@@ -374,11 +388,13 @@ def estimate(
         soft_wrap=True,
     )
     table = Table("ms", f"prefill of all {batch} prompts", "decode step", box=box.SIMPLE_HEAD, pad_edge=False)
-    for label, attr in (("HBM reads", "memory_ms"), ("compute", "compute_ms"), ("all-reduce", "comm_ms"),
-                        ("small kernels", "small_kernels_ms"), ("pp hand-off", "p2p_ms"),
+    for label, attr in (("  HBM reads", "memory_ms"), ("  compute", "compute_ms"),
+                        ("GEMMs (roofline of the two)", "roofline_ms"), ("attention", "attention_ms"),
+                        ("all-reduce", "comm_ms"), ("small kernels", "small_kernels_ms"), ("pp hand-off", "p2p_ms"),
                         ("engine overhead", "overhead_ms"), ("total", "total_ms")):  # fmt: skip
         table.add_row(label, f"{getattr(r.prefill, attr):.2f}", f"{getattr(r.decode, attr):.2f}")
     console.print(table)
+    console.print(f"Priced for {engine_of(cfg.engine)} by {priced.describe()}.", soft_wrap=True, markup=False)
     e2e = point.ttft_ms + (output_len - 1) * point.tpot_ms
     console.print(
         f"Serving {batch} requests at once (continuous batching, chunks of {cfg.max_num_batched_tokens} tokens): "

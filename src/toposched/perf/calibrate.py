@@ -35,7 +35,7 @@ import numpy as np
 from toposched.errors import InputError
 from toposched.perf.coefficients import PerfConfig
 from toposched.perf.hardware import get_gpu
-from toposched.perf.latency import PassModel
+from toposched.perf.latency import PassModel, engine_of
 from toposched.perf.links import get_link
 from toposched.perf.profile import ANY, Profile, ProfileEntry
 from toposched.perf.samples import Sample
@@ -217,10 +217,17 @@ def fit_profile(
     base: PerfConfig | None = None,
     fields: Sequence[str] = DEFAULT_FIELDS,
     progress: Callable[[str], None] | None = None,
+    scoped: bool = True,
 ) -> Profile:
-    """A profile: a shared ``*`` entry fitted on all samples, and one entry per (GPU, weight dtype)
-    with at least ``MIN_SAMPLES_PER_FIELD`` samples per fitted field, fitted on those alone (from ``base``, so its
-    leave-one-out error never sees the held-out sample); LOO errors recorded in each entry."""
+    """A profile: a shared configuration fitted on all samples, and one entry per (GPU, weight dtype,
+    engine, model family) with at least ``MIN_SAMPLES_PER_FIELD`` samples per fitted field, fitted on those
+    alone (from ``base``, so its leave-one-out error never sees the held-out sample); LOO errors recorded in
+    each entry.
+
+    ``scoped`` (a user's calibration): the shared configuration is written once per (GPU, engine, model
+    family) the samples ran, so the profile prices only what it saw and everything else falls back to
+    the shipped profile (a sample without an engine matches any engine). Not scoped (the shipped profile,
+    fitted on the published anchors): one catch-all ``*`` entry."""
     if not samples:
         raise InputError("no samples to fit a profile on", fix="pass benchmark results with TTFT/TPOT/throughput")
     say = progress or (lambda _msg: None)
@@ -228,19 +235,41 @@ def fit_profile(
     shared = fit_config(samples, base=base, fields=fields)
     # leave-one-out needs a sample to fit on after one is held out
     loo = mean_abs_by_kind(leave_one_out(samples, base=base, fields=fields)) if len(samples) > 1 else {}
-    entries = [ProfileEntry(gpu=ANY, weight_dtype=ANY, config=shared, samples=len(samples), loo_mean_abs_error=loo)]
-    groups: dict[tuple[str, str], list[Sample]] = {}
+    scopes = sorted({(g, e, f) for g, _w, e, f in map(sample_scope, samples)}) if scoped else [(ANY, ANY, ANY)]
+    entries = [
+        ProfileEntry(
+            gpu=gpu, engine=engine, model_family=family, config=shared, samples=len(samples), loo_mean_abs_error=loo
+        )
+        for gpu, engine, family in scopes
+    ]
+    groups: dict[tuple[str, str, str, str], list[Sample]] = {}
     for s in samples:
-        key = (get_gpu(s.gpu).name, str(_spec_of(s).weight_dtype))
-        groups.setdefault(key, []).append(s)
-    for (gpu, wdt), group in sorted(groups.items()):
+        gpu, wdt, engine, family = sample_scope(s)
+        groups.setdefault((gpu, wdt, engine, family) if scoped else (gpu, wdt, ANY, ANY), []).append(s)
+    for (gpu, wdt, engine, family), group in sorted(groups.items()):
         if len(group) < MIN_SAMPLES_PER_FIELD * len(fields):
             continue
-        say(f"fitting {gpu}/{wdt} on {len(group)} samples")
+        say(f"fitting {gpu}/{wdt}/{engine}/{family} on {len(group)} samples")
         cfg = fit_config(group, base=base, fields=fields)
         errs = mean_abs_by_kind(leave_one_out(group, base=base, fields=fields))
-        entries.append(ProfileEntry(gpu=gpu, weight_dtype=wdt, config=cfg, samples=len(group), loo_mean_abs_error=errs))
+        entries.append(
+            ProfileEntry(
+                gpu=gpu,
+                weight_dtype=wdt,
+                engine=engine,
+                model_family=family,
+                config=cfg,
+                samples=len(group),
+                loo_mean_abs_error=errs,
+            )
+        )
     return Profile(name=name, source=source, entries=tuple(entries))
+
+
+def sample_scope(sample: Sample) -> tuple[str, str, str, str]:
+    """(GPU, weight dtype, engine, model family) of a sample, ``*`` for an engine or family it does not name."""
+    spec = _spec_of(sample)
+    return (get_gpu(sample.gpu).name, str(spec.weight_dtype), engine_of(sample.engine) or ANY, spec.model_type or ANY)
 
 
 __all__ = [
@@ -253,4 +282,5 @@ __all__ = [
     "mean_abs_by_kind",
     "predict_sample",
     "relative_errors",
+    "sample_scope",
 ]

@@ -132,10 +132,32 @@ TENSORRT_ENGINES = ("tensorrt-llm", "nvidia-nim")
 TensorRT-LLM profiles: a prefill is one enqueued engine, its small kernels cost what a decode's do."""
 
 
+ENGINE_ALIASES = {
+    "vllm": "vllm",
+    "sglang": "sglang",
+    "trtllm": "tensorrt-llm-pytorch",  # toposched's `launch trtllm`: trtllm-serve --backend pytorch
+    "trtllm-pytorch": "tensorrt-llm-pytorch",
+    "tensorrt-llm-pytorch": "tensorrt-llm-pytorch",
+    "tensorrt-llm": "tensorrt-llm",
+    "trtllm-tensorrt": "tensorrt-llm",
+    "nim": "nvidia-nim",
+    "nvidia-nim": "nvidia-nim",
+}
+"""The engine names the CLI, the service, scenarios and samples take, to the name the cost model and the
+profiles use (``engine_of``): ``trtllm`` is what ``launch trtllm`` starts, TensorRT-LLM's PyTorch backend."""
+
+
+def engine_of(engine: str | None) -> str | None:
+    """The cost model's name of ``engine`` (``ENGINE_ALIASES``); None for None or an empty name; any
+    other name lower-cased as it is (priced like vLLM and matched by a profile's ``*`` engine only)."""
+    name = (engine or "").strip().lower()
+    return ENGINE_ALIASES.get(name, name) or None
+
+
 def prefill_launched_from_host(engine: str | None) -> bool:
     """Whether ``engine`` launches a prefill op by op from Python (True for an unknown or unnamed
     engine: toposched launches vLLM and SGLang)."""
-    name = (engine or "").strip().lower()
+    name = engine_of(engine) or ""
     return name in HOST_LAUNCHED_PREFILL or name not in TENSORRT_ENGINES
 
 
@@ -271,11 +293,12 @@ class PassModel:
         )
 
 
-def resolve_config(spec: ModelSpec, gpu: GpuSpec, config: PerfConfig | None) -> PerfConfig:
-    """``config``, else the active calibration profile's entry for this GPU and weight dtype."""
+def resolve_config(spec: ModelSpec, gpu: GpuSpec, config: PerfConfig | None, engine: str | None = None) -> PerfConfig:
+    """``config``, else the active calibration profile's entry for this GPU, weight dtype, engine and
+    model family (``config.json``'s ``model_type``)."""
     if config is not None:
         return config
-    return active_config(gpu.name, str(spec.weight_dtype))
+    return active_config(gpu.name, str(spec.weight_dtype), engine=engine_of(engine), family=spec.model_type or None)
 
 
 def prefill_chunks(batch: int, input_len: int, budget: int | None) -> list[list[tuple[int, int]]]:
@@ -331,7 +354,7 @@ def predict_latency(
         raise InputError(f"batch, input_len and output_len must be positive, got {batch}, {input_len}, {output_len}")
     if max_batched_tokens is not None and max_batched_tokens < 1:
         raise InputError(f"max_batched_tokens must be positive, got {max_batched_tokens}")
-    cfg = resolve_config(spec, gpu, config)
+    cfg = resolve_config(spec, gpu, config, engine)
     model = PassModel(spec, gpu, tp=tp, pp=pp, link=link, pp_link=pp_link or link, cfg=cfg, engine=engine)
     passes = [model.step(chunks=c) for c in prefill_chunks(batch, input_len, max_batched_tokens)]
     steps = [p for p in passes if p is not None]

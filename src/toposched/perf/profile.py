@@ -1,10 +1,14 @@
-"""Calibration profiles: the cost model's coefficients per GPU and weight dtype.
+"""Calibration profiles: the cost model's coefficients per GPU, weight dtype, engine and model family.
 
-A ``Profile`` maps (GPU, weight dtype) to a ``PerfConfig``. ``toposched calibrate`` writes one
-from the user's own benchmarks; the shipped default (``data/profiles/default.json``) is fitted on
-the published anchors. ``active_config`` is what ``predict_latency`` and ``StepCost`` use when no
-``PerfConfig`` is passed: the profile set with ``use_profile`` (a context variable, so nothing
-leaks between runs or threads), else the default profile, else ``PerfConfig()``.
+A ``Profile`` maps a scope (GPU, weight dtype, engine, model family; ``*`` matches any) to a
+``PerfConfig``. ``toposched calibrate`` writes one from the user's own benchmarks, with entries scoped
+to what the benchmarks ran (the GPUs, engines and model families seen: never a catch-all), so a profile
+fitted on a Llama run on vLLM does not reprice DeepSeek-V3 or TensorRT-LLM; the shipped default
+(``data/profiles/default.json``) is fitted on the published anchors and prices everything else.
+``active_entry`` is what ``predict_latency`` and ``StepCost`` use when no ``PerfConfig`` is passed: the
+most specific matching entry of the profile set with ``use_profile`` (a context variable, so nothing
+leaks between runs or threads), else of the default profile, else ``PerfConfig()``; its ``Priced`` says
+which profile and entry that was (``toposched estimate`` prints it).
 """
 
 from __future__ import annotations
@@ -34,6 +38,10 @@ class ProfileEntry(BaseModel):
 
     gpu: str = Field(default=ANY, min_length=1, max_length=100)
     weight_dtype: str = Field(default=ANY, min_length=1, max_length=40)
+    engine: str = Field(default=ANY, min_length=1, max_length=50, description="cost engine (``engine_of``) or *")
+    model_family: str = Field(
+        default=ANY, min_length=1, max_length=100, description="config.json model_type (llama, deepseek_v3, ...) or *"
+    )
     config: PerfConfig
     samples: int = Field(default=0, ge=0, description="samples the entry was fitted on")
     loo_mean_abs_error: dict[str, float] = Field(
@@ -51,17 +59,37 @@ class Profile(BaseModel):
     source: str = Field(default="", max_length=2000, description="what it was fitted on")
     entries: tuple[ProfileEntry, ...] = ()
 
-    def find(self, gpu: str, weight_dtype: str) -> PerfConfig | None:
-        """The most specific entry: exact GPU and dtype, then GPU, then dtype, then ``*``/``*``; or None."""
-        for want_gpu, want_dtype in ((gpu, weight_dtype), (gpu, ANY), (ANY, weight_dtype), (ANY, ANY)):
-            for entry in self.entries:
-                if entry.gpu == want_gpu and entry.weight_dtype == want_dtype:
-                    return entry.config
-        return None
+    def entry_for(
+        self, gpu: str, weight_dtype: str, *, engine: str | None = None, family: str | None = None
+    ) -> ProfileEntry | None:
+        """The most specific entry whose scope holds the setup, or None. Each scope field is ``*`` or
+        the setup's value (an unknown engine or family, None, is matched by ``*`` only); more named
+        fields win, and among as many, the GPU counts most, then the weight dtype, the engine, the
+        family; the first entry in the file wins a tie."""
+        best: tuple[tuple[int, ...], ProfileEntry] | None = None
+        for entry in self.entries:
+            fields = ((entry.gpu, gpu), (entry.weight_dtype, weight_dtype), (entry.engine, engine),
+                      (entry.model_family, family))  # fmt: skip
+            if any(have != ANY and have != want for have, want in fields):
+                continue
+            named = tuple(int(have != ANY) for have, _want in fields)
+            rank = (sum(named), *named)
+            if best is None or rank > best[0]:
+                best = (rank, entry)
+        return None if best is None else best[1]
 
-    def config_for(self, gpu: str, weight_dtype: str) -> PerfConfig:
+    def find(
+        self, gpu: str, weight_dtype: str, *, engine: str | None = None, family: str | None = None
+    ) -> PerfConfig | None:
+        """``entry_for``'s coefficients, or None."""
+        entry = self.entry_for(gpu, weight_dtype, engine=engine, family=family)
+        return None if entry is None else entry.config
+
+    def config_for(
+        self, gpu: str, weight_dtype: str, *, engine: str | None = None, family: str | None = None
+    ) -> PerfConfig:
         """``find``, else the uncalibrated ``PerfConfig()``."""
-        return self.find(gpu, weight_dtype) or PerfConfig()
+        return self.find(gpu, weight_dtype, engine=engine, family=family) or PerfConfig()
 
 
 MAX_PROFILE_BYTES = 1024 * 1024
@@ -126,22 +154,58 @@ def active_profile() -> Profile:
     return _active.get() or default_profile()
 
 
-def active_config(gpu: str, weight_dtype: str) -> PerfConfig:
-    """The coefficients predictions use for this GPU type and weight dtype: the active profile's entry,
-    else the shipped default profile's (a user profile fitted on one GPU type still predicts the
-    others as calibrated), else the uncalibrated ``PerfConfig()``."""
-    profile = active_profile()
-    found = profile.find(gpu, weight_dtype)
-    if found is None and profile is not default_profile():
-        found = default_profile().find(gpu, weight_dtype)
-    return found or PerfConfig()
+class Priced(BaseModel):
+    """Which coefficients priced a prediction: the profile's name and the scope of its entry (None: no
+    entry matched anywhere, the uncalibrated ``PerfConfig()``)."""
+
+    model_config = ConfigDict(frozen=True)
+
+    profile: str
+    entry: dict[str, str] | None
+    samples: int = 0
+    shipped: bool
+    """Whether it is the shipped default profile (not one set with ``use_profile``)."""
+
+    def describe(self) -> str:
+        """One line: ``profile 'mine', entry H100-SXM / * / vllm / llama (12 samples)``."""
+        if self.entry is None:
+            return "the uncalibrated defaults (no profile entry matches)"
+        scope = " / ".join(self.entry[k] for k in ("gpu", "weight_dtype", "engine", "model_family"))
+        which = "the shipped profile" if self.shipped else f"profile {self.profile!r}"
+        return f"{which}, entry {scope} (gpu / weight dtype / engine / family; {self.samples} samples)"
+
+
+def _priced(profile: Profile, entry: ProfileEntry | None, shipped: bool) -> Priced:
+    scope = None if entry is None else entry.model_dump(include={"gpu", "weight_dtype", "engine", "model_family"})
+    return Priced(profile=profile.name, entry=scope, samples=entry.samples if entry else 0, shipped=shipped)
+
+
+def active_entry(
+    gpu: str, weight_dtype: str, *, engine: str | None = None, family: str | None = None
+) -> tuple[PerfConfig, Priced]:
+    """The coefficients predictions use for this setup and where they come from: the active profile's
+    most specific entry whose scope holds it, else the shipped default profile's (a user profile prices
+    only the GPUs, engines and families it was fitted on), else the uncalibrated ``PerfConfig()``."""
+    profile, shipped = active_profile(), default_profile()
+    entry = profile.entry_for(gpu, weight_dtype, engine=engine, family=family)
+    if entry is not None:
+        return entry.config, _priced(profile, entry, profile is shipped)
+    entry = shipped.entry_for(gpu, weight_dtype, engine=engine, family=family)
+    return (entry.config if entry else PerfConfig()), _priced(shipped, entry, True)
+
+
+def active_config(gpu: str, weight_dtype: str, *, engine: str | None = None, family: str | None = None) -> PerfConfig:
+    """``active_entry``'s coefficients."""
+    return active_entry(gpu, weight_dtype, engine=engine, family=family)[0]
 
 
 __all__ = [
     "ANY",
+    "Priced",
     "Profile",
     "ProfileEntry",
     "active_config",
+    "active_entry",
     "active_profile",
     "default_profile",
     "load_profile",

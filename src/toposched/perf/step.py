@@ -65,7 +65,7 @@ class StepCost:
         check_degrees(spec, tp, pp)
         if not 0.0 <= overlap < 1.0:
             raise ValueError(f"overlap must be in [0, 1), got {overlap}")
-        self.config = resolve_config(spec, gpu, config)
+        self.config = resolve_config(spec, gpu, config, engine)
         self.spec, self.gpu, self.tp, self.pp = spec, gpu, tp, pp
         self.link, self.pp_link = link, pp_link or link
         self.compression, self.overlap = compression, overlap

@@ -118,6 +118,7 @@ def placement_template(tenant: Tenant, slo_tpot_ms: float | None) -> PlacementRe
         model=tenant.model,
         weight_dtype=tenant.weight_dtype,
         kv_dtype=tenant.kv_dtype,
+        engine=tenant.engine,
         max_model_len=tenant.max_model_len,
         concurrent_seqs=tenant.batch,
         input_len=tenant.input_len.mean,
@@ -149,7 +150,10 @@ def build_deployment(index: int, tenant: Tenant, scheduler: Scheduler, *, where:
         cand = meeting[0] if meeting else cands[0]
     option, gpu = cand.option, cand.options.gpu
     pp_link = get_link(fabric_link(scheduler.cluster.fabric)) if option.pp > 1 else None
-    cost = StepCost(option.spec, gpu, tp=option.tp, pp=option.pp, link=get_link(gpu.native_link), pp_link=pp_link)
+    cost = StepCost(
+        option.spec, gpu, tp=option.tp, pp=option.pp, link=get_link(gpu.native_link), pp_link=pp_link,
+        engine=tenant.engine,
+    )  # fmt: skip
     batch, inp, out = tenant.batch, tenant.input_len.mean, tenant.output_len.mean
     tpot = cost.decode_ms(batch, inp + out / 2)
     per_token = (cost.prefill_ms(batch, inp) + (out - 1) * tpot) / out

@@ -133,6 +133,9 @@ class Tenant(_Value):
     model: Ref = Field(description="catalog name, Hugging Face id or config.json path")
     weight_dtype: str | None = Field(default=None, max_length=40)
     kv_dtype: str | None = Field(default=None, max_length=40)
+    engine: Literal["vllm", "sglang", "trtllm"] = Field(
+        default="vllm", description="the engine the instances run: it prices their steps (perf/latency.py)"
+    )
     tp: int | Literal["auto"] = Field(default="auto", description="the TP degree of every instance, or auto")
     slo_class: SloClass = Field(default="interactive", description="the instances' class (admission, budget share)")
     slo_mix: dict[str, float] | None = Field(

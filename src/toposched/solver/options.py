@@ -106,10 +106,11 @@ class OptionSet:
 
     def pass_model(self, option: DegreeOption, link: str, pp_link: str | None = None) -> PassModel:
         """The cost model of one pass of ``option`` over these links (``perf/latency.py``)."""
-        spec, gpu = option.spec, self.gpu
+        spec, gpu, engine = option.spec, self.gpu, self.request.engine
         return PassModel(
             spec, gpu, tp=option.tp, pp=option.pp, link=get_link(link),
-            pp_link=get_link(pp_link) if pp_link else get_link(link), cfg=resolve_config(spec, gpu, None),
+            pp_link=get_link(pp_link) if pp_link else get_link(link), cfg=resolve_config(spec, gpu, None, engine),
+            engine=engine,
         )  # fmt: skip
 
     def _operating(
@@ -153,6 +154,7 @@ class OptionSet:
                 batch=self.request.concurrent_seqs or RESERVE_SEQS,
                 input_len=self.request.input_len,
                 output_len=self.request.output_len,
+                engine=self.request.engine,
             )
         return self._latency[key]
 

@@ -67,6 +67,11 @@ class PlacementRequest(BaseModel):
     model: str = Field(min_length=1, description="catalog name, Hugging Face id or config.json path")
     weight_dtype: str | None = None
     kv_dtype: str | None = None
+    engine: Literal["vllm", "sglang", "trtllm"] = Field(
+        default="vllm",
+        description="the engine the instances run (trtllm: TensorRT-LLM's PyTorch backend, as `launch trtllm` "
+        "starts it): it prices their steps and picks the calibration profile's entry (perf/latency.py engine_of)",
+    )
     max_model_len: int = Field(default=DEFAULT_MAX_MODEL_LEN, ge=1, le=10_000_000)
     concurrent_seqs: int | None = Field(
         default=None,

@@ -12,8 +12,8 @@ from functools import lru_cache
 from toposched.errors import InputError
 from toposched.perf.coefficients import PerfConfig
 from toposched.perf.hardware import GpuSpec
+from toposched.perf.latency import resolve_config
 from toposched.perf.links import get_link
-from toposched.perf.profile import active_config
 from toposched.perf.step import StepCost
 from toposched.solver.place import stage_links
 from toposched.solver.request import Placement, PlacementRequest
@@ -32,6 +32,7 @@ def _cost(
     compression: bool,
     overlap: float,
     config: PerfConfig,
+    engine: str,
 ) -> StepCost:
     return StepCost(
         spec,
@@ -43,6 +44,7 @@ def _cost(
         config=config,
         compression=compression,
         overlap=overlap,
+        engine=engine,
     )
 
 
@@ -81,7 +83,8 @@ def step_cost(scheduler: Scheduler, request: PlacementRequest, placement: Placem
         pp_link,
         placement.compression is not None,
         placement.overlap,
-        active_config(gpu.name, str(option.spec.weight_dtype)),  # in the key: one cache across profiles
+        resolve_config(option.spec, gpu, None, request.engine),  # in the key: one cache across profiles
+        request.engine,
     )
 
 

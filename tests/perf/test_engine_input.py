@@ -1,0 +1,121 @@
+"""The engine is an input of every prediction (issue 34): plan, launch, the service, the simulator and
+estimate hand it to the cost model, which picks the calibration profile's entry by it."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+
+from tests.conftest import RunCli
+from toposched.cli.plan_source import PlanSource
+from toposched.perf.coefficients import PerfConfig
+from toposched.perf.latency import engine_of, prefill_launched_from_host
+from toposched.perf.profile import Profile, ProfileEntry, save_profile
+from toposched.service.config import ServiceConfig
+from toposched.service.schemas import PlaceBody
+from toposched.service.state import ServiceState
+from toposched.sim.deployment import placement_template
+from toposched.sim.scenario import Tenant
+from toposched.topology.sources import SourceRef
+
+SLOW_SGLANG = Profile(
+    name="slow-sglang", entries=(ProfileEntry(engine="sglang", config=PerfConfig(step_overhead_ms=50.0)),)
+)
+"""A profile that prices SGLang's decode steps 50 ms slower and leaves every other engine to the shipped one."""
+
+
+@pytest.fixture
+def profile_file(tmp_path: Path) -> Path:
+    path = tmp_path / "slow-sglang.json"
+    save_profile(SLOW_SGLANG, path)
+    return path
+
+
+def test_engine_names_map_to_the_cost_model() -> None:
+    assert engine_of("trtllm") == "tensorrt-llm-pytorch"  # what `launch trtllm` starts
+    assert engine_of(" SGLang ") == "sglang" and engine_of(None) is None and engine_of("") is None
+    assert not prefill_launched_from_host("tensorrt-llm") and not prefill_launched_from_host("nim")
+    assert prefill_launched_from_host("trtllm") and prefill_launched_from_host("something-else")
+
+
+def _plan_tpot(run_cli: RunCli, profile: Path, *extra: str) -> tuple[str, float]:
+    result = run_cli("plan", "--preset", "hgx-h100", "--model", "llama-3.1-8b", "--concurrent-seqs", "8",
+                     "--profile", str(profile), "--json", *extra)  # fmt: skip
+    assert result.exit_code == 0, result.stderr
+    data = json.loads(result.stdout)
+    return data["request"]["engine"], data["placements"][0]["predicted"]["tpot_ms"]
+
+
+def test_plan_prices_the_engine_it_is_given(run_cli: RunCli, profile_file: Path) -> None:
+    engine, vllm = _plan_tpot(run_cli, profile_file)
+    assert engine == "vllm"
+    engine, sglang = _plan_tpot(run_cli, profile_file, "--engine", "sglang")
+    assert engine == "sglang" and sglang > vllm + 45  # the sglang entry's 50 ms per step
+    bad = run_cli("plan", "--preset", "hgx-h100", "--model", "llama-3.1-8b", "--engine", "tgi")
+    assert bad.exit_code == 2 and "--engine" in bad.stderr
+
+
+def test_a_launch_plans_for_its_own_engine_and_warns_on_a_plan_for_another(
+    run_cli: RunCli, profile_file: Path, tmp_path: Path
+) -> None:
+    source = PlanSource(model="llama-3.1-8b", preset="hgx-h100", concurrent_seqs=8, profile=profile_file)
+    doc = source.resolve("sglang")
+    assert doc.request.engine == "sglang"
+    assert doc.placements[0].tpot_ms > source.resolve("vllm").placements[0].tpot_ms + 45
+    planned = run_cli("plan", "--preset", "hgx-h100", "--model", "llama-3.1-8b", "--engine", "sglang", "--json")
+    plan = tmp_path / "plan.json"
+    plan.write_text(planned.stdout)
+    launched = run_cli("launch", "vllm", "--plan", str(plan), "--format", "json")
+    assert launched.exit_code == 0, launched.stderr
+    assert "sized for sglang, launched here with vllm" in launched.stderr
+    same = run_cli("launch", "sglang", "--plan", str(plan), "--format", "json")
+    assert same.exit_code == 0 and "sized for" not in same.stderr
+
+
+def test_the_service_prices_the_engine_of_the_body() -> None:
+    config = ServiceConfig.model_validate({"state": "memory", "source": SourceRef(kind="preset", ref="hgx-h100"),
+                                           "auth": False, "profile": SLOW_SGLANG})  # fmt: skip
+    state = ServiceState(config)
+    state.open()
+    try:
+        tpot = {}
+        for engine in ("vllm", "sglang"):
+            body = PlaceBody.model_validate(
+                {"model": "llama-3.1-8b", "id": f"r-{engine}", "engine": engine, "concurrent_seqs": 8}
+            )
+            decision = state.call(state.place, body)  # as the API calls it: with the service's profile
+            assert decision.status == "placed", decision.reasons
+            tpot[engine] = decision.instances[0].placement.tpot_ms
+        assert tpot["sglang"] > tpot["vllm"] + 45
+        with pytest.raises(ValueError, match="engine"):
+            PlaceBody.model_validate({"model": "llama-3.1-8b", "engine": "tgi"})
+    finally:
+        state.close()
+        state.worker.shutdown()
+
+
+def test_a_simulated_tenant_runs_its_engine() -> None:
+    tenant = Tenant.model_validate({"name": "t", "model": "llama-3.1-8b", "engine": "trtllm", "slo_factor": 2.0})
+    assert placement_template(tenant, None).engine == "trtllm"
+
+
+def test_estimate_says_what_priced_it_and_its_terms_add_up(run_cli: RunCli, profile_file: Path) -> None:
+    args = ("estimate", "-m", "llama-3.1-70b", "-g", "H100-SXM", "--tp", "4", "--batch", "8", "--input-len",
+            "2048", "--output-len", "128", "--profile", str(profile_file), "--json")  # fmt: skip
+    out = {}
+    for engine in ("vllm", "sglang"):
+        result = run_cli(*args, "--engine", engine)
+        assert result.exit_code == 0, result.stderr
+        out[engine] = json.loads(result.stdout)
+    assert out["vllm"]["priced_by"]["shipped"] and out["vllm"]["priced_by"]["profile"] == "default"
+    assert out["sglang"]["priced_by"]["profile"] == "slow-sglang"
+    assert out["sglang"]["priced_by"]["entry"]["engine"] == "sglang"
+    assert out["sglang"]["decode"]["overhead_ms"] == 50.0
+    for data in out.values():
+        for step in (data["prefill"], data["decode"]):
+            assert sum(step[t] for t in step["terms"]) == pytest.approx(step["total_ms"], rel=1e-12)
+            assert step["attention_ms"] > 0
+    text = run_cli(*args[:-1], "--engine", "sglang")
+    assert "Priced for sglang by profile 'slow-sglang', entry * / * / sglang / *" in text.stdout
