@@ -39,8 +39,11 @@ def test_csv_to_profile(run_cli: RunCli, csv_file: Path, tmp_path: Path) -> None
     assert "batch 16, 1024 in / 128 out: TTFT 92.4 ms, TPOT 9.80 ms" in result.stdout
     profile = load_profile(out)
     assert profile.name == "mine" and str(csv_file) in profile.source
-    entry = next(e for e in profile.entries if (e.gpu, e.weight_dtype) == ("*", "*"))  # fitted on all samples
+    # fitted on all samples, and scoped to what they ran: H100-SXM, Llama, an engine the CSV does not name
+    (entry,) = [e for e in profile.entries if e.weight_dtype == "*"]
+    assert (entry.gpu, entry.engine, entry.model_family) == ("H100-SXM", "*", "llama")
     assert entry.samples == 4
+    assert "H100-SXM / * / * / llama: 4 samples" in result.stdout
     assert set(entry.loo_mean_abs_error) == {"ttft", "tpot", "throughput"}
     assert f"eta_mem={entry.config.eta_mem:g}" in result.stdout
 

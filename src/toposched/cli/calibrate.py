@@ -15,6 +15,7 @@ from typing import Any
 
 import typer
 from pydantic import ValidationError
+from rich.markup import escape
 
 from toposched.cli._common import console, err_console, print_json
 from toposched.errors import InputError, first_problem
@@ -85,11 +86,17 @@ def _print_samples(samples: list[Sample]) -> None:
 
 
 def _print_profile(profile: Profile) -> None:
+    console.print(
+        "Entries by GPU / weight dtype / engine / model family: each prices only those setups (* any); "
+        "every other setup keeps the shipped profile's coefficients.",
+        soft_wrap=True,
+        markup=False,
+    )
     for entry in profile.entries:
         loo = ", ".join(f"{k} {v:.1%}" for k, v in entry.loo_mean_abs_error.items()) or "n/a"
+        scope = f"{entry.gpu} / {entry.weight_dtype} / {entry.engine} / {entry.model_family}"
         console.print(
-            f"[bold]{entry.gpu} / {entry.weight_dtype}[/]: {entry.samples} samples; leave-one-out mean |error|: {loo}",
-            soft_wrap=True,
+            f"[bold]{escape(scope)}[/]: {entry.samples} samples; leave-one-out mean |error|: {loo}", soft_wrap=True
         )
         coeffs = ", ".join(f"{k}={v:g}" for k, v in entry.config.model_dump().items())
         console.print(f"  {coeffs}", soft_wrap=True, markup=False)

@@ -265,20 +265,13 @@ class PlanSource:
         )  # fmt: skip
 
     def resolve(self, engine: str | None = None) -> PlanDoc:
-        """The plan to launch with ``engine``: read from ``--plan``, or made now from ``--model`` and a
-        topology source, sized for ``engine`` (the cost model prices each engine's steps)."""
+        """The plan to launch with ``engine``: read from ``--plan`` (as it is: ``request.engine`` says what it
+        was sized for), or made now from ``--model`` and a topology source, sized for ``engine``."""
         if self.plan is not None:
             if self.model is not None or self.topology() is not None:
                 raise InputError("give --plan, or --model with a topology source, not both")
-            doc = load_plan(self.plan)
-            if engine is not None and doc.request.engine != engine:
-                err_console.print(
-                    f"warning: {self.plan} was sized for {doc.request.engine}, launched here with {engine}: its "
-                    f"operating point and predictions are {doc.request.engine}'s (plan again with --engine {engine})",
-                    markup=False,
-                    soft_wrap=True,
-                )
-            return doc
+            # used as it is, whichever engine launches it: its request says the engine it was sized for
+            return load_plan(self.plan)
         if engine is not None and self.engine not in (None, engine):
             raise InputError(f"the plan is sized for {self.engine} but launched with {engine}", fix="use one engine")
         if engine is not None:
