@@ -17,7 +17,7 @@ from toposched.service.config import ServiceConfig
 from toposched.service.schemas import PlaceBody
 from toposched.service.state import ServiceState
 from toposched.sim.deployment import placement_template
-from toposched.sim.scenario import Tenant
+from toposched.sim.scenario import Scenario, Tenant
 from toposched.topology.sources import SourceRef
 
 SLOW_SGLANG = Profile(
@@ -95,6 +95,8 @@ def test_the_service_prices_the_engine_of_the_body() -> None:
 def test_a_simulated_tenant_runs_its_engine() -> None:
     tenant = Tenant.model_validate({"name": "t", "model": "llama-3.1-8b", "engine": "trtllm", "slo_factor": 2.0})
     assert placement_template(tenant, None).engine == "trtllm"
+    scenario = Scenario.model_validate({"cluster": "hgx-h100", "model": "llama-3.1-8b", "engine": "sglang"})
+    assert [t.engine for t in scenario.tenant_list()] == ["sglang"]
 
 
 def test_estimate_says_what_priced_it_and_its_terms_add_up(run_cli: RunCli, profile_file: Path) -> None:

@@ -273,6 +273,7 @@ class Scenario(_Value):
     model: Ref | None = Field(default=None, description="catalog name, Hugging Face id or config.json path")
     weight_dtype: str | None = Field(default=None, max_length=40)
     kv_dtype: str | None = Field(default=None, max_length=40)
+    engine: Literal["vllm", "sglang", "trtllm"] = "vllm"
     input_len: Lengths = Lengths()
     output_len: Lengths = Lengths(mean=256)
     slo_ms: float = Field(
@@ -359,6 +360,7 @@ class Scenario(_Value):
                 model=self.model,
                 weight_dtype=self.weight_dtype,
                 kv_dtype=self.kv_dtype,
+                engine=self.engine,
                 slo_mix=self.slo_mix,
                 batch=self.batch,
                 input_len=self.input_len,
