@@ -22,7 +22,7 @@ from starlette.exceptions import HTTPException
 
 from toposched import __version__
 from toposched.errors import InputError, StateError, ToposchedError
-from toposched.service.api import ERRORS, build_router, on_worker
+from toposched.service.api import ERRORS, add_routes, on_worker
 from toposched.service.config import ServiceConfig
 from toposched.service.extender import EXTENDER_PREFIX, build_extender, drop_validation_answer
 from toposched.service.guards import TOO_LARGE, BearerAuth, BodyLimit, BodyTooLarge, too_large
@@ -106,7 +106,7 @@ def create_app(config: ServiceConfig, state: ServiceState | None = None) -> Fast
         telemetry={"tracing": False, "metrics": False, "logs": False},
     )
     app.state.toposched = state
-    app.include_router(build_router(state, latency))
+    add_routes(app.router, state, latency)
     app.include_router(build_extender(state))
     generate_openapi = app.openapi
 
