@@ -117,3 +117,25 @@ def test_estimate_says_what_priced_it_and_its_terms_add_up(run_cli: RunCli, prof
             assert step["attention_ms"] > 0
     text = run_cli(*args[:-1], "--engine", "sglang")
     assert "Priced for sglang by profile 'slow-sglang', entry * / * / sglang / *" in text.stdout
+
+
+def test_estimate_and_calibrate_share_one_ttft_definition(run_cli: RunCli) -> None:
+    """The TTFT and TPOT estimate prints are the ones calibrate fits a sample's measurements with."""
+    from toposched.perf.calibrate import predict_sample
+    from toposched.perf.hardware import get_gpu
+    from toposched.perf.latency import resolve_config
+    from toposched.perf.samples import Sample
+    from toposched.workload.catalog import resolve_model
+
+    for batch in (1, 16):
+        result = run_cli("estimate", "-m", "llama-3.1-70b", "-g", "H100-SXM", "--tp", "4", "--batch", str(batch),
+                         "--input-len", "1024", "--output-len", "128", "--max-num-batched-tokens", "8192",
+                         "--engine", "sglang", "--json")  # fmt: skip
+        assert result.exit_code == 0, result.stderr
+        shown = json.loads(result.stdout)
+        sample = Sample(source="t", model="llama-3.1-70b", gpu="H100-SXM", engine="sglang", tp=4, batch=batch,
+                        input_len=1024, output_len=128, ttft_ms=1.0, tpot_ms=1.0)  # fmt: skip
+        config = resolve_config(resolve_model("llama-3.1-70b"), get_gpu("H100-SXM"), None, "sglang")
+        fitted = predict_sample(sample, config, max_batched_tokens=8192)
+        assert shown["ttft_ms"] == pytest.approx(fitted["ttft_ms"], rel=1e-12)
+        assert shown["tpot_ms"] == pytest.approx(fitted["tpot_ms"], rel=1e-12)
