@@ -48,6 +48,7 @@ from toposched.perf.calibrate import (
     DEFAULT_FIELDS,
     fit_config,
     fit_profile,
+    leave_group_out,
     leave_one_out,
     predict_sample,
 )
@@ -134,12 +135,18 @@ def _saturated_batch(model: str, gpu: str, tp: int, wdt: str, kvd: str | None, i
     return max(1, min(OFFLINE_MAX_BATCH, int(tokens // (isl + osl))))
 
 
-def load_samples(path: Path = ANCHORS) -> tuple[list[Sample], list[str], dict[str, str]]:
-    """(samples, skipped anchor ids with why, anchor id of each sample's source)."""
+HOLD_OUT = ("source", "engine", "gpu", "dtype")
+"""The groups held out whole (``leave_group_out``): the publication (a measurement campaign: the
+``source`` up to its first comma), the engine as the cost model names it, the GPU, the weight dtype."""
+
+
+def load_samples(path: Path = ANCHORS) -> tuple[list[Sample], list[str], dict[str, dict[str, str]]]:
+    """(samples, skipped anchor ids with why, each sample's groups by ``HOLD_OUT`` kind, by anchor id)."""
     rows = json.loads(path.read_text())
     perf = [r for r in rows if r["kind"] in PERF_KINDS]
     samples: list[Sample] = []
     skipped: list[str] = []
+    groups: dict[str, dict[str, str]] = {}
     for r in perf:
         s = r["setup"]
         model, gpu = _model(s["model"]), _gpu(s["gpu"])
@@ -191,7 +198,9 @@ def load_samples(path: Path = ANCHORS) -> tuple[list[Sample], list[str], dict[st
                 **{measured: value},
             )
         )
-    return samples, skipped, {s.source: s.source for s in samples}
+        last = samples[-1]
+        groups[r["id"]] = {"source": r["source"].split(",")[0], "engine": str(last.engine), "gpu": gpu, "dtype": wdt}
+    return samples, skipped, groups
 
 
 def _kind(s: Sample) -> str:
@@ -226,7 +235,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--quick", action="store_true", help="in-sample fit only, no leave-one-out")
     parser.add_argument("--write-profile", action="store_true", help=f"write {PROFILE.name} (runs fit_profile)")
     args = parser.parse_args(argv)
-    samples, skipped, _ = load_samples()
+    samples, skipped, groups = load_samples()
     print(f"{len(samples)} anchors used; skipped {len(skipped)}" + "".join(f"\n  skipped {s}" for s in skipped))
     t0 = time.perf_counter()
     fitted = fit_config(samples)
@@ -253,6 +262,18 @@ def main(argv: list[str] | None = None) -> int:
     print("\nall-reduce anchors vs the link table (not refitted here; 2-node rows: perf.links.two_level_link):")
     for label, pub, pred in _allreduce_rows():
         print(f"  {label:56s} published {pub:7.2f} GB/s  predicted {pred:7.2f}  {100 * (pred / pub - 1):+6.1f} %")
+    if not args.quick:
+        print("\nleave-one-group-out (refit without every anchor of the group, then predict them):")
+        for by in HOLD_OUT:
+            held = leave_group_out(samples, lambda s, by=by: groups[s.source][by])
+            count = len({groups[s.source][by] for s in samples})
+            print(f"  by {by} ({count} groups; {len(samples) - len(held)} anchors in a group of all, left out):")
+            for kind in PERF_KINDS:
+                errs = [(abs(e[kind]), s.source) for s, e in held if kind in e]
+                if errs:
+                    worst, mean = max(errs), sum(e for e, _ in errs) / len(errs)
+                    print(f"    {kind:10s} n={len(errs):2d}  mean abs {100 * mean:5.1f} %"
+                          f"   worst {100 * worst[0]:5.1f} % ({worst[1]})")  # fmt: skip
     if args.write_profile:
         profile = fit_profile(
             samples, name="default",

@@ -8,7 +8,14 @@ import pytest
 
 from toposched.errors import InputError
 from toposched.perf import PerfConfig, get_gpu, get_link, predict_latency
-from toposched.perf.calibrate import fit_config, fit_profile, leave_one_out, predict_sample, relative_errors
+from toposched.perf.calibrate import (
+    fit_config,
+    fit_profile,
+    leave_group_out,
+    leave_one_out,
+    predict_sample,
+    relative_errors,
+)
 from toposched.perf.latency import PassModel, prefill_chunks, roofline
 from toposched.perf.links import two_level_link
 from toposched.perf.profile import Profile, ProfileEntry, default_profile, use_profile
@@ -150,6 +157,19 @@ def test_fit_recovers_the_coefficients_that_made_the_samples() -> None:
     assert [s.source for s, _ in loo] == [s.source for s in samples]
     assert all(set(errs) == {"ttft", "tpot", "throughput"} for _, errs in loo)
     assert max(abs(e) for _, errs in loo for e in errs.values()) < 0.05
+
+
+def test_leave_group_out_holds_out_a_whole_group() -> None:
+    truth = PerfConfig(eta_mem=0.7, step_overhead_ms=1.5)
+    samples = _synthetic(truth)
+    by_gpu = leave_group_out(samples, lambda s: s.gpu, fields=("eta_mem", "step_overhead_ms"))
+    assert [s.source for s, _ in by_gpu] == [s.source for s in samples]  # every GPU has others to fit on
+    assert max(abs(e) for _, errs in by_gpu for e in errs.values()) < 0.05  # one truth: any group predicts it
+    # a held-out group is not in its own fit: samples 4 times slower on one GPU come out about 4x too fast
+    slow = [s.model_copy(update={"tpot_ms": s.tpot_ms * 4}) if s.gpu == "H200" else s for s in samples]
+    errors = dict((s.source, e) for s, e in leave_group_out(slow, lambda s: s.gpu, fields=("step_overhead_ms",)))
+    assert errors["s5"]["tpot"] < -0.6
+    assert leave_group_out(samples, lambda s: "all", fields=("eta_mem",)) == []  # nothing left to fit on
 
 
 def test_fit_stays_within_bounds_and_rejects_bad_fields() -> None:

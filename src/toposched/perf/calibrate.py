@@ -200,6 +200,27 @@ def leave_one_out(samples: Sequence[Sample], **kw: Any) -> list[tuple[Sample, di
     return out
 
 
+def leave_group_out(
+    samples: Sequence[Sample], group_of: Callable[[Sample], str], **kw: Any
+) -> list[tuple[Sample, dict[str, float]]]:
+    """Relative error per kind of each sample, predicted with the config fitted on the samples of every
+    other group (``group_of``: a sample's publication, engine, GPU...): what the model makes of a whole
+    source it never saw, where ``leave_one_out`` still fits on the held-out row's siblings. A sample
+    whose group holds every sample is left out (nothing to fit on). In the order of ``samples``."""
+    groups: dict[str, list[int]] = {}
+    for i, s in enumerate(samples):
+        groups.setdefault(group_of(s), []).append(i)
+    errors: dict[int, dict[str, float]] = {}
+    for members in groups.values():
+        rest = [t for j, t in enumerate(samples) if j not in set(members)]
+        if not rest:
+            continue
+        config = fit_config(rest, **kw)
+        for i in members:
+            errors[i] = relative_errors(samples[i], config)
+    return [(samples[i], errors[i]) for i in sorted(errors)]
+
+
 def mean_abs_by_kind(errors: Sequence[tuple[Sample, dict[str, float]]]) -> dict[str, float]:
     """Mean |relative error| per kind over ``errors`` (kinds with no sample are left out)."""
     by: dict[str, list[float]] = {}
@@ -278,6 +299,7 @@ __all__ = [
     "KINDS",
     "fit_config",
     "fit_profile",
+    "leave_group_out",
     "leave_one_out",
     "mean_abs_by_kind",
     "predict_sample",
