@@ -92,6 +92,15 @@ def test_the_service_prices_the_engine_of_the_body() -> None:
         state.worker.shutdown()
 
 
+def test_the_default_engine_keeps_the_keys_of_requests_booked_before_it() -> None:
+    """A body without ``engine`` (every request booked before the field) keeps its idempotency key, so a retry
+    after the upgrade answers ``existing``, not ``conflict``; another engine is another request."""
+    plain = PlaceBody.model_validate({"model": "llama-3.1-8b", "id": "a"})
+    assert "engine" not in plain.key()
+    assert PlaceBody.model_validate({"model": "llama-3.1-8b", "id": "a", "engine": "vllm"}).key() == plain.key()
+    assert PlaceBody.model_validate({"model": "llama-3.1-8b", "id": "a", "engine": "sglang"}).key() != plain.key()
+
+
 def test_a_simulated_tenant_runs_its_engine() -> None:
     tenant = Tenant.model_validate({"name": "t", "model": "llama-3.1-8b", "engine": "trtllm", "slo_factor": 2.0})
     assert placement_template(tenant, None).engine == "trtllm"
