@@ -234,8 +234,27 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--quick", action="store_true", help="in-sample fit only, no leave-one-out")
     parser.add_argument("--write-profile", action="store_true", help=f"write {PROFILE.name} (runs fit_profile)")
+    parser.add_argument(
+        "--with-engines",
+        action="store_true",
+        help="fit and validate on anchors-train.json plus the vLLM/SGLang rows engines_eval.py can set up (an "
+        "experiment: the shipped profile is fitted on anchors-train.json alone; not with --write-profile)",
+    )
     args = parser.parse_args(argv)
+    if args.with_engines and args.write_profile:
+        parser.error("--with-engines is an experiment: the shipped profile is not written from it")
     samples, skipped, groups = load_samples()
+    if args.with_engines:
+        import engines_eval  # the benchmark next to this one
+
+        extra, left = engines_eval.load()
+        rows = {r["id"]: r for r in json.loads(engines_eval.ROWS.read_text())}
+        for e in extra:
+            ref = rows[e.source]["source_ref"]
+            source = f"{ref['repository']} {ref.get('path') or ref.get('issue')}"
+            groups[e.source] = {"source": source, "engine": str(e.engine), "gpu": e.gpu, "dtype": str(e.weight_dtype)}
+        samples += extra
+        skipped += [f"(engines) {why}" for why in left]
     print(f"{len(samples)} anchors used; skipped {len(skipped)}" + "".join(f"\n  skipped {s}" for s in skipped))
     t0 = time.perf_counter()
     fitted = fit_config(samples)
