@@ -1,6 +1,7 @@
 """The cost model on the vLLM and SGLang serving rows it was not fitted on (anchors-train-engines.json).
 
     .venv/bin/python benchmarks/engines_eval.py [--json]
+    .venv/bin/python benchmarks/engines_eval.py --engine-terms   # per-engine host costs, a publication held out
 
 The shipped profile is fitted on ``anchors-train.json`` alone: TensorRT-LLM and NIM rows. This predicts
 every row of ``anchors-train-engines.json`` (42 client-side serving measurements of vLLM 0.6-0.11 and
@@ -25,6 +26,10 @@ prints; the engine is the row's):
   mean lengths; ``num_requests`` where the row states a number;
 * throughput per GPU times the GPUs; TTFT and TPOT as published (means; the rows that give medians
   only are among those left out).
+
+``--engine-terms``: could per-engine host costs carry the engines? For each engine, the shipped
+coefficients with ``ENGINE_TERMS`` refitted on that engine's rows (``fit_config(base=shipped)``), each
+publication held out in turn and predicted; printed beside the shipped profile's errors on the same rows.
 """
 
 from __future__ import annotations
@@ -57,6 +62,7 @@ MODELS = {  # source model -> (catalog model, weight dtype)
 }
 GPUS = (("A100", "A100-SXM-80GB"), ("H200", "H200"), ("H100", "H100-SXM"))
 KINDS = {"ttft": "ttft_ms", "tpot": "tpot_ms", "throughput": "tokens_per_s"}
+ENGINE_TERMS = ("step_overhead_ms", "prefill_overhead_ms", "prefill_kernel_factor")
 
 
 def _length(value: Any, total: Any, requests: int | None) -> int | None:
@@ -170,11 +176,49 @@ def summary(rows: list[dict[str, Any]]) -> dict[str, dict[str, Any]]:
     }
 
 
+def engine_terms(samples: list[Sample], path: Path = ROWS) -> None:
+    """Print, per engine and kind, the shipped profile's mean |error| and that of per-engine host costs
+    fitted with each publication held out (``--engine-terms``)."""
+    from toposched.perf.calibrate import fit_config, relative_errors
+    from toposched.perf.profile import default_profile
+
+    shipped = default_profile().entries[0].config  # the catch-all entry: what these rows are priced with
+    rows = {r["id"]: r for r in json.loads(path.read_text())}
+
+    def source(s: Sample) -> str:
+        ref = rows[s.source]["source_ref"]
+        return f"{ref['repository']} {ref.get('path') or ref.get('issue')}"
+
+    for engine in sorted({str(s.engine) for s in samples}):
+        mine = [s for s in samples if s.engine == engine]
+        before: dict[str, list[float]] = {}
+        after: dict[str, list[float]] = {}
+        publications = sorted({source(s) for s in mine})
+        for held in publications:
+            rest = [s for s in mine if source(s) != held]
+            config = fit_config(rest, base=shipped, fields=ENGINE_TERMS) if rest else shipped
+            for s in (s for s in mine if source(s) == held):
+                for kind, e in relative_errors(s, shipped).items():
+                    before.setdefault(kind, []).append(abs(e))
+                for kind, e in relative_errors(s, config).items():
+                    after.setdefault(kind, []).append(abs(e))
+        print(f"{engine} ({len(mine)} rows, {len(publications)} publications):")
+        for kind in KINDS:
+            if kind in before:
+                b, a = before[kind], after[kind]
+                print(f"  {kind:10s} n={len(b):2d}  shipped {100 * sum(b) / len(b):6.1f} %   per-engine terms, "
+                      f"publication held out {100 * sum(a) / len(a):6.1f} %")  # fmt: skip
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--json", action="store_true")
+    parser.add_argument("--engine-terms", action="store_true", help="per-engine host costs, publication held out")
     args = parser.parse_args(argv)
     samples, left = load()
+    if args.engine_terms:
+        engine_terms(samples)
+        return 0
     rows = evaluate(samples)
     table = summary(rows)
     if args.json:
