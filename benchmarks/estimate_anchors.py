@@ -64,7 +64,7 @@ def predict(a: Anchor, overhead_ms: float | None = None) -> float:
     """The model's figure for the anchor's metric, in ms (the profile's overhead unless given)."""
     spec = resolve_model(a.model, weight_dtype=a.weight_dtype)  # type: ignore[arg-type]
     gpu = get_gpu(a.gpu)
-    cfg: PerfConfig = resolve_config(spec, gpu, None)
+    cfg: PerfConfig = resolve_config(spec, gpu, None, a.engine)
     if overhead_ms is not None:
         cfg = cfg.model_copy(update={"step_overhead_ms": overhead_ms})
     r = predict_latency(spec, gpu, tp=a.tp, link=get_link(gpu.native_link), batch=a.batch,

@@ -233,10 +233,22 @@ def test_the_most_specific_profile_entry_wins() -> None:
     find = p.config_for
     assert find("H100-SXM", "bf16", engine="sglang", family="llama").eta_mem == 0.7
     assert find("H100-SXM", "bf16", engine="sglang", family="qwen2").eta_mem == 0.65
-    assert find("H100-SXM", "bf16", engine="vllm", family="llama").eta_mem == 0.6  # the GPU outranks the engine
+    assert find("H100-SXM", "bf16", engine="vllm", family="llama").eta_mem == 0.6  # no sglang entry applies
+    # as specific as each other (one named field): the GPU outranks the engine, the first entry wins a tie
+    assert Profile(entries=(entries[1], entries[2])).config_for("H100-SXM", "bf16", engine="sglang").eta_mem == 0.6
+    assert Profile(entries=(entries[2], entries[1])).config_for("H100-SXM", "bf16", engine="sglang").eta_mem == 0.6
+    twins = (ProfileEntry(gpu="H200", config=PerfConfig(eta_mem=0.4)), ProfileEntry(gpu="H200", config=PerfConfig()))
+    assert Profile(entries=twins).config_for("H200", "bf16").eta_mem == 0.4
     assert find("H200", "bf16", engine="sglang").eta_mem == 0.55
     assert find("H200", "bf16", engine=None).eta_mem == 0.5  # an unnamed engine is matched by * only
     assert Profile(entries=entries[1:2]).find("H200", "bf16") is None
+    # an entry's engine is the cost model's name; a name no prediction uses is refused
+    assert ProfileEntry(engine="TRTLLM", config=PerfConfig()).engine == "tensorrt-llm-pytorch"
+    with pytest.raises(ValueError, match=r"vllm-0\.6\.3"):
+        ProfileEntry(engine="vllm-0.6.3", config=PerfConfig())
+    versioned = _synthetic(PerfConfig())[0].model_copy(update={"engine": "vllm-0.6.3"})
+    with pytest.raises(InputError, match=r"engine 'vllm-0\.6\.3' is not one the cost model knows"):
+        fit_profile([versioned], name="t", source="t", fields=("eta_mem",))
 
 
 def test_default_profile_is_shipped_with_its_leave_one_out_errors() -> None:

@@ -11,7 +11,8 @@ import pytest
 from tests.conftest import RunCli
 from toposched.cli.plan_source import PlanSource
 from toposched.perf.coefficients import PerfConfig
-from toposched.perf.latency import engine_of, prefill_launched_from_host
+from toposched.perf.engine_names import engine_of
+from toposched.perf.latency import prefill_launched_from_host
 from toposched.perf.profile import Profile, ProfileEntry, save_profile
 from toposched.service.config import ServiceConfig
 from toposched.service.schemas import PlaceBody
@@ -106,6 +107,8 @@ def test_a_simulated_tenant_runs_its_engine() -> None:
     assert placement_template(tenant, None).engine == "trtllm"
     scenario = Scenario.model_validate({"cluster": "hgx-h100", "model": "llama-3.1-8b", "engine": "sglang"})
     assert [t.engine for t in scenario.tenant_list()] == ["sglang"]
+    with pytest.raises(ValueError, match="give each tenant its engine"):
+        Scenario.model_validate({"cluster": "hgx-h100", "engine": "sglang", "tenants": [tenant.model_dump()]})
 
 
 def test_estimate_says_what_priced_it_and_its_terms_add_up(run_cli: RunCli, profile_file: Path) -> None:

@@ -15,8 +15,9 @@ from rich.table import Table
 
 from toposched.cli._common import console, print_json
 from toposched.errors import InfeasibleError, InputError
+from toposched.perf.engine_names import engine_of
 from toposched.perf.hardware import GpuSpec, get_gpu
-from toposched.perf.latency import LatencyEstimate, PassModel, StepTime, engine_of, predict_latency
+from toposched.perf.latency import LatencyEstimate, PassModel, StepTime, predict_latency
 from toposched.perf.links import get_link
 from toposched.perf.profile import active_entry, load_profile, use_profile
 from toposched.perf.serving import OperatingPoint, evaluate

@@ -34,8 +34,9 @@ import numpy as np
 
 from toposched.errors import InputError
 from toposched.perf.coefficients import PerfConfig
+from toposched.perf.engine_names import engine_of, known_engine
 from toposched.perf.hardware import get_gpu
-from toposched.perf.latency import PassModel, engine_of
+from toposched.perf.latency import PassModel
 from toposched.perf.links import get_link
 from toposched.perf.profile import ANY, Profile, ProfileEntry
 from toposched.perf.samples import Sample
@@ -288,7 +289,13 @@ def fit_profile(
 
 
 def sample_scope(sample: Sample) -> tuple[str, str, str, str]:
-    """(GPU, weight dtype, engine, model family) of a sample, ``*`` for an engine or family it does not name."""
+    """(GPU, weight dtype, engine, model family) of a sample, ``*`` for an engine or family it does not name.
+    An engine the cost model does not know is an error: an entry for it would never price anything."""
+    if sample.engine and not known_engine(sample.engine):
+        raise InputError(
+            f"sample {sample.source}: engine {sample.engine[:50]!r} is not one the cost model knows",
+            fix="name it vllm, sglang, trtllm, tensorrt-llm or nvidia-nim (no version), or leave it out",
+        )
     spec = _spec_of(sample)
     return (get_gpu(sample.gpu).name, str(spec.weight_dtype), engine_of(sample.engine) or ANY, spec.model_type or ANY)
 

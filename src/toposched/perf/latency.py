@@ -60,6 +60,7 @@ from dataclasses import dataclass
 
 from toposched.errors import InputError
 from toposched.perf.coefficients import PerfConfig
+from toposched.perf.engine_names import engine_of
 from toposched.perf.hardware import GpuSpec
 from toposched.perf.links import LinkSpec
 from toposched.perf.profile import active_config
@@ -130,28 +131,6 @@ built TensorRT engine."""
 TENSORRT_ENGINES = ("tensorrt-llm", "nvidia-nim")
 """TensorRT-LLM's TensorRT-engine path (``trtllm-build`` / ``trtllm-bench build``) and NVIDIA NIM's
 TensorRT-LLM profiles: a prefill is one enqueued engine, its small kernels cost what a decode's do."""
-
-
-ENGINE_ALIASES = {
-    "vllm": "vllm",
-    "sglang": "sglang",
-    "trtllm": "tensorrt-llm-pytorch",  # toposched's `launch trtllm`: trtllm-serve --backend pytorch
-    "trtllm-pytorch": "tensorrt-llm-pytorch",
-    "tensorrt-llm-pytorch": "tensorrt-llm-pytorch",
-    "tensorrt-llm": "tensorrt-llm",
-    "trtllm-tensorrt": "tensorrt-llm",
-    "nim": "nvidia-nim",
-    "nvidia-nim": "nvidia-nim",
-}
-"""The engine names the CLI, the service, scenarios and samples take, to the name the cost model and the
-profiles use (``engine_of``): ``trtllm`` is what ``launch trtllm`` starts, TensorRT-LLM's PyTorch backend."""
-
-
-def engine_of(engine: str | None) -> str | None:
-    """The cost model's name of ``engine`` (``ENGINE_ALIASES``); None for None or an empty name; any
-    other name lower-cased as it is (priced like vLLM and matched by a profile's ``*`` engine only)."""
-    name = (engine or "").strip().lower()
-    return ENGINE_ALIASES.get(name, name) or None
 
 
 def prefill_launched_from_host(engine: str | None) -> bool:

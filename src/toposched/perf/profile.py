@@ -22,11 +22,12 @@ from importlib import resources
 from pathlib import Path
 from typing import Literal
 
-from pydantic import BaseModel, ConfigDict, Field, ValidationError
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
 
 from toposched.errors import InputError, first_problem
 from toposched.inputs import load_json, read_text
 from toposched.perf.coefficients import PerfConfig
+from toposched.perf.engine_names import ENGINE_ALIASES, engine_of
 
 ANY = "*"
 
@@ -44,6 +45,18 @@ class ProfileEntry(BaseModel):
     )
     config: PerfConfig
     samples: int = Field(default=0, ge=0, description="samples the entry was fitted on")
+
+    @field_validator("engine")
+    @classmethod
+    def _cost_engine(cls, value: str) -> str:
+        """``*`` or an engine the cost model knows, under its one name (``trtllm`` is ``tensorrt-llm-pytorch``):
+        an entry for a name no prediction uses would never price anything."""
+        if value == ANY:
+            return value
+        if value.strip().lower() not in ENGINE_ALIASES:
+            raise ValueError(f"engine {value[:50]!r} is not one of *, {', '.join(sorted(ENGINE_ALIASES))}")
+        return engine_of(value) or ANY
+
     loo_mean_abs_error: dict[str, float] = Field(
         default_factory=dict, description="leave-one-out mean |relative error| per kind (ttft, tpot, ...)"
     )

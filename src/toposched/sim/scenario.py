@@ -324,6 +324,8 @@ class Scenario(_Value):
         _check_mix(self.slo_mix, "slo_mix")
         if self.tenants and self.model is not None:
             raise ValueError("give either model (one tenant) or tenants, not both")
+        if self.tenants and self.engine != "vllm":
+            raise ValueError("engine at the top level is the one-tenant shorthand's: give each tenant its engine")
         if not self.tenants and self.model is None:
             raise ValueError("give a model (one tenant) or a list of tenants")
         names = [t.name for t in self.tenants]

@@ -70,7 +70,7 @@ class PlacementRequest(BaseModel):
     engine: Literal["vllm", "sglang", "trtllm"] = Field(
         default="vllm",
         description="the engine the instances run (trtllm: TensorRT-LLM's PyTorch backend, as `launch trtllm` "
-        "starts it): it prices their steps and picks the calibration profile's entry (perf/latency.py engine_of)",
+        "starts it): it prices their steps and picks the calibration profile's entry (perf/engine_names.py engine_of)",
     )
     max_model_len: int = Field(default=DEFAULT_MAX_MODEL_LEN, ge=1, le=10_000_000)
     concurrent_seqs: int | None = Field(
