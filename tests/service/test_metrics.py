@@ -4,10 +4,11 @@ from __future__ import annotations
 
 from dataclasses import replace
 
+import pytest
 from prometheus_client import generate_latest
 
 from toposched.service.config import ServiceConfig
-from toposched.service.metrics import breaches, build_registry, in_one_domain, signals
+from toposched.service.metrics import COMPRESSION_FLOOR_GBPS, breaches, build_registry, in_one_domain, signals
 from toposched.service.schemas import PlaceBody
 from toposched.service.state import ServiceState
 from toposched.service.views import Stats
@@ -57,10 +58,30 @@ def test_a_tp_group_across_domains_lowers_affinity_and_compression_is_after_over
     assert not in_one_domain(p)
     values = signals(stats)
     assert values["toposched_nvlink_affinity_ratio"] == 0.0
-    if p.cross_domain_gbps > 0:
-        assert values["toposched_cross_domain_compression_ratio"] == (0.5 if p.compression else 1.0)
+    assert p.compression == "fp8" and stats.compressible_raw_gbps == p.cross_domain_gbps_uncompressed > 0
+    assert stats.compressible_sent_gbps == pytest.approx(stats.compressible_raw_gbps / 2)
+    ratio = values["toposched_cross_domain_compression_ratio"]
+    assert ratio == (pytest.approx(0.5) if stats.compressible_raw_gbps >= COMPRESSION_FLOOR_GBPS else None)
     fired = {b["alert"] for b in breaches(stats)}
     assert {"NvlinkAffinityLow", "NvlinkAffinityCritical"} <= fired
+    assert "CompressionRatioHigh" not in fired
+
+
+def test_the_compression_ratio_counts_only_traffic_compression_could_apply_to() -> None:
+    """Issue 35: an interactive instance across domains sends uncompressed (its class forbids compression):
+    its traffic is not counted, so a healthy cluster does not fire CompressionRatioHigh; nor does a trickle."""
+    stats = placed_stats({"allowed_tp": [2], "affinity": "none"}, preset="l40s-8x-pcie")  # interactive
+    (p,) = stats.placements
+    assert p.compression is None and p.cross_domain_gbps > 0
+    assert stats.compressible_raw_gbps == 0.0
+    assert signals(stats)["toposched_cross_domain_compression_ratio"] is None
+    assert "CompressionRatioHigh" not in {b["alert"] for b in breaches(stats)}
+    trickle = replace(stats, compressible_raw_gbps=0.01, compressible_sent_gbps=0.01)  # below the floor
+    assert signals(trickle)["toposched_cross_domain_compression_ratio"] is None
+    flowing = replace(stats, compressible_raw_gbps=4.0, compressible_sent_gbps=2.0)
+    assert signals(flowing)["toposched_cross_domain_compression_ratio"] == 0.5
+    failing = replace(stats, compressible_raw_gbps=4.0, compressible_sent_gbps=3.6)  # compression barely helps
+    assert "CompressionRatioHigh" in {b["alert"] for b in breaches(failing)}
 
 
 def test_sidecar_ratios_appear_once_a_sidecar_reported() -> None:

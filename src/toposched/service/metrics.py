@@ -10,7 +10,7 @@ snapshot and turns it into series. Every signal is registered (its HELP and TYPE
     toposched_hbm_utilization_ratio               always                      HBM the plans need / capacity
     toposched_placements_by_tp{tp}                per TP in use               live placements per TP degree
     toposched_sidecar_drift_ratio                 a sidecar has reported      drift reports / instances placed
-    toposched_cross_domain_compression_ratio      there is cross traffic      GB/s after compression / before
+    toposched_cross_domain_compression_ratio      >= 1 GB/s compressible      GB/s after compression / before
     toposched_comm_overlap_ratio                  never (no measurement)      (the solver's 30 % is an assumption)
     toposched_migration_ratio                     a sidecar has reported      re-placements proposed / placed
     toposched_cross_domain_p99_gap_seconds        never (no latency source)   (the service sees no inference)
@@ -50,11 +50,18 @@ def in_one_domain(p: Placement) -> bool:
     return p.tp == 1 or all(d is not None for d in p.stage_domains)
 
 
+COMPRESSION_FLOOR_GBPS = 1.0
+"""Compressible cross-domain traffic below which the compression ratio is not defined (None): a pipeline
+hand-off of a few MB/s says nothing about whether compression works, and must not fire CompressionRatioHigh."""
+
+
 def signals(stats: Stats) -> dict[str, float | dict[str, float] | None]:
-    """The nine signals from a snapshot; None where there is no source (or nothing to measure yet)."""
+    """The nine signals from a snapshot; None where there is no source (or nothing to measure yet).
+
+    The compression ratio is over the traffic compression could apply to (instances whose SLO class allows
+    it: ``Stats.compressible_*``), and only from ``COMPRESSION_FLOOR_GBPS`` of it up."""
     live = stats.placements
-    raw = sum(p.cross_domain_gbps_uncompressed for p in live)
-    sent = sum(p.cross_domain_gbps for p in live)
+    raw, sent = stats.compressible_raw_gbps, stats.compressible_sent_gbps
     by_tp: dict[str, float] = {}
     for p in live:
         by_tp[str(p.tp)] = by_tp.get(str(p.tp), 0.0) + 1
@@ -67,7 +74,7 @@ def signals(stats: Stats) -> dict[str, float | dict[str, float] | None]:
         else None,
         "toposched_placements_by_tp": by_tp,
         "toposched_sidecar_drift_ratio": stats.drifted / stats.instances if watched else None,
-        "toposched_cross_domain_compression_ratio": sent / raw if raw > 0 else None,
+        "toposched_cross_domain_compression_ratio": sent / raw if raw >= COMPRESSION_FLOOR_GBPS else None,
         "toposched_comm_overlap_ratio": None,
         "toposched_migration_ratio": stats.moving / stats.instances if watched else None,
         "toposched_cross_domain_p99_gap_seconds": None,

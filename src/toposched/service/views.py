@@ -16,9 +16,12 @@ from typing import TYPE_CHECKING, Any
 from toposched.errors import InputError
 from toposched.service.following import Following
 from toposched.service.request import ServiceRequest
-from toposched.solver.request import Placement
+from toposched.solver.request import SLO_CLASSES, Placement, PlacementRequest
 from toposched.topology.domains import gpu_ref
 from toposched.topology.model import GPU
+
+DEFAULT_SLO_CLASS = PlacementRequest.model_fields["slo_class"].default
+"""The class of a request body that names none."""
 
 if TYPE_CHECKING:
     from toposched.sidecar.loop import Report
@@ -49,6 +52,11 @@ class Stats:
     moving: int = 0
     degraded_gpus: frozenset[str] = frozenset()
     gpu_capacity_bytes: dict[str, int] = field(default_factory=dict)
+    compressible_raw_gbps: float = 0.0
+    """Cross-domain GB/s before compression of the instances whose SLO class allows compression: the traffic
+    compression could apply to (a realtime or interactive instance's never is)."""
+    compressible_sent_gbps: float = 0.0
+    """What those instances put on the wire (after their compression)."""
 
 
 class Reporting(Following):
@@ -94,6 +102,11 @@ class Reporting(Following):
             by_class: Counter[str] = Counter(item.slo_class for item in self.queue)
             capacity = sum(self.ledger.capacities.values())
             planned = sum(p.hbm_per_gpu.total * len(p.ranks) for p in placements)
+            compressible = [
+                i.placement
+                for i in self.instances.values()
+                if SLO_CLASSES[i.body.get("slo_class") or DEFAULT_SLO_CLASS].allow_compression
+            ]
             return Stats(
                 placements=placements,
                 degraded=sum(1 for i in self.instances.values() if i.degraded),
@@ -118,6 +131,8 @@ class Reporting(Following):
                 resyncs=self.counters.resyncs,
                 ledger_refusals=self.counters.ledger_refusals,
                 sync_failures=self.counters.sync_failures,
+                compressible_raw_gbps=sum(p.cross_domain_gbps_uncompressed for p in compressible),
+                compressible_sent_gbps=sum(p.cross_domain_gbps for p in compressible),
             )
 
     def topology_view(self) -> dict[str, Any]:
