@@ -9,13 +9,12 @@ Errors are translated here, in one place: a connection that fails or times out i
 ``EtcdUnreachable``; an answer with an error status is ``EtcdError`` with etcd's code and message.
 Both are ``StateError``s, defined in ``toposched.errors`` with the rest of the tree.
 
-The transport is a small pool of keep-alive HTTP/1.1 connections on plain sockets (one per thread
-that calls at the same time), opened lazily and again after a fork; a request is one ``sendall`` with
-``TCP_NODELAY`` and the answer is parsed here (``Content-Length`` or chunked). httpx cost about
-0.57 ms of client CPU per small transaction and ``http.client`` about 0.2 ms (it sends the head and
-the body apart and parses headers with the ``email`` package); see docs/ledger.md for the figures.
-An idle connection that etcd closed (a restart) is noticed before it is reused, so a request is
-never sent twice. Watches, which stream, still use ``http.client``.
+The transport is ``http.client`` (the standard library's HTTP/1.1 client): a small pool of keep-alive
+connections (one per thread that calls at the same time), opened lazily and again after a fork. An idle
+connection that etcd closed (a restart) is noticed before it is reused, so a request is never sent twice.
+Watches, which stream, take a connection of their own. (Until issue 33 the unary calls spoke HTTP/1.1 on
+plain sockets to save about 0.1 ms of client CPU per call; the ledger's calls go through gRPC now,
+``etcd_grpc``, so the gateway is not on the hot path and the protocol is left to the library.)
 
 The request builders below make etcd's messages for both transports (this client and
 ``etcd_grpc.EtcdGrpcClient``; ``etcd_transport.connect`` picks one), with the gateway's field names and raw
@@ -218,77 +217,6 @@ def _readable(sock: socket.socket) -> bool:
     return bool(poller.poll(0))
 
 
-class _BrokenAnswer(OSError):
-    """etcd's answer ended early or was not HTTP."""
-
-
-class _Conn:
-    """One keep-alive HTTP/1.1 connection: a request is one ``sendall`` (head and body together, with
-    ``TCP_NODELAY``), the answer is read through a buffered reader. ``http.client`` sends the head and
-    the body apart and parses headers with the ``email`` package: about 0.1 ms of CPU per call more."""
-
-    __slots__ = ("reader", "sock")
-
-    def __init__(self, sock: socket.socket) -> None:
-        sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
-        self.sock = sock
-        self.reader = sock.makefile("rb")
-
-    def close(self) -> None:
-        self.reader.close()
-        self.sock.close()
-
-    def _line(self) -> bytes:
-        line = self.reader.readline(65537)
-        if not line.endswith(b"\n"):
-            raise _BrokenAnswer("the connection closed in the middle of an answer")
-        return line
-
-    def exchange(self, request: bytes) -> tuple[int, bytes, bool]:
-        """Send ``request``; (status, body, whether the server keeps the connection open)."""
-        self.sock.sendall(request)
-        status_line = self._line()
-        parts = status_line.split(None, 2)
-        if len(parts) < 2 or not parts[0].startswith(b"HTTP/1.") or not parts[1].isdigit():
-            raise _BrokenAnswer(f"not an HTTP answer: {status_line[:80]!r}")
-        keep = parts[0] == b"HTTP/1.1"
-        length, chunked = -1, False
-        while True:
-            line = self._line()
-            if line in (b"\r\n", b"\n"):
-                break
-            name, _, value = line.partition(b":")
-            name, value = name.strip().lower(), value.strip().lower()
-            if name == b"content-length":
-                length = int(value)
-            elif name == b"transfer-encoding":
-                chunked = b"chunked" in value
-            elif name == b"connection":
-                keep = keep and value != b"close"
-        if chunked:
-            pieces = []
-            while True:
-                size = int(self._line().split(b";", 1)[0], 16)
-                if size == 0:
-                    while self._line() not in (b"\r\n", b"\n"):  # trailers
-                        pass
-                    break
-                pieces.append(self._exactly(size))
-                self._line()
-            body = b"".join(pieces)
-        elif length >= 0:
-            body = self._exactly(length)
-        else:  # no length: the body runs to the close
-            body, keep = self.reader.read(), False
-        return int(parts[1]), body, keep
-
-    def _exactly(self, size: int) -> bytes:
-        data = self.reader.read(size)
-        if len(data) != size:
-            raise _BrokenAnswer("the connection closed in the middle of an answer")
-        return data
-
-
 class EtcdClient:
     """Calls to one etcd endpoint (``http://HOST:PORT``). The constructor does no I/O; it is safe to
     share between threads."""
@@ -300,56 +228,43 @@ class EtcdClient:
         self._https = parts.scheme == "https"
         self._host = parts.hostname or "127.0.0.1"
         self._port = parts.port or (443 if self._https else 80)
-        self._head_host = parts.netloc.rpartition("@")[2].encode()
         self._lock = threading.Lock()
-        self._idle: list[_Conn] = []
+        self._idle: list[http.client.HTTPConnection] = []
         self._watching: set[http.client.HTTPConnection] = set()
         self._pid = os.getpid()
 
     def _connect(self) -> http.client.HTTPConnection:
-        """A connection of ``http.client``, for a watch's stream."""
-        kind = http.client.HTTPSConnection if self._https else http.client.HTTPConnection
-        return kind(self._host, self._port, timeout=self.timeout_s)
-
-    def _open(self) -> _Conn:
-        sock = socket.create_connection((self._host, self._port), timeout=self.timeout_s)
+        """A new connection (opened at its first request; ``http.client`` sets ``TCP_NODELAY``)."""
         if self._https:
-            sock = ssl.create_default_context().wrap_socket(sock, server_hostname=self._host)
-        return _Conn(sock)
+            return http.client.HTTPSConnection(
+                self._host, self._port, timeout=self.timeout_s, context=ssl.create_default_context()
+            )
+        return http.client.HTTPConnection(self._host, self._port, timeout=self.timeout_s)
 
-    def _take(self) -> _Conn:
+    def _take(self) -> http.client.HTTPConnection:
         """An idle keep-alive connection that is still open, else a new one."""
         with self._lock:
             if self._pid != os.getpid():  # a forked child: the parent's sockets are not ours to use
                 self._idle, self._watching, self._pid = [], set(), os.getpid()
             while self._idle:
                 conn = self._idle.pop()
-                if not _readable(conn.sock):
+                if conn.sock is not None and not _readable(conn.sock):
                     return conn
                 conn.close()
-        return self._open()
+        return self._connect()
 
     def _unreachable(self, exc: Exception) -> EtcdUnreachable:
         return EtcdUnreachable(f"etcd at {self.endpoint} is unreachable ({type(exc).__name__}: {exc})")
 
     def post(self, path: str, body: Json) -> Json:
         payload = json.dumps(body, separators=(",", ":")).encode()
-        head = (
-            b"POST "
-            + path.encode()
-            + b" HTTP/1.1\r\nHost: "
-            + self._head_host
-            + b"\r\nContent-Type: application/json\r\nContent-Length: "
-            + str(len(payload)).encode()
-            + b"\r\n\r\n"
-        )
-        conn: _Conn | None = None
+        conn = self._take()
         try:
-            conn = self._take()
-            status, raw, keep = conn.exchange(head + payload)
-        except (OSError, ValueError) as exc:  # ValueError: a length or chunk size that is not a number
-            if conn is not None:
-                conn.close()
+            conn.request("POST", path, payload, {"Content-Type": "application/json"})
+            answer = conn.getresponse()
+            status, raw, keep = answer.status, answer.read(), not answer.will_close
+        except (OSError, http.client.HTTPException) as exc:
+            conn.close()
             raise self._unreachable(exc) from exc
         if not keep:
             conn.close()
