@@ -250,8 +250,7 @@ def main(argv: list[str] | None = None) -> int:
         extra, left = engines_eval.load()
         rows = {r["id"]: r for r in json.loads(engines_eval.ROWS.read_text())}
         for e in extra:
-            ref = rows[e.source]["source_ref"]
-            source = f"{ref['repository']} {ref.get('path') or ref.get('issue')}"
+            source = engines_eval.publication(rows[e.source])
             groups[e.source] = {"source": source, "engine": str(e.engine), "gpu": e.gpu, "dtype": str(e.weight_dtype)}
         samples += extra
         skipped += [f"(engines) {why}" for why in left]

@@ -65,6 +65,12 @@ KINDS = {"ttft": "ttft_ms", "tpot": "tpot_ms", "throughput": "tokens_per_s"}
 ENGINE_TERMS = ("step_overhead_ms", "prefill_overhead_ms", "prefill_kernel_factor")
 
 
+def publication(row: dict[str, Any]) -> str:
+    """The publication a row comes from (repository and document): the group held out together."""
+    ref = row["source_ref"]
+    return f"{ref['repository']} {ref.get('path') or ref.get('issue')}"
+
+
 def _length(value: Any, total: Any, requests: int | None) -> int | None:
     """A fixed length, else the published total over the requests, else None."""
     if isinstance(value, int):
@@ -186,8 +192,7 @@ def engine_terms(samples: list[Sample], path: Path = ROWS) -> None:
     rows = {r["id"]: r for r in json.loads(path.read_text())}
 
     def source(s: Sample) -> str:
-        ref = rows[s.source]["source_ref"]
-        return f"{ref['repository']} {ref.get('path') or ref.get('issue')}"
+        return publication(rows[s.source])
 
     for engine in sorted({str(s.engine) for s in samples}):
         mine = [s for s in samples if s.engine == engine]
