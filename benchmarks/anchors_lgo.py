@@ -5,7 +5,7 @@
 ``anchors_loo.py`` holds out one anchor at a time, so the other rows of the same model or engine stay in
 the fit and can carry it. This holds out a family at once (every DeepSeek-R1 row, every NIM 1.8 row,
 every TensorRT-LLM 1.0 row, every L40S row, every TP=8 row), refits ``PerfConfig`` on the rest
-(``perf/calibrate.fit_config``) and prints what the family's rows are predicted at, with the fitted
+(``perf/fitting.fit_config``) and prints what the family's rows are predicted at, with the fitted
 coefficients that move most: a coefficient that collapses when one family is out rests on that family.
 """
 
@@ -15,7 +15,8 @@ from collections.abc import Callable
 
 from anchors_loo import load_samples
 
-from toposched.perf.calibrate import fit_config, relative_errors
+from toposched.perf.fitting import fit_config
+from toposched.perf.sample_predict import relative_errors
 from toposched.perf.samples import Sample
 
 FAMILIES: dict[str, Callable[[Sample], bool]] = {

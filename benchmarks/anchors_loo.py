@@ -1,15 +1,21 @@
-"""Leave-one-out accuracy of the latency model on the published anchors (anchors-train.json).
+"""Leave-one-out and leave-one-source-out accuracy of the latency model on the published measurements:
+the TensorRT-LLM/NIM anchors (anchors-train.json) and the vLLM/SGLang serving rows
+(anchors-train-engines.json, set up by ``engines_eval.load``).
 
-    .venv/bin/python benchmarks/anchors_loo.py                   # in-sample table + LOO summary
+    .venv/bin/python benchmarks/anchors_loo.py                   # in-sample table, LOO, leave-one-group-out
     .venv/bin/python benchmarks/anchors_loo.py --write-profile   # also rewrite data/profiles/default.json
-    .venv/bin/python benchmarks/anchors_loo.py --quick           # in-sample only (no LOO refits)
+    .venv/bin/python benchmarks/anchors_loo.py --quick           # in-sample only (no refits)
+    .venv/bin/python benchmarks/anchors_loo.py --anchors-only    # anchors-train.json alone (the old fit)
+    .venv/bin/python benchmarks/anchors_loo.py --per-engine      # experiment: host costs per engine
 
 Reads the ttft / tpot / throughput anchors, maps their models onto catalog models only where the
 architecture is identical (below), turns each into a ``Sample`` as anchors-train.md says they
-compare, fits ``PerfConfig`` on all of them (``perf/calibrate.fit_config``) and, for every anchor,
-refits without it and predicts it (leave-one-out: the accuracy claim). All-reduce anchors are
-compared separately with the link table (``perf/links.py``: measured curves, alpha-beta beyond them, the
-two-level all-reduce for the 2-node rows; ``benchmarks/allreduce_fit.py`` for the fit itself).
+compare, fits ``PerfConfig`` on all of them and the engine rows (``perf/fitting.fit_config``) and,
+for every row, refits without it and predicts it (leave-one-out), then holds out whole groups (a
+publication, an engine, a GPU, a weight dtype: the headline). Refits start from the fit on all rows.
+All-reduce anchors are compared separately with the link table (``perf/links.py``: measured curves,
+alpha-beta beyond them, the two-level all-reduce for the 2-node rows; ``benchmarks/allreduce_fit.py``
+for the fit itself).
 
 How a setup becomes a ``Sample`` (no measured figure of the anchor itself enters its setup, except
 as stated for QPS rows):
@@ -44,17 +50,12 @@ from pathlib import Path
 from typing import Any
 
 from toposched.perf import get_gpu
-from toposched.perf.calibrate import (
-    DEFAULT_FIELDS,
-    fit_config,
-    fit_profile,
-    leave_group_out,
-    leave_one_out,
-    predict_sample,
-)
+from toposched.perf.calibrate import fit_profile, leave_group_out, leave_one_out
 from toposched.perf.coefficients import PerfConfig
+from toposched.perf.fitting import DEFAULT_FIELDS, engine_fitter, pooled_fitter
 from toposched.perf.links import get_link, two_level_link
 from toposched.perf.profile import save_profile
+from toposched.perf.sample_predict import predict_sample
 from toposched.perf.samples import Sample
 from toposched.workload.catalog import resolve_model
 from toposched.workload.dtypes import parse_kv_dtype, parse_weight_dtype, weight_format
@@ -235,16 +236,20 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--quick", action="store_true", help="in-sample fit only, no leave-one-out")
     parser.add_argument("--write-profile", action="store_true", help=f"write {PROFILE.name} (runs fit_profile)")
     parser.add_argument(
-        "--with-engines",
+        "--anchors-only",
         action="store_true",
-        help="fit and validate on anchors-train.json plus the vLLM/SGLang rows engines_eval.py can set up (an "
-        "experiment: the shipped profile is fitted on anchors-train.json alone; not with --write-profile)",
+        help="fit and validate on anchors-train.json alone, without the vLLM/SGLang rows (not with --write-profile)",
+    )
+    parser.add_argument(
+        "--per-engine",
+        action="store_true",
+        help="an experiment: pooled coefficients plus host costs per engine (fitting.fit_engine_configs)",
     )
     args = parser.parse_args(argv)
-    if args.with_engines and args.write_profile:
-        parser.error("--with-engines is an experiment: the shipped profile is not written from it")
+    if (args.anchors_only or args.per_engine) and args.write_profile:
+        parser.error("the shipped profile is fitted on both sets, pooled: --write-profile alone")
     samples, skipped, groups = load_samples()
-    if args.with_engines:
+    if not args.anchors_only:
         import engines_eval  # the benchmark next to this one
 
         extra, left = engines_eval.load()
@@ -256,16 +261,22 @@ def main(argv: list[str] | None = None) -> int:
         skipped += [f"(engines) {why}" for why in left]
     print(f"{len(samples)} anchors used; skipped {len(skipped)}" + "".join(f"\n  skipped {s}" for s in skipped))
     t0 = time.perf_counter()
-    fitted = fit_config(samples)
+    fitter = (engine_fitter if args.per_engine else pooled_fitter)(warm=samples)  # refits start from the fit on all
+    priced = fitter(samples)
     print(f"fit on all anchors in {time.perf_counter() - t0:.1f} s:")
+    engines = sorted({str(s.engine) for s in samples}) if args.per_engine else []
+    print(f"  {'':20s} {'pooled':>9s} " + " ".join(f"{e[:12]:>12s}" for e in engines))
     for f in DEFAULT_FIELDS:
-        print(f"  {f:20s} {getattr(fitted, f):9.4f}   (uncalibrated {getattr(PerfConfig(), f):g})")
-    loo = dict((s.source, e) for s, e in leave_one_out(samples)) if not args.quick else {}
+        pooled = getattr(priced(samples[0].model_copy(update={"engine": None})), f)
+        own = [getattr(priced(samples[0].model_copy(update={"engine": e})), f) for e in engines]
+        print(f"  {f:20s} {pooled:9.4f} " + " ".join(f"{v:12.4f}" for v in own)
+              + f"   (uncalibrated {getattr(PerfConfig(), f):g})")  # fmt: skip
+    loo = dict((s.source, e) for s, e in leave_one_out(samples, fitter=fitter)) if not args.quick else {}
     print(f"\n{'anchor':48s} {'batch':>5s} {'published':>10s} {'in-sample':>10s} {'err':>7s} {'LOO err':>8s}")
     for s in samples:
         kind = _kind(s)
         key = {"ttft": "ttft_ms", "tpot": "tpot_ms", "throughput": "tokens_per_s"}[kind]
-        pred = predict_sample(s, fitted)[key]
+        pred = predict_sample(s, priced(s))[key]
         loo_txt = f"{100 * loo[s.source][kind]:+7.1f}%" if s.source in loo else ""
         print(f"{s.source:48s} {s.batch:5d} {_measured(s):10.2f} {pred:10.2f} {100 * (pred / _measured(s) - 1):+6.1f}% "
               f"{loo_txt}")  # fmt: skip
@@ -282,21 +293,29 @@ def main(argv: list[str] | None = None) -> int:
         print(f"  {label:56s} published {pub:7.2f} GB/s  predicted {pred:7.2f}  {100 * (pred / pub - 1):+6.1f} %")
     if not args.quick:
         print("\nleave-one-group-out (refit without every anchor of the group, then predict them):")
+        trained = {s.source for s in load_samples()[0]}
+        sets = (
+            ((" (anchors-train)", lambda sid: sid in trained), (" (engine rows)", lambda sid: sid not in trained))
+            if not args.anchors_only
+            else ()
+        )
         for by in HOLD_OUT:
-            held = leave_group_out(samples, lambda s, by=by: groups[s.source][by])
+            held = leave_group_out(samples, lambda s, by=by: groups[s.source][by], fitter=fitter)
             count = len({groups[s.source][by] for s in samples})
             print(f"  by {by} ({count} groups; {len(samples) - len(held)} anchors in a group of all, left out):")
             for kind in PERF_KINDS:
                 errs = [(abs(e[kind]), s.source) for s, e in held if kind in e]
-                if errs:
-                    worst, mean = max(errs), sum(e for e, _ in errs) / len(errs)
-                    print(f"    {kind:10s} n={len(errs):2d}  mean abs {100 * mean:5.1f} %"
-                          f"   worst {100 * worst[0]:5.1f} % ({worst[1]})")  # fmt: skip
+                for label, keep in (("", lambda _s: True), *sets):
+                    part = [(e, sid) for e, sid in errs if keep(sid)]
+                    if part and (not label or len(part) < len(errs)):
+                        worst, mean = max(part), sum(e for e, _ in part) / len(part)
+                        print(f"    {kind + label:22s} n={len(part):2d}  mean abs {100 * mean:5.1f} %"
+                              f"   worst {100 * worst[0]:5.1f} % ({worst[1]})")  # fmt: skip
     if args.write_profile:
         profile = fit_profile(
             samples, name="default",
-            source=f"published anchors: reference/data/anchors-train.json ({len(samples)} ttft/tpot/throughput "
-                   "anchors; benchmarks/anchors_loo.py --write-profile)",
+            source=f"published measurements: reference/data/anchors-train.json and anchors-train-engines.json "
+                   f"({len(samples)} ttft/tpot/throughput rows; benchmarks/anchors_loo.py --write-profile)",
             progress=print, scoped=False,  # the shipped profile prices every setup: a catch-all entry
         )  # fmt: skip
         save_profile(profile, PROFILE)

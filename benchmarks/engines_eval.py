@@ -1,35 +1,37 @@
-"""The cost model on the vLLM and SGLang serving rows it was not fitted on (anchors-train-engines.json).
+"""The vLLM and SGLang serving rows (anchors-train-engines.json) as samples, and the shipped profile on them.
 
     .venv/bin/python benchmarks/engines_eval.py [--json]
-    .venv/bin/python benchmarks/engines_eval.py --engine-terms   # per-engine host costs, a publication held out
 
-The shipped profile is fitted on ``anchors-train.json`` alone: TensorRT-LLM and NIM rows. This predicts
-every row of ``anchors-train-engines.json`` (42 client-side serving measurements of vLLM 0.6-0.11 and
-SGLang 0.3-0.5.7) that the model can be given without reading the row's own published outputs, with the
-shipped profile as it is, and prints each row's error and the mean and worst absolute error per kind and
-per engine: what the model makes of engines and publications it never saw.
+``load`` turns every row of ``anchors-train-engines.json`` (42 client-side serving measurements of vLLM
+0.6-0.11 and SGLang 0.3-0.5.7) that the model can be given without reading the row's own published
+outputs into a ``Sample``; ``benchmarks/anchors_loo.py`` fits the shipped profile on them and on
+``anchors-train.json`` and holds each publication out (the held-out figures). This prints each row's
+error under the shipped profile and the mean and worst absolute error per kind and per engine: **in
+sample** since the profile was fitted on these rows (before that, it printed what a profile fitted on
+TensorRT-LLM and NIM rows alone made of them: docs/cost-model.md).
 
-How a row becomes a ``Sample`` (``perf/calibrate.py`` ``predict_sample``, the definitions ``estimate``
+How a row becomes a ``Sample`` (``perf/sample_predict.py`` ``predict_sample``, the definitions ``estimate``
 prints; the engine is the row's):
 
-* model: the catalog model of the same architecture (Llama-3.1-8B/70B-Instruct; Qwen3-8B; Qwen3-235B-A22B
-  for its Instruct-2507; DeepSeek-V3 for DeepSeek-R1-0528; an ``-FP8`` checkpoint as FP8 weights);
-  Qwen3-32B is not in the catalog: left out;
+* model: the catalog model of the same architecture (Llama-3.1-8B/70B-Instruct; Qwen3-8B; Qwen3-32B;
+  Qwen3-235B-A22B for its Instruct-2507; DeepSeek-V3 for DeepSeek-R1-0528; an ``-FP8`` checkpoint as FP8
+  weights);
 * GPU: ``A100-80GB`` as A100-SXM-80GB (the source does not say SXM or PCIe), ``H100`` as H100-SXM, H200;
 * lengths: a fixed length as given; ShareGPT prompts and outputs by their published totals over the
-  requests (the mean length: one length stands for the distribution); the SGLang v0.3.0 vs vLLM 0.6.0
-  README rows publish no totals: **left out** (20 rows), as the issue allows, rather than assume a
-  ShareGPT length the source does not give;
+  requests: prompts at their mean length, outputs exponentially distributed around their mean
+  (``output_dist="exponential"``: the maximum-entropy distribution given only the mean; a finite run
+  ends with its longest outputs decoding at a small batch, ``perf/serving_run.py``); the SGLang v0.3.0
+  vs vLLM 0.6.0 README rows publish no totals: **left out** (20 rows), as the issue allows, rather than
+  assume a ShareGPT length the source does not give;
 * load: a stated concurrency is the batch (a closed loop); all requests at once (an offline run) is the
   saturated batch: the fewest of the requests, the engine's default ``max_num_seqs`` for the GPU
   (``workload/memory_config.py``) and what toposched's memory estimate says the KV cache holds at the
-  mean lengths; ``num_requests`` where the row states a number;
+  mean lengths; ``num_requests`` where the row states a number (InferenceX: its harness's 10 x concurrency);
+  a closed loop's first ``c`` prompts arrive together (``ServingRun.mean_ttft_ms``);
+* the prompt-token budget per pass: the server command's ``--chunked-prefill-size`` /
+  ``--max-num-batched-tokens``, else the engine's default for the GPU (``workload/memory_config.py``);
 * throughput per GPU times the GPUs; TTFT and TPOT as published (means; the rows that give medians
   only are among those left out).
-
-``--engine-terms``: could per-engine host costs carry the engines? For each engine, the shipped
-coefficients with ``ENGINE_TERMS`` refitted on that engine's rows (``fit_config(base=shipped)``), each
-publication held out in turn and predicted; printed beside the shipped profile's errors on the same rows.
 """
 
 from __future__ import annotations
@@ -42,8 +44,8 @@ from pathlib import Path
 from typing import Any
 
 from toposched.perf import get_gpu
-from toposched.perf.calibrate import predict_sample
 from toposched.perf.latency import resolve_config
+from toposched.perf.sample_predict import predict_sample
 from toposched.perf.samples import Sample
 from toposched.workload.catalog import resolve_model
 from toposched.workload.dtypes import parse_weight_dtype
@@ -56,13 +58,13 @@ MODELS = {  # source model -> (catalog model, weight dtype)
     "meta-llama/Llama-3.1-70B-Instruct": ("llama-3.1-70b", "bf16"),
     "Qwen/Qwen3-8B": ("qwen3-8b", "bf16"),
     "Qwen/Qwen3-8B-FP8": ("qwen3-8b", "fp8"),
+    "Qwen/Qwen3-32B": ("qwen3-32b", "bf16"),
     "Qwen/Qwen3-235B-A22B-Instruct-2507": ("qwen3-235b-a22b", "bf16"),
     "Qwen/Qwen3-235B-A22B-Instruct-2507-FP8": ("qwen3-235b-a22b", "fp8"),
     "deepseek-ai/DeepSeek-R1-0528": ("deepseek-v3", "fp8"),
 }
 GPUS = (("A100", "A100-SXM-80GB"), ("H200", "H200"), ("H100", "H100-SXM"))
 KINDS = {"ttft": "ttft_ms", "tpot": "tpot_ms", "throughput": "tokens_per_s"}
-ENGINE_TERMS = ("step_overhead_ms", "prefill_overhead_ms", "prefill_kernel_factor")
 
 
 def publication(row: dict[str, Any]) -> str:
@@ -78,6 +80,27 @@ def _length(value: Any, total: Any, requests: int | None) -> int | None:
     if isinstance(total, int | float) and requests:
         return max(1, round(total / requests))
     return None
+
+
+def _requests(setup: dict[str, Any]) -> int | None:
+    """The requests of the run: a number, or the InferenceX harness's ``10 x concurrency``."""
+    n = setup.get("num_requests")
+    if isinstance(n, int):
+        return n
+    m = re.match(r"\s*(\d+)\s*x\s*concurrency", str(n or ""))
+    if m and isinstance(setup.get("concurrency"), int):
+        return int(m.group(1)) * setup["concurrency"]
+    return None
+
+
+def _budget(setup: dict[str, Any], engine: str, gpu: str) -> int:
+    """The prompt-token budget per pass: the server command's flag, else the engine's default for the GPU."""
+    command = " ".join(str(v) for k, v in setup.items() if "command" in k)
+    m = re.search(r"--(?:chunked-prefill-size|max-num-batched-tokens)[= ](\d+)", command)
+    if m:
+        return int(m.group(1))
+    memory = get_gpu(gpu).usable_memory_bytes
+    return sglang_chunked_prefill(memory) if engine == "sglang" else vllm_batch_defaults(memory, gpu)[0]
 
 
 def _saturated(spec_name: str, wdt: str, gpu: str, tp: int, engine: str, isl: int, osl: int, requests: int) -> int:
@@ -106,7 +129,7 @@ def load(path: Path = ROWS) -> tuple[list[Sample], list[str]]:
         if mapped is None or gpu is None:
             left.append(f"{r['id']}: {s['model']} on {s['gpu'][:20]} is not in the catalog / GPU table")
             continue
-        requests = s["num_requests"] if isinstance(s.get("num_requests"), int) else None
+        requests = _requests(s)
         count = extra.get("successful_requests") or requests
         isl = _length(s["input_len"], extra.get("total_input_tokens"), count)
         osl = _length(s["output_len"], extra.get("total_generated_tokens"), count)
@@ -141,8 +164,10 @@ def load(path: Path = ROWS) -> tuple[list[Sample], list[str]]:
                 weight_dtype=wdt,
                 batch=batch,
                 num_requests=requests,
+                max_batched_tokens=_budget(s, engine, gpu),
                 input_len=isl,
                 output_len=osl,
+                output_dist="exponential" if isinstance(s.get("output_len"), str) else "fixed",
                 **{KINDS[r["kind"]]: value},
             )
         )
@@ -182,48 +207,11 @@ def summary(rows: list[dict[str, Any]]) -> dict[str, dict[str, Any]]:
     }
 
 
-def engine_terms(samples: list[Sample], path: Path = ROWS) -> None:
-    """Print, per engine and kind, the shipped profile's mean |error| and that of per-engine host costs
-    fitted with each publication held out (``--engine-terms``)."""
-    from toposched.perf.calibrate import fit_config, relative_errors
-    from toposched.perf.profile import default_profile
-
-    shipped = default_profile().entries[0].config  # the catch-all entry: what these rows are priced with
-    rows = {r["id"]: r for r in json.loads(path.read_text())}
-
-    def source(s: Sample) -> str:
-        return publication(rows[s.source])
-
-    for engine in sorted({str(s.engine) for s in samples}):
-        mine = [s for s in samples if s.engine == engine]
-        before: dict[str, list[float]] = {}
-        after: dict[str, list[float]] = {}
-        publications = sorted({source(s) for s in mine})
-        for held in publications:
-            rest = [s for s in mine if source(s) != held]
-            config = fit_config(rest, base=shipped, fields=ENGINE_TERMS) if rest else shipped
-            for s in (s for s in mine if source(s) == held):
-                for kind, e in relative_errors(s, shipped).items():
-                    before.setdefault(kind, []).append(abs(e))
-                for kind, e in relative_errors(s, config).items():
-                    after.setdefault(kind, []).append(abs(e))
-        print(f"{engine} ({len(mine)} rows, {len(publications)} publications):")
-        for kind in KINDS:
-            if kind in before:
-                b, a = before[kind], after[kind]
-                print(f"  {kind:10s} n={len(b):2d}  shipped {100 * sum(b) / len(b):6.1f} %   per-engine terms, "
-                      f"publication held out {100 * sum(a) / len(a):6.1f} %")  # fmt: skip
-
-
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--json", action="store_true")
-    parser.add_argument("--engine-terms", action="store_true", help="per-engine host costs, publication held out")
     args = parser.parse_args(argv)
     samples, left = load()
-    if args.engine_terms:
-        engine_terms(samples)
-        return 0
     rows = evaluate(samples)
     table = summary(rows)
     if args.json:

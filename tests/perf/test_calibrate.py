@@ -8,17 +8,12 @@ import pytest
 
 from toposched.errors import InputError
 from toposched.perf import PerfConfig, get_gpu, get_link, predict_latency
-from toposched.perf.calibrate import (
-    fit_config,
-    fit_profile,
-    leave_group_out,
-    leave_one_out,
-    predict_sample,
-    relative_errors,
-)
+from toposched.perf.calibrate import fit_profile, leave_group_out, leave_one_out
+from toposched.perf.fitting import fit_config
 from toposched.perf.latency import PassModel, prefill_chunks, roofline
 from toposched.perf.links import two_level_link
 from toposched.perf.profile import Profile, ProfileEntry, default_profile, use_profile
+from toposched.perf.sample_predict import predict_sample, relative_errors
 from toposched.perf.samples import Sample
 from toposched.perf.step import StepCost
 from toposched.workload.catalog import resolve_model

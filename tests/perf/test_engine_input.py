@@ -133,9 +133,9 @@ def test_estimate_says_what_priced_it_and_its_terms_add_up(run_cli: RunCli, prof
 
 def test_estimate_and_calibrate_share_one_ttft_definition(run_cli: RunCli) -> None:
     """The TTFT and TPOT estimate prints are the ones calibrate fits a sample's measurements with."""
-    from toposched.perf.calibrate import predict_sample
     from toposched.perf.hardware import get_gpu
     from toposched.perf.latency import resolve_config
+    from toposched.perf.sample_predict import predict_sample
     from toposched.perf.samples import Sample
     from toposched.workload.catalog import resolve_model
 

@@ -45,12 +45,15 @@ def test_with_a_tpot_slo_the_batch_is_the_largest_that_meets_it(slo: float) -> N
 def test_a_ttft_slo_bounds_the_batch_and_the_rate() -> None:
     m = _model()
     loose = operating_point(m, max_batch=400, kv_limited=True, slo_tpot_ms=80, **W)
-    waits = operating_point(m, max_batch=400, kv_limited=True, slo_tpot_ms=80, slo_ttft_ms=150, **W)
-    # the TTFT with no wait meets 150 ms at the same batch; the waits at the planned rate use the rest
-    assert waits.batch == loose.batch and waits.served_rps < loose.served_rps and waits.ttft_ms <= 150 + 1e-6
-    tight = operating_point(m, max_batch=400, kv_limited=True, slo_tpot_ms=80, slo_ttft_ms=125, **W)
+    no_wait = evaluate(m, loose.batch, **W).ttft_ms  # one request's TTFT at that batch, nobody queued
+    slo = 1.25 * no_wait
+    waits = operating_point(m, max_batch=400, kv_limited=True, slo_tpot_ms=80, slo_ttft_ms=slo, **W)
+    # the TTFT with no wait meets the SLO at the same batch; the waits at the planned rate use the rest
+    assert waits.batch == loose.batch and waits.served_rps < loose.served_rps and waits.ttft_ms <= slo + 1e-6
+    slo = 0.85 * no_wait
+    tight = operating_point(m, max_batch=400, kv_limited=True, slo_tpot_ms=80, slo_ttft_ms=slo, **W)
     assert tight.batch < loose.batch and tight.limit == "slo-ttft"
-    assert evaluate(m, tight.batch + 1, **W).ttft_ms > 125 >= evaluate(m, tight.batch, **W).ttft_ms
+    assert evaluate(m, tight.batch + 1, **W).ttft_ms > slo >= evaluate(m, tight.batch, **W).ttft_ms
 
 
 def test_the_kv_cache_caps_the_batch() -> None:

@@ -377,6 +377,7 @@ def estimate(
         "weight_dtype": spec.weight_dtype, "batch": batch, "input_len": input_len, "output_len": output_len,
         "tpot_context_len": context, "profile": loaded.name if loaded is not None else None,
         "cost_engine": engine_of(cfg.engine), "priced_by": priced.model_dump(),
+        "client_overhead_ms": coefficients.client_overhead_ms,
         **_engine_json(cfg, memory_bytes), "fits_memory": mem.fits,
         "kv_tokens_capacity": mem.kv_tokens_capacity,
     }  # fmt: skip
@@ -399,7 +400,8 @@ def estimate(
     e2e = point.ttft_ms + (output_len - 1) * point.tpot_ms
     console.print(
         f"Serving {batch} requests at once (continuous batching, chunks of {cfg.max_num_batched_tokens} tokens): "
-        f"one request's TTFT {point.ttft_ms:.1f} ms, TPOT {point.tpot_ms:.2f} ms (the decode step at context "
+        f"one request's TTFT {point.ttft_ms:.1f} ms (as a client measures it, {coefficients.client_overhead_ms:.1f} ms "
+        f"of it the request's HTTP path), TPOT {point.tpot_ms:.2f} ms (the decode step at context "
         f"{context}, {input_len} in + {output_len} out / 2, with arriving prompts riding along); end to end "
         f"{e2e:.1f} ms; {point.throughput_tokens_per_s:.1f} output tokens/s, {point.full_rps:.2f} requests/s",
         soft_wrap=True,

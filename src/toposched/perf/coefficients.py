@@ -30,7 +30,7 @@ class PerfConfig(BaseModel):
     """Achievable fraction of BF16 peak of the attention kernels' FLOPs (FlashAttention-style fused
     softmax: FA2 reaches 50-73 % of A100 peak forward, FA3 up to 75 % of H100's; below the GEMMs'
     fraction at the head dims and prompt lengths of serving). Not fitted by default: only two
-    published prompts are long enough to inform it (calibrate.DEFAULT_FIELDS)."""
+    published prompts are long enough to inform it (fitting.DEFAULT_FIELDS)."""
     roofline_p: float = Field(2.0, ge=1.0, le=16.0)
     """Smooth-roofline exponent: 1 adds memory and compute time, large ``p`` takes their max."""
     moe_tile_m: float = Field(16.0, ge=1.0, le=256.0)
@@ -50,7 +50,11 @@ class PerfConfig(BaseModel):
     step_overhead_ms: float = Field(2.6, ge=0.0, le=100.0)
     """Per decode step engine/host overhead (perf-anchors §3.4: "0-5 ms ... calibrate it per engine")."""
     prefill_overhead_ms: float = Field(2.6, ge=0.0, le=500.0)
-    """Per pass with prefill work: no CUDA graph, scheduling; client-side TTFT adds its HTTP path."""
+    """Per pass with prefill work, inside the engine: no CUDA graph, scheduling."""
+    client_overhead_ms: float = Field(0.0, ge=0.0, le=500.0)
+    """Once per request, in the TTFT a client measures and the engine's own metrics do not: the HTTP
+    request, the prompt's path into the engine and the first token's way back (``Sample.ttft_at``).
+    Uncalibrated: 0 (not charged)."""
     comm_scale: float = Field(1.0, ge=0.5, le=4.0)
     """TP all-reduce time inside an engine's forward pass relative to the link table's curve (the best
     of nccl-tests and a CUDA-graph custom all-reduce, run alone); not applied over PCIe-only links."""

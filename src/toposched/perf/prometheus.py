@@ -196,6 +196,7 @@ def window_sample(window: Window, setup: Setup, *, where: str) -> Sample:
         "ttft_ms": window.ttft_ms,
         "tpot_ms": window.tpot_ms,
         "tokens_per_s": window.tokens_per_s,
+        "ttft_at": "engine",  # the engine's own histogram: no HTTP path (PerfConfig.client_overhead_ms)
     }
     return make_sample(fields, setup, where=where)
 

@@ -8,6 +8,8 @@ of ``reference/data/anchors-train.json``). The readers live beside this model (`
 
 from __future__ import annotations
 
+from typing import Literal
+
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
 
@@ -33,6 +35,23 @@ class Sample(BaseModel):
     num_requests: int | None = Field(default=None, ge=1, le=1_000_000_000, description="requests in the run")
     input_len: int = Field(ge=1, le=10_000_000)
     output_len: int = Field(ge=1, le=10_000_000)
+    output_dist: Literal["fixed", "exponential"] = Field(
+        default="fixed",
+        description="fixed: every request generates output_len tokens (--ignore-eos, a random dataset); "
+        "exponential: lengths vary around the mean output_len (a dataset's own completions, e.g. ShareGPT)",
+    )
+    ttft_at: Literal["client", "engine"] = Field(
+        default="client",
+        description="client: TTFT as a benchmark client measures it (vllm bench serve, sglang.bench_serving); "
+        "engine: as the engine's own metrics do (its Prometheus TTFT histogram: no HTTP path)",
+    )
+    max_batched_tokens: int | None = Field(
+        default=None,
+        ge=1,
+        le=10_000_000,
+        description="the engine's prompt-token budget per pass (vLLM "
+        "--max-num-batched-tokens, SGLang --chunked-prefill-size); None: sample_predict.DEFAULT_MAX_BATCHED_TOKENS",
+    )
     ttft_ms: float | None = Field(default=None, gt=0, le=1e9)
     tpot_ms: float | None = Field(default=None, gt=0, le=1e9)
     tokens_per_s: float | None = Field(default=None, gt=0, le=1e12, description="output tokens/s, all GPUs")

@@ -135,6 +135,13 @@ ENTRIES: tuple[CatalogEntry, ...] = (
         "Qwen3-8B model card: 8.2B",
     ),
     CatalogEntry(
+        "qwen3-32b",
+        "Qwen3-32B.json",
+        "Qwen/Qwen3-32B",
+        32_800_000_000,  # Qwen3-32B model card: "Number of Parameters: 32.8B" (31.2B non-embedding)
+        "Qwen3-32B model card: 32.8B",
+    ),
+    CatalogEntry(
         "qwen3-30b-a3b",
         "Qwen3-30B-A3B.json",
         "Qwen/Qwen3-30B-A3B",
