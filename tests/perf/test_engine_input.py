@@ -151,6 +151,10 @@ def test_estimate_and_calibrate_share_one_ttft_definition(run_cli: RunCli) -> No
         fitted = predict_sample(sample, config, max_batched_tokens=8192)
         assert shown["ttft_ms"] == pytest.approx(fitted["ttft_ms"], rel=1e-12)
         assert shown["tpot_ms"] == pytest.approx(fitted["tpot_ms"], rel=1e-12)
+        # both are a client's TTFT: the client path is in it, and estimate says how much
+        assert shown["client_overhead_ms"] == config.client_overhead_ms > 0
+        inside = predict_sample(sample.model_copy(update={"ttft_at": "engine"}), config, max_batched_tokens=8192)
+        assert shown["ttft_ms"] - inside["ttft_ms"] == pytest.approx(config.client_overhead_ms, rel=1e-9)
 
 
 def test_the_engine_rows_are_set_up_from_their_setups_not_their_outputs(tmp_path: Path) -> None:

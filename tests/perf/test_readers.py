@@ -193,6 +193,25 @@ def test_csv_empty_cells_are_not_measured(tmp_path: Path) -> None:
     assert (s.ttft_ms, s.tpot_ms, s.tokens_per_s, s.gpu) == (None, 7.5, None, "H100-SXM")
 
 
+def test_csv_optional_run_columns(tmp_path: Path) -> None:
+    f = tmp_path / "a.csv"
+    f.write_text("model,gpu,tp,pp,weight_dtype,batch,input_len,output_len,ttft_ms,tpot_ms,tokens_per_s,"
+                 "num_requests,max_batched_tokens,output_dist,ttft_at\n"
+                 "llama-3.1-8b,H100-SXM,1,1,bf16,64,200,200,,,3000,1000,16384,exponential,engine\n"
+                 "llama-3.1-8b,H100-SXM,1,1,bf16,64,200,200,,,3000,,,,\n")  # fmt: skip
+    varied, plain = read_samples(f)
+    assert (varied.num_requests, varied.max_batched_tokens, varied.output_dist, varied.ttft_at) == (
+        1000, 16384, "exponential", "engine",
+    )  # fmt: skip
+    assert (plain.num_requests, plain.max_batched_tokens, plain.output_dist, plain.ttft_at) == (
+        None, None, "fixed", "client",
+    )  # fmt: skip
+    bad = tmp_path / "b.csv"
+    bad.write_text(f.read_text().replace("exponential", "lognormal"))
+    with pytest.raises(InputError, match=r"b.csv:2: output_dist"):
+        read_samples(bad)
+
+
 @pytest.mark.parametrize(
     ("name", "text", "message"),
     [
@@ -266,6 +285,7 @@ def test_window_uses_the_histogram_deltas(engine: str) -> None:
     assert w.tokens_per_s == pytest.approx(20 * 64 / 10.0)
     s = window_sample(w, SETUP, where="http://e/metrics")
     assert (s.batch, s.input_len, s.output_len, s.engine) == (8, 512, 64, engine)
+    assert s.ttft_at == "engine"  # the engine's own histogram: no HTTP path in it
 
 
 @pytest.mark.parametrize("engine", ["vllm", "sglang"])
