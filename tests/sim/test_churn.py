@@ -221,7 +221,7 @@ def test_a_unit_placed_late_keeps_its_departure() -> None:
 def _one_node_full(scenario: Scenario) -> tuple[Simulation, Unit]:
     """Eight small instances fill node 0 (node 1 is the last wholly free domain); one more small one arrives."""
     sim = _small_instances(scenario, 8)
-    small, _ = sim.deployments
+    small = sim.deployments[0]
     assert {u.copy.placement.ranks[0].node for u in sim.units if u.copy} == {"hgx-h100-0"}
     unit = sim.new_unit(small, 0.0, math.inf)
     sim.units.append(unit)
@@ -257,6 +257,24 @@ def test_the_headroom_wait_is_bounded() -> None:
     assert small.copy is None or small.copy.placement.ranks[0].node == "hgx-h100-1"
     off, unit = _one_node_full(_crafted(keep_whole_domains=0))
     assert unit.state == "active" and not unit.held_headroom and compute(off)["held_for_headroom_rate"] == 0.0
+
+
+def test_no_headroom_is_kept_when_no_tenant_needs_a_whole_domain() -> None:
+    """Issue 35: on churn-tiny (TP=1 and TP=4 tenants on two 8-GPU domains) the kept domain waited for a
+    TP=8 that never came; `slo` starved the TP=4 tenant (0.004 of its requests met the SLO) and lost to
+    index-order. With nothing needing a whole domain nothing is held, and `slo` meets at least what
+    index-order does."""
+    scenario = _crafted(keep_whole_wait_s=30.0)
+    no_big = scenario.model_copy(update={"tenants": (scenario.tenants[0],)})
+    sim, small = _one_node_full(no_big)
+    assert not sim.admission.whole_needed
+    assert small.state == "active" and not small.held_headroom  # it broke the second domain at once
+    with_big, held = _one_node_full(scenario)
+    assert with_big.admission.whole_needed and held.held_headroom
+    results = {p: run_policy(TINY, p, seed=0).metrics for p in ("slo", "index-order")}
+    assert results["slo"]["instances_held_for_headroom"] == 0
+    assert results["slo"]["slo_attainment"] >= results["index-order"]["slo_attainment"]
+    assert results["slo"]["ttft_p99_ms"] <= results["index-order"]["ttft_p99_ms"]
 
 
 def test_nvlink_down_moves_the_gpu_out_of_its_domain() -> None:

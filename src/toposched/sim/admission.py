@@ -16,7 +16,8 @@ Driven the same way as the service's admission queue (issue 15):
   last wholly free domains, which the instances that need a whole domain (TP=8 on HGX) could
   otherwise only get by waiting for departures or by defragmentation. It waits instead (counted as
   *held for headroom*, not as waiting for NVLink room, when a whole domain was all that had room)
-  until GPUs free up elsewhere or ``keep_whole_wait_s`` is over, then it may break one. Small
+  until GPUs free up elsewhere or ``keep_whole_wait_s`` is over, then it may break one. No headroom
+  is kept when no tenant of the scenario needs a whole domain (nothing would use it). Small
   instances belong to tenants with many instances that absorb a short wait; a large one's tenant
   has few, so its wait spills onto them (docs/simulator.md has the measurements);
 * a waiting instance whose TP group needs a whole NVLink domain may trigger ``plan_defrag``
@@ -81,6 +82,9 @@ class Admission:
         self.limiter = DefragLimiter(self.cfg.defrag_moves_per_window, self.cfg.defrag_window_s)
         self.defrag: DefragRun | None = None
         self.domain_size = sim.scheduler.index.levels["nvlink"].max_size
+        # headroom is kept for instances that need a whole NVLink domain: none of the scenario's tenants
+        # does, none is kept (churn-tiny's TP=4 tenant waited 30 s per instance for a TP=8 that never came)
+        self.whole_needed = any(d.ref_tp >= self.domain_size for d in sim.deployments)
         self.waited_nvlink = 0  # instances that waited for NVLink room (each counted once)
         self.held_headroom = 0  # instances that waited because of keep_whole_domains (each counted once)
         self.fallback_placements = 0
@@ -133,7 +137,9 @@ class Admission:
     def _headroom(self, unit: Unit) -> int:
         """The ``keep_whole_domains`` a unit is placed with: the scenario's, for a topology-aware
         policy and an instance smaller than a domain, until its ``keep_whole_wait_s`` is over."""
-        if not self.aware or unit.headroom_waived or unit.deployment.ref_tp >= self.domain_size:
+        if not self.aware or not self.whole_needed or unit.headroom_waived:
+            return 0
+        if unit.deployment.ref_tp >= self.domain_size:
             return 0
         return self.cfg.keep_whole_domains
 
