@@ -8,8 +8,8 @@ from tests.solver.builders import make_scheduler
 from toposched.errors import UnknownNameError
 from toposched.solver.request import PlacementRequest
 from toposched.solver.scheduler import Scheduler
-from toposched.topology.model import Cluster
-from toposched.topology.presets import hgx, nvlink_pairs_4gpu
+from toposched.topology.model import Cluster, NVLinkClique
+from toposched.topology.presets import gb200_nvl72, hgx, l40s_pcie, nvlink_pairs_4gpu
 
 
 def _batch(priority_big: int = 0) -> list[PlacementRequest]:
@@ -105,3 +105,42 @@ def test_a_batch_still_breaks_a_whole_group_when_a_larger_instance_needs_the_par
 def _whole(s: Scheduler, g: int) -> bool:
     level = s.index.levels["nvlink"]
     return level.size[g] > 1 and level.free_count[g] == level.size[g]
+
+
+def _gb200_trays(count: int) -> Cluster:
+    """``count`` GB200 trays in one multi-node NVLink domain (a slice of an NVL72)."""
+    rack = gb200_nvl72("g")
+    trays = rack.nodes[:count]
+    clique = NVLinkClique(id="g/clique0", nodes=tuple(t.name for t in trays), bandwidth_gbps=900.0)
+    return Cluster(name="g", nodes=trays, fabric=rack.fabric, cliques=(clique,))
+
+
+@pytest.mark.parametrize(
+    ("cluster", "busy", "batch"),
+    [
+        (  # issue 35: fewest GPUs first gives the TP1 a GPU the TP8 needed
+            _gb200_trays(4),
+            ["g-tray00/0", "g-tray00/1", "g-tray01/0", "g-tray01/2", "g-tray02/2"],
+            [("one", "llama-3.1-8b", 1), ("eight", "mixtral-8x22b", 8)],
+        ),
+        (  # issue 35: two L40S PCIe boxes, {TP4, TP8}
+            Cluster(nodes=(l40s_pcie("l0"), l40s_pcie("l1"))),
+            ["l1/7"],
+            [("four", "llama-3.1-70b", 4), ("eight", "mixtral-8x22b", 8)],
+        ),
+    ],
+)
+def test_a_batch_that_fits_is_placed_whatever_order_first_failed(
+    cluster: Cluster, busy: list[str], batch: list[tuple[str, str, int]]
+) -> None:
+    from toposched.solver.exact import place_exact
+    from toposched.solver.policies import POLICIES
+
+    reqs = [PlacementRequest(id=i, model=m, allowed_tp=(tp,)) for i, m, tp in batch]
+    probe = Scheduler(cluster, busy=busy)
+    first = [probe._trial(probe.batch_order(reqs), POLICIES.get("slo"), keep_whole=k)[0] for k in (False, True)]
+    assert all(score[0] > 0 for score in first)  # the fewest-GPUs-first order alone leaves one unplaced
+    out = Scheduler(cluster, busy=busy).place_batch(reqs)
+    assert not out.unplaced
+    assert sorted(p.request_id for p in out.placements) == sorted(i for i, _, _ in batch)
+    assert not place_exact(Scheduler(cluster, busy=busy), reqs).unplaced  # what the exact baseline places

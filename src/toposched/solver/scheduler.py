@@ -237,11 +237,15 @@ class Scheduler:
         reasons += [f"would meet it: {r}" for r in remedies] or ["no change tried meets it: relax the SLO"]
         return Unplaced(request_id=request.id, replica=0, status="rejected", reasons=tuple(reasons))
 
-    def batch_order(self, requests: Sequence[PlacementRequest]) -> list[PlacementRequest]:
+    def batch_order(
+        self, requests: Sequence[PlacementRequest], *, largest_first: bool = False
+    ) -> list[PlacementRequest]:
         """The order ``place_batch`` places a batch in: priority first, then fewest GPUs, then arrival.
 
         Measured against the exact baseline (docs/solver.md): placing a large instance first loses
         room for two or three smaller ones; fewest-GPUs-first does not (largest-first was worse).
+        ``largest_first``: the most GPUs first (``place_batch``'s second try when the first order
+        leaves an instance unplaced: a small one can take a GPU the large one needed).
         A request whose model fits no degree sorts last (it is rejected whatever the order).
         """
 
@@ -249,7 +253,8 @@ class Scheduler:
             cands, _ = self.candidates(request)
             return min((c.option.gpus for c in cands), default=1 << 30) * request.replicas
 
-        keyed = [(-r.priority, size(r), n, r) for n, r in enumerate(requests)]
+        sizes = [(r, size(r)) for r in requests]
+        keyed = [(-r.priority, -g if largest_first and g < 1 << 30 else g, n, r) for n, (r, g) in enumerate(sizes)]
         keyed.sort(key=lambda k: k[:3])
         return [k[3] for k in keyed]
 
@@ -285,10 +290,37 @@ class Scheduler:
         # objective's order: unplaced, SLO misses, GPUs, whole groups broken, fit).
         plain = self._trial(ordered, choose, keep_whole=False)
         whole = self._trial(ordered, choose, keep_whole=True)
-        _score, outcome, chosen = whole if whole[0] < plain[0] else plain
+        best = whole if whole[0] < plain[0] else plain
+        if best[0][0] > 0:
+            # an instance left unplaced: the order may be why (a small one took a GPU a large one
+            # needed: issue 35's GB200 trays with {TP1, TP8}, two L40S boxes with {TP4, TP8}); try the
+            # largest first both ways and keep what scores best
+            largest = self.batch_order(requests, largest_first=True)
+            for keep in (False, True):
+                trial = self._trial(largest, choose, keep_whole=keep)
+                if trial[0] < best[0]:
+                    best = trial
+        if best[0][0] > 0:
+            # still one left: the policy may have given an instance more GPUs than it needs (pipeline
+            # stages for KV room); each at its fewest GPUs, as the exact baseline counts them
+            fewest = [self._at_fewest_gpus(r) for r in requests]
+            for order in (self.batch_order(fewest), self.batch_order(fewest, largest_first=True)):
+                for keep in (False, True):
+                    trial = self._trial(order, choose, keep_whole=keep)
+                    if trial[0] < best[0]:
+                        best = trial
+        _score, outcome, chosen = best
         for request, assessment in chosen:
             self.commit(assessment, ttl_s=ttl_s, meta=metas.get(request.id))
         return outcome
+
+    def _at_fewest_gpus(self, request: PlacementRequest) -> PlacementRequest:
+        """``request`` limited to the degrees of its option with the fewest GPUs (itself if none fits)."""
+        cands, _ = self.candidates(request)
+        if not cands:
+            return request
+        least = min(cands, key=lambda c: c.option.gpus).option
+        return request.model_copy(update={"allowed_tp": (least.tp,), "max_pp": least.pp})
 
     def _trial(
         self, ordered: Sequence[PlacementRequest], choose: Policy, *, keep_whole: bool
