@@ -6,6 +6,7 @@ import math
 
 import pytest
 
+from tests.perf.synthetic import made_by
 from toposched.errors import InputError
 from toposched.perf import PerfConfig, get_gpu, get_link, predict_latency
 from toposched.perf.calibrate import fit_profile, leave_group_out, leave_one_out
@@ -120,22 +121,7 @@ def test_prediction_uses_the_active_profile() -> None:
 
 
 def _synthetic(cfg: PerfConfig) -> list[Sample]:
-    """Samples whose 'measurements' are the model's own figures under ``cfg``."""
-    setups = [
-        ("llama-3.1-8b", "H100-SXM", 1, "bf16", 1, 500, 200),
-        ("llama-3.1-8b", "H100-SXM", 1, "bf16", 32, 1000, 200),
-        ("llama-3.1-70b", "H100-SXM", 4, "bf16", 1, 2000, 100),
-        ("llama-3.1-70b", "H100-SXM", 4, "fp8", 64, 1000, 500),
-        ("llama-3.1-8b", "A100-SXM-80GB", 1, "bf16", 256, 1000, 1000),
-        ("llama-3.1-70b", "H200", 8, "fp8", 8, 4000, 300),
-    ]
-    out = []
-    for i, (model, gpu, tp, wdt, batch, isl, osl) in enumerate(setups):
-        probe = Sample(source=f"s{i}", model=model, gpu=gpu, tp=tp, weight_dtype=wdt, batch=batch,
-                       input_len=isl, output_len=osl, ttft_ms=1.0, tpot_ms=1.0, tokens_per_s=1.0)  # fmt: skip
-        pred = predict_sample(probe, cfg)
-        out.append(probe.model_copy(update=pred))
-    return out
+    return made_by(cfg)
 
 
 def test_fit_recovers_the_coefficients_that_made_the_samples() -> None:

@@ -5,32 +5,12 @@ from __future__ import annotations
 
 import pytest
 
+from tests.perf.synthetic import made_by
 from toposched.perf import PerfConfig, fitting
 from toposched.perf.calibrate import leave_group_out, leave_one_out
 from toposched.perf.fitting import engine_fitter, fit_config, fit_engine_configs, pooled_fitter
 from toposched.perf.sample_predict import predict_sample
 from toposched.perf.samples import Sample
-
-SETUPS = [
-    ("llama-3.1-8b", "H100-SXM", 1, "bf16", 1, 500, 200),
-    ("llama-3.1-8b", "H100-SXM", 1, "bf16", 32, 1000, 200),
-    ("llama-3.1-70b", "H100-SXM", 4, "bf16", 1, 2000, 100),
-    ("llama-3.1-70b", "H100-SXM", 4, "fp8", 64, 1000, 500),
-    ("llama-3.1-8b", "A100-SXM-80GB", 1, "bf16", 256, 1000, 1000),
-    ("llama-3.1-70b", "H200", 8, "fp8", 8, 4000, 300),
-]
-
-
-def _made_by(cfg: PerfConfig, engine: str | None = None, tag: str = "s") -> list[Sample]:
-    """Samples whose 'measurements' are the model's own figures under ``cfg``."""
-    out = []
-    for i, (model, gpu, tp, wdt, batch, isl, osl) in enumerate(SETUPS):
-        probe = Sample(source=f"{tag}{i}", model=model, gpu=gpu, engine=engine, tp=tp, weight_dtype=wdt,
-                       batch=batch, input_len=isl, output_len=osl, ttft_ms=1.0, tpot_ms=1.0,
-                       tokens_per_s=1.0)  # fmt: skip
-        out.append(probe.model_copy(update=predict_sample(probe, cfg)))
-    return out
-
 
 FIELDS = ("eta_mem", "step_overhead_ms", "prefill_overhead_ms")
 
@@ -39,7 +19,7 @@ def test_a_row_the_model_cannot_describe_moves_the_fit_less_than_least_squares_w
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
     truth = PerfConfig(eta_mem=0.7, step_overhead_ms=1.5, prefill_overhead_ms=6.0)
-    clean = _made_by(truth) + _made_by(truth, tag="t")
+    clean = made_by(truth) + made_by(truth, tag="t")
     # one row's TTFT three times what the model gives (a warm-up transient in its mean)
     spoiled = [clean[0].model_copy(update={"ttft_ms": 3 * clean[0].ttft_ms}), *clean[1:]]
     robust = fit_config(spoiled, fields=FIELDS)
@@ -57,8 +37,8 @@ def test_a_row_the_model_cannot_describe_moves_the_fit_less_than_least_squares_w
 def test_host_costs_per_engine_recover_each_engines_own(monkeypatch: pytest.MonkeyPatch) -> None:
     # a weak pull towards the pool (the shipped 1.0 shrinks hard: the published rows did not carry more)
     monkeypatch.setattr(fitting, "ENGINE_PRIOR_WEIGHT", 0.03)
-    fast = _made_by(PerfConfig(eta_mem=0.7, step_overhead_ms=0.5, prefill_overhead_ms=3.0), "tensorrt-llm", "f")
-    slow = _made_by(PerfConfig(eta_mem=0.7, step_overhead_ms=3.0, prefill_overhead_ms=20.0), "vllm", "v")
+    fast = made_by(PerfConfig(eta_mem=0.7, step_overhead_ms=0.5, prefill_overhead_ms=3.0), "tensorrt-llm", "f")
+    slow = made_by(PerfConfig(eta_mem=0.7, step_overhead_ms=3.0, prefill_overhead_ms=20.0), "vllm", "v")
     pooled, per_engine = fit_engine_configs(fast + slow, fields=FIELDS)
     assert set(per_engine) == {"tensorrt-llm", "vllm"}
     assert per_engine["vllm"].prefill_overhead_ms > 2 * per_engine["tensorrt-llm"].prefill_overhead_ms
@@ -86,7 +66,7 @@ def _errs(s: Sample, cfg: PerfConfig) -> dict[str, float]:
 
 def test_a_warm_refit_lands_where_a_cold_one_does() -> None:
     truth = PerfConfig(eta_mem=0.7, step_overhead_ms=1.5, prefill_overhead_ms=6.0)
-    rows = _made_by(truth)
+    rows = made_by(truth)
     full = fit_config(rows, fields=FIELDS)
     cold = fit_config(rows[1:], fields=FIELDS)
     warm = fit_config(rows[1:], fields=FIELDS, start=full)
@@ -100,8 +80,8 @@ def test_a_warm_refit_lands_where_a_cold_one_does() -> None:
 
 
 def test_leave_group_out_with_per_engine_host_costs_prices_a_held_out_engine_by_the_pool() -> None:
-    fast = _made_by(PerfConfig(step_overhead_ms=0.5, prefill_overhead_ms=3.0), "tensorrt-llm", "f")
-    slow = _made_by(PerfConfig(step_overhead_ms=3.0, prefill_overhead_ms=20.0), "vllm", "v")
+    fast = made_by(PerfConfig(step_overhead_ms=0.5, prefill_overhead_ms=3.0), "tensorrt-llm", "f")
+    slow = made_by(PerfConfig(step_overhead_ms=3.0, prefill_overhead_ms=20.0), "vllm", "v")
     held = dict(leave_group_out(fast + slow, lambda s: str(s.engine), fitter=engine_fitter(fields=FIELDS)))
     # vLLM held out: fitted on TensorRT-LLM alone, its decode steps come out too fast
     assert all(held[s]["tpot"] < -0.05 for s in slow if s.batch == 1)
