@@ -1,5 +1,6 @@
 """Simulator benchmark: (a) speed on seed-256 and large-16k; (b) churn-128 against issue 15's targets;
-(c) pd-256's layouts against seed 003's claims.
+(c) pd-256's layouts against seed 003's claims; (d) (``--only seeds``, not in the default run) each churn
+scenario on seeds 0..N-1, ``slo`` against index-order (issue 35).
 
     .venv/bin/python benchmarks/sim_bench.py                       # all three parts
     .venv/bin/python benchmarks/sim_bench.py --only speed --repeat 3
@@ -23,6 +24,14 @@ straight from prefill to decode or through a store, on a non-blocking spine or o
 by same-server over rack-local, next to seed 003's claims (42 % and a further 28 %).
 
     .venv/bin/python benchmarks/sim_bench.py --only pd --seeds 3 --oversubscription 4
+
+(d) ``--only seeds --seeds 10``: churn-tiny and churn-128 (its default occupancy, 0.85) on seeds 0..N-1,
+``slo`` and index-order, ``--workers`` runs at a time (one process each): per seed SLO met, TTFT p99, TP=8
+SLO met and utilisation, then how many seeds ``slo`` is at least as good on SLO met and on TTFT p99, and
+the median and worst of ``slo``'s SLO met, TP=8 SLO met and utilisation gap (issue 35's targets: every
+seed, not chosen ones).
+
+    .venv/bin/python benchmarks/sim_bench.py --only seeds --seeds 10
 """
 
 from __future__ import annotations
@@ -30,6 +39,7 @@ from __future__ import annotations
 import argparse
 import statistics
 import time
+from concurrent.futures import ProcessPoolExecutor
 from typing import Any
 
 from toposched.sim.loading import load_scenario
@@ -95,6 +105,44 @@ def churn(seeds: int, policies: list[str], occupancies: list[float], *, defrag: 
             )
 
 
+def _seed_run(job: tuple[str, str, int]) -> tuple[str, str, int, dict[str, Any]]:
+    name, policy, seed = job
+    return name, policy, seed, run_policy(load_scenario(name), policy, seed=seed).metrics
+
+
+def seeds_part(seeds: int, scenarios: list[str], workers: int) -> None:
+    """Each churn scenario on seeds 0..N-1, ``slo`` against index-order: per seed, then median and worst."""
+    jobs = [(name, policy, seed) for name in scenarios for seed in range(seeds) for policy in ("slo", "index-order")]
+    with ProcessPoolExecutor(max_workers=workers) as pool:
+        results = {(n, p, k): m for n, p, k, m in pool.map(_seed_run, jobs)}
+    for name in scenarios:
+        print(f"{name}: seed, SLO met / TTFT p99 ms / utilisation as slo / index-order; TP8 SLO met of slo")
+        slo_ok = ttft_ok = 0
+        rows = []
+        for seed in range(seeds):
+            a, b = results[(name, "slo", seed)], results[(name, "index-order", seed)]
+            tp8 = a["slo_attainment_by_tp"].get("8")
+            better = a["slo_attainment"] >= b["slo_attainment"]
+            faster = a["ttft_p99_ms"] <= b["ttft_p99_ms"]
+            slo_ok += better
+            ttft_ok += faster
+            gap = b["gpu_utilization"] - a["gpu_utilization"]
+            rows.append((a["slo_attainment"], tp8, gap))
+            print(f"  {seed:>3} {a['slo_attainment']:.3f} / {b['slo_attainment']:.3f}  "
+                  f"{a['ttft_p99_ms']:>10,.0f} / {b['ttft_p99_ms']:>10,.0f}  "
+                  f"{'-' if tp8 is None else f'{tp8:.3f}':>5}  "
+                  f"{a['gpu_utilization']:.3f} / {b['gpu_utilization']:.3f}"
+                  f"{'' if better and faster else '   slo behind'}")  # fmt: skip
+        slo_met = [r[0] for r in rows]
+        tp8s = [r[1] for r in rows if r[1] is not None]
+        gaps = [r[2] for r in rows]
+        print(f"  slo >= index-order on SLO met: {slo_ok} of {seeds}; TTFT p99 <= index-order's: {ttft_ok} of {seeds}")
+        print(f"  slo SLO met median {statistics.median(slo_met):.3f}, worst {min(slo_met):.3f}"
+              + (f"; TP8 median {statistics.median(tp8s):.3f}, worst {min(tp8s):.3f}" if tp8s else "")
+              + f"; utilisation under index-order median {100 * statistics.median(gaps):.1f} points, "
+              f"worst {100 * max(gaps):.1f}")  # fmt: skip
+
+
 PD_COLUMNS = ("ttft_p50_ms", "ttft_p99_ms", "kv_transfer_p50_ms", "kv_transfer_p99_ms", "kv_wait_p99_ms",
               "tpot_p50_ms", "tpot_p99_ms")  # fmt: skip
 
@@ -136,7 +184,11 @@ def pd(seeds: int, oversubscription: float) -> None:
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--only", choices=("speed", "churn", "pd"), help="run one part only")
+    parser.add_argument("--only", choices=("speed", "churn", "pd", "seeds"), help="run one part only")
+    parser.add_argument(
+        "--scenarios", default="churn-tiny,churn-128", help="seeds: comma-separated churn scenarios (not in 'all')"
+    )
+    parser.add_argument("--workers", type=int, default=2, help="seeds: runs in parallel (one process each)")
     parser.add_argument("--repeat", type=int, default=3, help="speed: runs per policy (median)")
     parser.add_argument("--seeds", type=int, default=3, help="churn, pd: seeds 0..N-1 (median)")
     parser.add_argument("--oversubscription", type=float, default=4.0, help="pd: the oversubscribed spine's ratio")
@@ -155,6 +207,9 @@ def main() -> None:
         if args.only is None:
             print()
         pd(args.seeds, args.oversubscription)
+    if args.only == "seeds":
+        names = [n.strip() for n in args.scenarios.split(",") if n.strip()]
+        seeds_part(args.seeds, names, args.workers)
 
 
 if __name__ == "__main__":
