@@ -25,3 +25,20 @@ def test_a_narrow_terminal_gets_whole_numbers_and_whole_names() -> None:
     header = next(line for line in wide.splitlines() if "policy" in line)
     assert header.count("┃") == len(TABLE_COLUMNS) + 2  # one column per metric
     assert "…" not in wide
+
+
+def test_the_report_says_per_tenant_why_instances_waited() -> None:
+    """Issue 35: the run's report names, per tenant and policy, what its instances waited for."""
+    from toposched.sim.report import tenant_lines
+
+    scenario = load_scenario("churn-tiny")
+    results = {p: run_policy(scenario, p, seed=0) for p in ("slo", "index-order")}
+    lines = tenant_lines(results)
+    assert lines[0] == "tenant small-tp1 (TP=1):" and "tenant big-tp4 (TP=4):" in lines
+    big = results["slo"].metrics["tenants"]["big-tp4"]
+    assert big["instance_arrivals"] == results["index-order"].metrics["tenants"]["big-tp4"]["instance_arrivals"] > 0
+    line = next(x for x in lines[lines.index("tenant big-tp4 (TP=4):") :] if x.startswith("  slo:"))
+    assert f"{big['instance_arrivals']} instances, {big['held_for_headroom']} held for headroom" in line
+    assert f"{big['never_placed']} never placed" in line
+    one = load_scenario("small").model_copy(update={"requests": 20})
+    assert tenant_lines({"slo": run_policy(one, "slo")}) == []  # one tenant: the table says it all

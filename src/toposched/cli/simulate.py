@@ -14,7 +14,7 @@ from toposched.perf.profile import use_profile
 from toposched.sim.builtin_scenarios import SCENARIOS
 from toposched.sim.engine import Simulation
 from toposched.sim.loading import load_cluster, load_scenario
-from toposched.sim.report import LATENCY, result_json, result_table, write_report
+from toposched.sim.report import LATENCY, result_json, result_table, tenant_lines, write_report
 from toposched.sim.run import PolicyResult, check_scenario_fits
 from toposched.sim.run import simulate as run_simulation
 from toposched.sim.scenario import MAX_REQUESTS, Scenario
@@ -80,6 +80,8 @@ def simulate(
         else:
             console.print(result_table(sc, results, console.width))
             console.print(f"latency = {LATENCY}")
+            for line in tenant_lines(results):
+                console.print(line, markup=False, soft_wrap=True)
         if out is not None:
             for path in write_report(out, sc, seed, results):
                 err_console.print(f"wrote {path}", markup=False)

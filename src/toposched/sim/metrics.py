@@ -41,6 +41,7 @@ from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
     from toposched.sim.engine import Simulation
+    from toposched.sim.units import Unit
     from toposched.sim.workload import SimRequest
 
 TP_KEYS = ("1", "2", "4", "8")
@@ -174,28 +175,41 @@ def compute(sim: Simulation) -> dict[str, Any]:
             "migration_ratio": _ratio(adm.migrations, placed_units),
         },
         "admission_by_tp": _admission_by_tp(sim),
-        "tenants": {d.tenant.name: _tenant(d.index, reqs, met_of, d.slo_ms, d.capacity_rps, d.ref_tp) for d in deps},
+        "tenants": {
+            d.tenant.name: {
+                **_tenant(d.index, reqs, met_of, d.slo_ms, d.capacity_rps, d.ref_tp),
+                **{
+                    ("instance_arrivals" if k == "arrivals" else k): v
+                    for k, v in _admission([u for u in sim.units if u.deployment is d]).items()
+                },
+            }
+            for d in deps
+        },
         "simulated_s": round(end - start, 3),
         "events": sim.events_done,
     }
 
 
 def _admission_by_tp(sim: Simulation) -> dict[str, dict[str, Any]]:
-    """Per TP size of the tenants: instance arrivals, how many waited for NVLink room, how long they
+    """Per TP size of the tenants: ``_admission`` of their instances."""
+    return {
+        str(tp): _admission([u for u in sim.units if u.deployment.ref_tp == tp])
+        for tp in sorted({u.deployment.ref_tp for u in sim.units})
+    }
+
+
+def _admission(units: list[Unit]) -> dict[str, Any]:
+    """Instance arrivals, how many waited for NVLink room or were held for headroom, how long they
     waited for their first placement (arrival to booking), and how many were never placed."""
-    out: dict[str, dict[str, Any]] = {}
-    for tp in sorted({u.deployment.ref_tp for u in sim.units}):
-        units = [u for u in sim.units if u.deployment.ref_tp == tp]
-        waits = [u.placed_s - u.arrival_s for u in units if u.placed_s >= 0]
-        out[str(tp)] = {
-            "arrivals": len(units),
-            "waited_for_nvlink": sum(1 for u in units if u.waited_nvlink),
-            "held_for_headroom": sum(1 for u in units if u.held_headroom),
-            "wait_p50_s": pct(waits, 0.5),
-            "wait_p99_s": pct(waits, 0.99),
-            "never_placed": sum(1 for u in units if u.placed_s < 0),
-        }
-    return out
+    waits = [u.placed_s - u.arrival_s for u in units if u.placed_s >= 0]
+    return {
+        "arrivals": len(units),
+        "waited_for_nvlink": sum(1 for u in units if u.waited_nvlink),
+        "held_for_headroom": sum(1 for u in units if u.held_headroom),
+        "wait_p50_s": pct(waits, 0.5),
+        "wait_p99_s": pct(waits, 0.99),
+        "never_placed": sum(1 for u in units if u.placed_s < 0),
+    }
 
 
 def _tenant(

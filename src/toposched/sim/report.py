@@ -119,6 +119,26 @@ def result_table(scenario: Scenario, results: dict[str, PolicyResult], width: in
     return table
 
 
+def tenant_lines(results: dict[str, PolicyResult]) -> list[str]:
+    """Per tenant and policy: its SLO met, and why its instances waited or were never placed (held for
+    headroom, waiting for NVLink room) with their longest wait. Empty for a one-tenant scenario."""
+    first = next(iter(results.values()), None)
+    if first is None or len(first.metrics["tenants"]) < 2:
+        return []
+    out = []
+    for tenant in first.metrics["tenants"]:
+        out.append(f"tenant {tenant} (TP={first.metrics['tenants'][tenant]['tp']}):")
+        for name, r in results.items():
+            t = r.metrics["tenants"][tenant]
+            wait = t.get("wait_p99_s")
+            out.append(
+                f"  {name}: SLO met {_fmt(t['slo_attainment'])}; {t.get('instance_arrivals', 0)} instances, "
+                f"{t.get('held_for_headroom', 0)} held for headroom, {t.get('waited_for_nvlink', 0)} waited for "
+                f"NVLink room, {t.get('never_placed', 0)} never placed, wait p99 {_fmt(wait)} s"
+            )
+    return out
+
+
 def _cdf(ax: Any, values: list[float], label: str) -> None:
     ordered = sorted(values)
     if ordered:
