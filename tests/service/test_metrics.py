@@ -8,10 +8,11 @@ import pytest
 from prometheus_client import generate_latest
 
 from toposched.service.config import ServiceConfig
-from toposched.service.metrics import COMPRESSION_FLOOR_GBPS, breaches, build_registry, in_one_domain, signals
+from toposched.service.metrics import breaches, build_registry, in_one_domain, signals
 from toposched.service.schemas import PlaceBody
 from toposched.service.state import ServiceState
 from toposched.service.views import Stats
+from toposched.solver.request import COMPRESSION_FLOOR_GBPS
 from toposched.topology.sources import SourceRef
 
 

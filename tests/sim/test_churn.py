@@ -404,3 +404,15 @@ def test_hbm_utilization_counts_the_healthy_gpus_as_gpu_utilization_does() -> No
     healthy = capacity * (16 * 1.0 + 8 * (end - 1.0))  # byte-seconds of the healthy GPUs' HBM
     held = time_mean(result.gpu_series, 4, 0.0, end)
     assert result.metrics["hbm_utilization"] == pytest.approx(held / healthy, abs=1e-4)
+
+
+def test_the_simulated_compression_ratio_counts_only_traffic_compression_could_apply_to() -> None:
+    """Issue 35 item 6 in the simulator, as in the service: an interactive instance across domains sends
+    full precision and is not in the ratio; with no compressible traffic the ratio is not defined."""
+    standard = run_policy(TINY, "index-order", seed=0).metrics["signals"]
+    assert standard["compression_ratio"] == 0.5  # the TP=4 tenant is `standard`: compressed across domains
+    big = TINY.tenants[1].model_copy(update={"slo_class": "interactive"})
+    strict = TINY.model_copy(update={"tenants": (TINY.tenants[0], big)})
+    signals = run_policy(strict, "index-order", seed=0).metrics["signals"]
+    assert signals["cross_domain_budget_ratio_peak"] > 0  # traffic crosses domains, uncompressed
+    assert signals["compression_ratio"] is None

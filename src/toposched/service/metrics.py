@@ -28,7 +28,7 @@ from prometheus_client.registry import Collector
 
 from toposched.service.state import ServiceState
 from toposched.service.views import Stats
-from toposched.solver.request import Placement
+from toposched.solver.request import COMPRESSION_FLOOR_GBPS, Placement
 
 SIGNALS: tuple[tuple[str, str], ...] = (
     ("toposched_nvlink_affinity_ratio", "Share of live placements whose TP groups each sit in one NVLink domain."),
@@ -48,11 +48,6 @@ DECISION_BUCKETS = (0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 
 def in_one_domain(p: Placement) -> bool:
     """Every TP group (pipeline stage) of the placement sits in one NVLink domain (TP=1 trivially does)."""
     return p.tp == 1 or all(d is not None for d in p.stage_domains)
-
-
-COMPRESSION_FLOOR_GBPS = 1.0
-"""Compressible cross-domain traffic below which the compression ratio is not defined (None): a pipeline
-hand-off of a few MB/s says nothing about whether compression works, and must not fire CompressionRatioHigh."""
 
 
 def signals(stats: Stats) -> dict[str, float | dict[str, float] | None]:

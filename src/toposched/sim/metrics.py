@@ -24,7 +24,9 @@ Definitions (docs/simulator.md has the full list):
   TP groups each sit in one NVLink domain / completed requests; ``cross_domain_budget_ratio_peak`` /
   ``_mean`` = cross-domain GB/s of the booked instances / the budget, at its peak and time-weighted;
   ``compression_ratio`` = cross-domain GB/s after compression / before, over the instances placed
-  across domains; ``p99_gap_ms`` = p99 per-token latency of requests served across domains minus
+  across domains whose SLO class allows compression, None below ``COMPRESSION_FLOOR_GBPS`` of their
+  traffic before compression (summed over the placements; the service's signal); ``p99_gap_ms`` = p99
+  per-token latency of requests served across domains minus
   that of requests served in one domain; ``migration_ratio`` = migrations / instances placed.
 * disaggregated runs (``pd``: the layout): ``kv_transfer_p50_ms`` / ``_p99_ms`` = prefill done to KV
   at the decode instance (in TTFT), waiting for busy links included; ``kv_wait_p99_ms`` the waiting
@@ -38,6 +40,8 @@ import math
 from collections import Counter
 from collections.abc import Sequence
 from typing import TYPE_CHECKING, Any
+
+from toposched.solver.request import COMPRESSION_FLOOR_GBPS
 
 if TYPE_CHECKING:
     from toposched.sim.engine import Simulation
@@ -108,7 +112,7 @@ def compute(sim: Simulation) -> dict[str, Any]:
     inside = [per_token_ms(r) for r in done if r.in_domain]
     across = [per_token_ms(r) for r in done if not r.in_domain]
     p99_in, p99_across = pct(inside, 0.99), pct(across, 0.99)
-    spread = [p for p in sim.placed_history if p.cross_domain_gbps > 0]
+    spread = [p for p in sim.placed_history if p.cross_domain_gbps > 0 and p.id in sim.compressible]
     sent = sum(p.cross_domain_gbps for p in spread)
     raw = sum(p.cross_domain_gbps_uncompressed for p in spread)
     moved = [r for r in done if r.kv_ms >= 0]
@@ -170,7 +174,7 @@ def compute(sim: Simulation) -> dict[str, Any]:
             "nvlink_affinity_ratio": round(len(inside) / len(done), 4) if done else None,
             "cross_domain_budget_ratio_peak": round(max(cross) / budget, 4),
             "cross_domain_budget_ratio_mean": round(time_mean(series, 2, start, end) / (budget * (end - start)), 4),
-            "compression_ratio": _ratio(sent, raw),
+            "compression_ratio": _ratio(sent, raw) if raw >= COMPRESSION_FLOOR_GBPS else None,
             "p99_gap_ms": round(p99_across - p99_in, 3) if p99_in is not None and p99_across is not None else None,
             "migration_ratio": _ratio(adm.migrations, placed_units),
         },

@@ -35,7 +35,7 @@ from toposched.sim.events import (
 )
 from toposched.sim.units import SimInstance, Unit
 from toposched.sim.workload import SimRequest
-from toposched.solver.request import Placement, PlacementRequest, SloClass
+from toposched.solver.request import SLO_CLASSES, Placement, PlacementRequest, SloClass
 from toposched.solver.scheduler import Scheduler
 from toposched.solver.stepcost import step_cost
 from toposched.topology.faults import without_nvlink
@@ -71,6 +71,7 @@ class SimState:
         self.units: list[Unit] = []
         self.copies: dict[str, SimInstance] = {}
         self.placed_history: list[Placement] = []
+        self.compressible: set[str] = set()  # placements whose SLO class allows compression (issue 35)
         self.admission = Admission(self)
         self.closed = False
         self.retry = False  # GPUs were freed: waiting instances get another try after this event
@@ -128,6 +129,8 @@ class SimState:
         unit.copies.add(inst)
         unit.placed = True
         self.placed_history.append(placement)
+        if SLO_CLASSES[request.slo_class].allow_compression:
+            self.compressible.add(placement.id)
         self.gpus_held += inst.gpus
         self.hbm_held += inst.gpus * placement.hbm_per_gpu.total
         self.record_gpus()

@@ -38,6 +38,11 @@ class SloClassConfig(BaseModel):
     queue) retries it with ``allow_cross_domain``; None: never placed across domains by the fallback."""
 
 
+COMPRESSION_FLOOR_GBPS = 1.0
+"""Compressible cross-domain traffic below which the compression ratio is not defined (None): a pipeline
+hand-off of a few MB/s says nothing about whether compression works, and must not fire CompressionRatioHigh
+(the service's signal, ``service/metrics.py``, and the simulator's, ``sim/metrics.py``)."""
+
 SLO_CLASSES: dict[str, SloClassConfig] = {
     # Strict classes keep full precision on the wire (seed 000 section 4: compression is for batch work).
     # The fallback never places an SLO miss (it checks the predicted latency), so waiting longer protects only
