@@ -116,7 +116,7 @@ def seeds_part(seeds: int, scenarios: list[str], workers: int) -> None:
     with ProcessPoolExecutor(max_workers=workers) as pool:
         results = {(n, p, k): m for n, p, k, m in pool.map(_seed_run, jobs)}
     for name in scenarios:
-        print(f"{name}: seed, SLO met / TTFT p99 ms / utilisation as slo / index-order; TP8 SLO met of slo")
+        print(f"{name}: seed, SLO met / TTFT p99 ms / utilisation as slo / index-order; TP8 SLO met, moves of slo")
         slo_ok = ttft_ok = 0
         rows = []
         for seed in range(seeds):
@@ -127,20 +127,23 @@ def seeds_part(seeds: int, scenarios: list[str], workers: int) -> None:
             slo_ok += better
             ttft_ok += faster
             gap = b["gpu_utilization"] - a["gpu_utilization"]
-            rows.append((a["slo_attainment"], tp8, gap))
+            moved = a["migrations"] / a["instance_arrivals"] if a["instance_arrivals"] else 0.0
+            rows.append((a["slo_attainment"], tp8, gap, moved))
             print(f"  {seed:>3} {a['slo_attainment']:.3f} / {b['slo_attainment']:.3f}  "
                   f"{a['ttft_p99_ms']:>10,.0f} / {b['ttft_p99_ms']:>10,.0f}  "
                   f"{'-' if tp8 is None else f'{tp8:.3f}':>5}  "
-                  f"{a['gpu_utilization']:.3f} / {b['gpu_utilization']:.3f}"
+                  f"{a['gpu_utilization']:.3f} / {b['gpu_utilization']:.3f}  moves {moved:.1%}"
                   f"{'' if better and faster else '   slo behind'}")  # fmt: skip
         slo_met = [r[0] for r in rows]
         tp8s = [r[1] for r in rows if r[1] is not None]
         gaps = [r[2] for r in rows]
+        moves = [r[3] for r in rows]
         print(f"  slo >= index-order on SLO met: {slo_ok} of {seeds}; TTFT p99 <= index-order's: {ttft_ok} of {seeds}")
         print(f"  slo SLO met median {statistics.median(slo_met):.3f}, worst {min(slo_met):.3f}"
               + (f"; TP8 median {statistics.median(tp8s):.3f}, worst {min(tp8s):.3f}" if tp8s else "")
               + f"; utilisation under index-order median {100 * statistics.median(gaps):.1f} points, "
-              f"worst {100 * max(gaps):.1f}")  # fmt: skip
+              f"worst {100 * max(gaps):.1f}; migrations median {statistics.median(moves):.1%} of instances, "
+              f"worst {max(moves):.1%}")  # fmt: skip
 
 
 PD_COLUMNS = ("ttft_p50_ms", "ttft_p99_ms", "kv_transfer_p50_ms", "kv_transfer_p99_ms", "kv_wait_p99_ms",
