@@ -9,12 +9,11 @@ Errors are translated here, in one place: a connection that fails or times out i
 ``EtcdUnreachable``; an answer with an error status is ``EtcdError`` with etcd's code and message.
 Both are ``StateError``s, defined in ``toposched.errors`` with the rest of the tree.
 
-The transport is ``http.client`` (the standard library's HTTP/1.1 client): a small pool of keep-alive
-connections (one per thread that calls at the same time), opened lazily and again after a fork. An idle
-connection that etcd closed (a restart) is noticed before it is reused, so a request is never sent twice.
-Watches, which stream, take a connection of their own. (Until issue 33 the unary calls spoke HTTP/1.1 on
-plain sockets to save about 0.1 ms of client CPU per call; the ledger's calls go through gRPC now,
-``etcd_grpc``, so the gateway is not on the hot path and the protocol is left to the library.)
+The transport is httpx (``httpx.Client``: its pool of keep-alive connections, made lazily and again
+after a fork; watches stream on a connection of their own). Until issue 33 the unary calls spoke HTTP/1.1
+on plain sockets to save about 0.1 ms of client CPU per call, then through ``http.client`` with a pool of
+our own; the ledger's calls go through gRPC now (``etcd_grpc``), so the gateway is not on the hot path
+and the protocol and the pool are left to the library.
 
 The request builders below make etcd's messages for both transports (this client and
 ``etcd_grpc.EtcdGrpcClient``; ``etcd_transport.connect`` picks one), with the gateway's field names and raw
@@ -25,17 +24,14 @@ from __future__ import annotations
 
 import base64
 import contextlib
-import http.client
 import json
 import os
-import select
-import socket
-import ssl
 import threading
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 from typing import Any
-from urllib.parse import urlsplit
+
+import httpx
 
 from toposched.errors import EtcdError, EtcdUnreachable
 
@@ -209,14 +205,6 @@ def count_of(response: Json) -> int:
 # ------------------------------------------------------------------------------ the client
 
 
-def _readable(sock: socket.socket) -> bool:
-    """Whether ``sock`` has something to read now: on an idle HTTP connection, only the server's close.
-    (``poll``, not ``select``: a service with many connections has descriptors above ``select``'s 1024.)"""
-    poller = select.poll()
-    poller.register(sock, select.POLLIN)
-    return bool(poller.poll(0))
-
-
 class EtcdClient:
     """Calls to one etcd endpoint (``http://HOST:PORT``). The constructor does no I/O; it is safe to
     share between threads."""
@@ -224,54 +212,30 @@ class EtcdClient:
     def __init__(self, endpoint: str, *, timeout_s: float = 5.0) -> None:
         self.endpoint = endpoint.rstrip("/")
         self.timeout_s = timeout_s
-        parts = urlsplit(self.endpoint)
-        self._https = parts.scheme == "https"
-        self._host = parts.hostname or "127.0.0.1"
-        self._port = parts.port or (443 if self._https else 80)
         self._lock = threading.Lock()
-        self._idle: list[http.client.HTTPConnection] = []
-        self._watching: set[http.client.HTTPConnection] = set()
+        self._client: httpx.Client | None = None
+        self._watching: set[httpx.Response] = set()
         self._pid = os.getpid()
 
-    def _connect(self) -> http.client.HTTPConnection:
-        """A new connection (opened at its first request; ``http.client`` sets ``TCP_NODELAY``)."""
-        if self._https:
-            return http.client.HTTPSConnection(
-                self._host, self._port, timeout=self.timeout_s, context=ssl.create_default_context()
-            )
-        return http.client.HTTPConnection(self._host, self._port, timeout=self.timeout_s)
-
-    def _take(self) -> http.client.HTTPConnection:
-        """An idle keep-alive connection that is still open, else a new one."""
+    def _http(self) -> httpx.Client:
+        """The connection pool (httpx: keep-alive, a closed idle connection is not reused), made at the
+        first call and again in a forked child (the parent's sockets are not ours to use)."""
         with self._lock:
-            if self._pid != os.getpid():  # a forked child: the parent's sockets are not ours to use
-                self._idle, self._watching, self._pid = [], set(), os.getpid()
-            while self._idle:
-                conn = self._idle.pop()
-                if conn.sock is not None and not _readable(conn.sock):
-                    return conn
-                conn.close()
-        return self._connect()
+            if self._client is None or self._pid != os.getpid():
+                self._client = httpx.Client(base_url=self.endpoint, timeout=self.timeout_s)
+                self._watching, self._pid = set(), os.getpid()
+            return self._client
 
     def _unreachable(self, exc: Exception) -> EtcdUnreachable:
         return EtcdUnreachable(f"etcd at {self.endpoint} is unreachable ({type(exc).__name__}: {exc})")
 
     def post(self, path: str, body: Json) -> Json:
         payload = json.dumps(body, separators=(",", ":")).encode()
-        conn = self._take()
         try:
-            conn.request("POST", path, payload, {"Content-Type": "application/json"})
-            answer = conn.getresponse()
-            status, raw, keep = answer.status, answer.read(), not answer.will_close
-        except (OSError, http.client.HTTPException) as exc:
-            conn.close()
+            answer = self._http().post(path, content=payload, headers={"Content-Type": "application/json"})
+        except (httpx.HTTPError, RuntimeError) as exc:  # RuntimeError: the pool was closed meanwhile
             raise self._unreachable(exc) from exc
-        if not keep:
-            conn.close()
-        else:
-            with self._lock:
-                if self._pid == os.getpid():
-                    self._idle.append(conn)
+        status, raw = answer.status_code, answer.content
         try:
             data: Json = json.loads(raw)
         except ValueError:
@@ -318,42 +282,42 @@ class EtcdClient:
         request = _gateway(range_req(key, prefix=prefix))
         if start_revision:
             request["start_revision"] = start_revision
-        conn = self._connect()  # a stream of its own: it stays open while events come
-        with self._lock:
-            self._watching.add(conn)
+        body = json.dumps({"create_request": request}).encode()
+        # a stream of its own (httpx takes it from the pool and gives it back closed); no read timeout:
+        # events may be hours apart
+        timeout = httpx.Timeout(self.timeout_s, read=None)
         try:
-            body = json.dumps({"create_request": request}).encode()
-            conn.request("POST", "/v3/watch", body, {"Content-Type": "application/json"})
-            answer = conn.getresponse()
-            if answer.status >= 400:
-                raise EtcdError(f"etcd at {self.endpoint} refused /v3/watch: HTTP {answer.status}")
-            if conn.sock is not None:
-                conn.sock.settimeout(None)  # events may be hours apart
-            for line in answer:
-                if not line.strip():
-                    continue
-                result = json.loads(line).get("result", {})
-                revision = int(result.get("header", {}).get("revision", 0))
-                for event in result.get("events", []):
-                    yield WatchEvent(event.get("type", "PUT"), KeyValue.parse(event["kv"]), revision)
-        except (OSError, http.client.HTTPException) as exc:
+            with self._http().stream(
+                "POST", "/v3/watch", content=body, headers={"Content-Type": "application/json"}, timeout=timeout
+            ) as answer:
+                if answer.status_code >= 400:
+                    raise EtcdError(f"etcd at {self.endpoint} refused /v3/watch: HTTP {answer.status_code}")
+                with self._lock:
+                    self._watching.add(answer)
+                try:
+                    for line in answer.iter_lines():
+                        if not line.strip():
+                            continue
+                        result = json.loads(line).get("result", {})
+                        revision = int(result.get("header", {}).get("revision", 0))
+                        for event in result.get("events", []):
+                            yield WatchEvent(event.get("type", "PUT"), KeyValue.parse(event["kv"]), revision)
+                finally:
+                    with self._lock:
+                        self._watching.discard(answer)
+        except (httpx.HTTPError, RuntimeError) as exc:
             raise self._unreachable(exc) from exc
-        finally:
-            with self._lock:
-                self._watching.discard(conn)
-            conn.close()
 
     def close(self) -> None:
-        """Close the idle connections and end the watches in progress (their iterators stop)."""
+        """Close the pool and end the watches in progress (their iterators stop)."""
         with self._lock:
-            idle, watching = self._idle, list(self._watching)
-            self._idle = []
+            client, watching = self._client, list(self._watching)
+            self._client, self._watching = None, set()
             mine = self._pid == os.getpid()
         if not mine:
             return
-        for idle_conn in idle:
-            idle_conn.close()
-        for conn in watching:  # wakes a thread blocked reading the stream
-            if conn.sock is not None:
-                with contextlib.suppress(OSError):
-                    conn.sock.shutdown(socket.SHUT_RDWR)
+        for answer in watching:  # wakes a thread blocked reading the stream
+            with contextlib.suppress(Exception):
+                answer.close()
+        if client is not None:
+            client.close()
