@@ -1,6 +1,6 @@
 """Simulator benchmark: (a) speed on seed-256 and large-16k; (b) churn-128 against issue 15's targets;
 (c) pd-256's layouts against seed 003's claims; (d) (``--only seeds``, not in the default run) each churn
-scenario on seeds 0..N-1, ``slo`` against index-order (issue 35).
+scenario on seeds 0..N-1, ``slo`` against index-order and the oracle (issue 35).
 
     .venv/bin/python benchmarks/sim_bench.py                       # all three parts
     .venv/bin/python benchmarks/sim_bench.py --only speed --repeat 3
@@ -25,11 +25,12 @@ by same-server over rack-local, next to seed 003's claims (42 % and a further 28
 
     .venv/bin/python benchmarks/sim_bench.py --only pd --seeds 3 --oversubscription 4
 
-(d) ``--only seeds --seeds 10``: churn-tiny and churn-128 (its default occupancy, 0.85) on seeds 0..N-1,
-``slo`` and index-order, ``--workers`` runs at a time (one process each): per seed SLO met, TTFT p99, TP=8
-SLO met and utilisation, then how many seeds ``slo`` is at least as good on SLO met and on TTFT p99, and
-the median and worst of ``slo``'s SLO met, TP=8 SLO met and utilisation gap (issue 35's targets: every
-seed, not chosen ones).
+(d) ``--only seeds --seeds 10``: churn-tiny, churn-128 and churn-mixed (their default occupancy, 0.85) on
+seeds 0..N-1, ``slo``, index-order and ``oracle`` (``sim/oracle.py``: slo with free, instant repacking),
+``--workers`` runs at a time (one process each): per seed SLO met, TTFT p99, utilisation and TP=8 SLO
+met, then how many seeds ``slo`` is at least as good as index-order on SLO met and on TTFT p99, and the
+median and worst of ``slo``'s SLO met, TP=8 SLO met, TP=8 points behind the oracle and utilisation gap
+(issue 35's targets: every seed, not chosen ones).
 
     .venv/bin/python benchmarks/sim_bench.py --only seeds --seeds 10
 """
@@ -111,39 +112,51 @@ def _seed_run(job: tuple[str, str, int]) -> tuple[str, str, int, dict[str, Any]]
 
 
 def seeds_part(seeds: int, scenarios: list[str], workers: int) -> None:
-    """Each churn scenario on seeds 0..N-1, ``slo`` against index-order: per seed, then median and worst."""
-    jobs = [(name, policy, seed) for name in scenarios for seed in range(seeds) for policy in ("slo", "index-order")]
+    """Each churn scenario on seeds 0..N-1, ``slo`` against index-order and the oracle: per seed, then
+    median and worst."""
+    policies = ("slo", "index-order", "oracle")
+    jobs = [(name, policy, seed) for name in scenarios for seed in range(seeds) for policy in policies]
     with ProcessPoolExecutor(max_workers=workers) as pool:
         results = {(n, p, k): m for n, p, k, m in pool.map(_seed_run, jobs)}
     for name in scenarios:
-        print(f"{name}: seed, SLO met / TTFT p99 ms / utilisation as slo / index-order; TP8 SLO met, moves of slo")
+        print(f"{name}: seed, SLO met / TTFT p99 ms / utilisation as slo / index-order / oracle; "
+              "TP8 SLO met slo / oracle, moves of slo")  # fmt: skip
         slo_ok = ttft_ok = 0
         rows = []
         for seed in range(seeds):
-            a, b = results[(name, "slo", seed)], results[(name, "index-order", seed)]
-            tp8 = a["slo_attainment_by_tp"].get("8")
+            a, b, o = (results[(name, p, seed)] for p in policies)
+            tp8, tp8_o = a["slo_attainment_by_tp"].get("8"), o["slo_attainment_by_tp"].get("8")
             better = a["slo_attainment"] >= b["slo_attainment"]
             faster = a["ttft_p99_ms"] <= b["ttft_p99_ms"]
             slo_ok += better
             ttft_ok += faster
             gap = b["gpu_utilization"] - a["gpu_utilization"]
             moved = a["migrations"] / a["instance_arrivals"] if a["instance_arrivals"] else 0.0
-            rows.append((a["slo_attainment"], tp8, gap, moved))
-            print(f"  {seed:>3} {a['slo_attainment']:.3f} / {b['slo_attainment']:.3f}  "
-                  f"{a['ttft_p99_ms']:>10,.0f} / {b['ttft_p99_ms']:>10,.0f}  "
-                  f"{'-' if tp8 is None else f'{tp8:.3f}':>5}  "
-                  f"{a['gpu_utilization']:.3f} / {b['gpu_utilization']:.3f}  moves {moved:.1%}"
-                  f"{'' if better and faster else '   slo behind'}")  # fmt: skip
+            behind = tp8_o - tp8 if tp8 is not None and tp8_o is not None else None
+            rows.append((a["slo_attainment"], tp8, gap, moved, behind, o["slo_attainment"]))
+
+            def f(x: float | None) -> str:
+                return "-" if x is None else f"{x:.3f}"
+
+            print(f"  {seed:>3} {a['slo_attainment']:.3f} / {b['slo_attainment']:.3f} / {o['slo_attainment']:.3f}  "
+                  f"{a['ttft_p99_ms']:>9,.0f} / {b['ttft_p99_ms']:>9,.0f} / {o['ttft_p99_ms']:>9,.0f}  "
+                  f"{a['gpu_utilization']:.3f} / {b['gpu_utilization']:.3f} / {o['gpu_utilization']:.3f}  "
+                  f"TP8 {f(tp8)} / {f(tp8_o)}  moves {moved:.1%}"
+                  f"{'' if better and faster else '   slo behind index-order'}")  # fmt: skip
         slo_met = [r[0] for r in rows]
         tp8s = [r[1] for r in rows if r[1] is not None]
         gaps = [r[2] for r in rows]
         moves = [r[3] for r in rows]
+        behind = [r[4] for r in rows if r[4] is not None]
         print(f"  slo >= index-order on SLO met: {slo_ok} of {seeds}; TTFT p99 <= index-order's: {ttft_ok} of {seeds}")
-        print(f"  slo SLO met median {statistics.median(slo_met):.3f}, worst {min(slo_met):.3f}"
+        print(f"  slo SLO met median {statistics.median(slo_met):.3f}, worst {min(slo_met):.3f} "
+              f"(oracle median {statistics.median(r[5] for r in rows):.3f})"
               + (f"; TP8 median {statistics.median(tp8s):.3f}, worst {min(tp8s):.3f}" if tp8s else "")
+              + (f"; TP8 behind oracle median {100 * statistics.median(behind):.1f} points, "
+                 f"worst {100 * max(behind):.1f}" if behind else "")
               + f"; utilisation under index-order median {100 * statistics.median(gaps):.1f} points, "
               f"worst {100 * max(gaps):.1f}; migrations median {statistics.median(moves):.1%} of instances, "
-              f"worst {max(moves):.1%}")  # fmt: skip
+              f"worst {max(moves):.1%}", flush=True)  # fmt: skip
 
 
 PD_COLUMNS = ("ttft_p50_ms", "ttft_p99_ms", "kv_transfer_p50_ms", "kv_transfer_p99_ms", "kv_wait_p99_ms",
@@ -189,7 +202,9 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--only", choices=("speed", "churn", "pd", "seeds"), help="run one part only")
     parser.add_argument(
-        "--scenarios", default="churn-tiny,churn-128", help="seeds: comma-separated churn scenarios (not in 'all')"
+        "--scenarios",
+        default="churn-tiny,churn-128,churn-mixed",
+        help="seeds: comma-separated churn scenarios (not in 'all')",
     )
     parser.add_argument("--workers", type=int, default=2, help="seeds: runs in parallel (one process each)")
     parser.add_argument("--repeat", type=int, default=3, help="speed: runs per policy (median)")

@@ -14,6 +14,7 @@ from toposched.perf.profile import use_profile
 from toposched.sim.builtin_scenarios import SCENARIOS
 from toposched.sim.engine import Simulation
 from toposched.sim.loading import load_cluster, load_scenario
+from toposched.sim.oracle import ORACLE, check_sim_policy
 from toposched.sim.report import LATENCY, result_json, result_table, tenant_lines, write_report
 from toposched.sim.run import PolicyResult, check_scenario_fits
 from toposched.sim.run import simulate as run_simulation
@@ -27,7 +28,12 @@ def register(app: typer.Typer) -> None:
 
 def simulate(
     scenario: str = typer.Option(..., "--scenario", help=f"Built-in ({', '.join(SCENARIOS.names())}) or a YAML file."),
-    policies: str = typer.Option("index-order,random,latency,slo", "--policies", help="Comma-separated policies."),
+    policies: str = typer.Option(
+        "index-order,random,latency,slo",
+        "--policies",
+        help=f"Comma-separated policies: {'|'.join([*POLICIES.names(), ORACLE])} (oracle: slo with free, "
+        "instant repacking, a reference bound).",
+    ),
     seed: int = typer.Option(0, "--seed", help="Seed for the workload and the random policy."),
     requests: int | None = typer.Option(
         None, "--requests", help="Override the scenario's request count (churn: the most requests drawn)."
@@ -43,8 +49,7 @@ def simulate(
     names = [p.strip() for p in policies.split(",") if p.strip()]
     if not names:
         raise InputError("--policies is empty", fix="e.g. --policies random,slo")
-    for name in names:
-        POLICIES.get(name)  # unknown names fail here with the valid ones
+    names = [check_sim_policy(name) for name in names]  # unknown names fail here with the valid ones
     if out is not None:  # before the run, which may take minutes
         try:
             out.mkdir(parents=True, exist_ok=True)

@@ -82,11 +82,13 @@ class StepTime:
     overhead_ms: float
     roofline_p: float = 16.0
     attention_ms: float = 0.0  # attention kernels: KV read + attention FLOPs
+    gemm_fixed_ms: float = 0.0  # the GEMM kernels' fixed cost (PerfConfig.gemm_us per GEMM)
 
     @property
     def roofline_ms(self) -> float:
-        """Smooth roofline of memory and compute time: ``(m^p + c^p)^(1/p)``."""
-        return roofline(self.memory_ms, self.compute_ms, self.roofline_p)
+        """The GEMMs: smooth roofline of memory and compute time, ``(m^p + c^p)^(1/p)``, plus their
+        fixed cost per kernel."""
+        return roofline(self.memory_ms, self.compute_ms, self.roofline_p) + self.gemm_fixed_ms
 
     @property
     def total_ms(self) -> float:
@@ -99,6 +101,10 @@ class StepTime:
     def bound(self) -> str:
         """Which roofline term of the GEMMs dominates: ``memory`` or ``compute``."""
         return "memory" if self.memory_ms >= self.compute_ms else "compute"
+
+
+GEMMS_PER_LAYER = 4
+"""GEMM kernels of one transformer layer that pay ``PerfConfig.gemm_us``: QKV, O, gate+up, down."""
 
 
 def roofline(memory: float, compute: float, p: float) -> float:
@@ -211,6 +217,9 @@ class PassModel:
         else:  # QK^T and PV over the head width each
             self._decode_width = 2 * spec.attention_width
         self.layers = spec.num_layers
+        # four GEMM kernels per layer (QKV, O, gate+up, down; an MoE layer's grouped GEMMs stand for its
+        # MLP pair) and the lm_head, each with its fixed cost (benchmarks/gemm_profile.py)
+        self._gemm_fixed_ms = (GEMMS_PER_LAYER * spec.num_layers + 1) * cfg.gemm_us * 1e-3
         self._small_ms = (
             spec.num_layers * cfg.kernels_per_layer * cfg.kernel_us
             + moe_layers * cfg.moe_layer_us
@@ -269,6 +278,7 @@ class PassModel:
             p2p_ms=self.p2p_ms(tokens),
             overhead_ms=overhead,
             roofline_p=self.cfg.roofline_p,
+            gemm_fixed_ms=self._gemm_fixed_ms,
         )
 
 

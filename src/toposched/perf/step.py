@@ -106,6 +106,7 @@ class StepCost:
         tokens = decode_seqs + sum(n for _, n in chunks)
         return (
             roofline(t.memory_ms, t.compute_ms, t.roofline_p)
+            + t.gemm_fixed_ms
             + t.attention_ms
             + self._comm_and_p2p_ms(tokens)
             + t.small_kernels_ms

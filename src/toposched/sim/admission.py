@@ -35,6 +35,7 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
 from toposched.errors import LedgerConflict, StateError
+from toposched.sim.oracle import ORACLE, Repacker, placement_policy
 from toposched.solver.defrag import DefragLimiter, DefragPlan, Move, finish_move, plan_defrag, start_move
 from toposched.solver.queue import FairQueue
 from toposched.solver.request import SLO_CLASSES, Placement
@@ -77,6 +78,8 @@ class Admission:
         self.sim = sim
         self.cfg = sim.scenario.admission
         self.aware = sim.policy not in BLIND_POLICIES
+        self.place_policy = placement_policy(sim.policy)
+        self.repacker = Repacker(sim) if sim.policy == ORACLE else None  # free repacking (sim/oracle.py)
         self.queue = FairQueue()
         self.pending: dict[str, Unit] = {}
         self.limiter = DefragLimiter(self.cfg.defrag_moves_per_window, self.cfg.defrag_window_s)
@@ -84,7 +87,8 @@ class Admission:
         self.domain_size = sim.scheduler.index.levels["nvlink"].max_size
         # headroom is kept for instances that need a whole NVLink domain: none of the scenario's tenants
         # does, none is kept (churn-tiny's TP=4 tenant waited 30 s per instance for a TP=8 that never came)
-        self.whole_needed = any(d.ref_tp >= self.domain_size for d in sim.deployments)
+        # (and none under the oracle, which repacks to make room instead)
+        self.whole_needed = self.repacker is None and any(d.ref_tp >= self.domain_size for d in sim.deployments)
         self.waited_nvlink = 0  # instances that waited for NVLink room (each counted once)
         self.held_headroom = 0  # instances that waited because of keep_whole_domains (each counted once)
         self.fallback_placements = 0
@@ -109,8 +113,11 @@ class Admission:
         if headroom:
             update["keep_whole_domains"] = headroom
         request = dep.template.model_copy(update=update)
-        out = sim.scheduler.place(request, sim.policy)
-        if not out.placements:
+        out = sim.scheduler.place(request, self.place_policy)
+        repacked = None
+        if not out.placements and self.repacker is not None and free >= dep.ref_gpus:
+            repacked = self.repacker.try_repack(request, dep.index)
+        if not out.placements and repacked is None:
             if not self.aware or free < dep.ref_gpus:
                 return None
             if headroom and self._only_whole_room(dep.ref_tp):
@@ -121,7 +128,7 @@ class Admission:
                 unit.waited_nvlink = True
                 self.waited_nvlink += 1
             return None
-        placement = out.placements[0]
+        placement = out.placements[0] if repacked is None else repacked
         if "cross-domain" in placement.fallbacks:
             self.fallback_placements += 1
         inst = sim.new_copy(unit, placement, request)
@@ -258,6 +265,7 @@ class Admission:
         dep = unit.deployment
         if (
             not (self.aware and self.cfg.defrag)
+            or self.repacker is not None  # the oracle repacks instead
             or self.closed
             or self.defrag is not None
             or not unit.waited_nvlink

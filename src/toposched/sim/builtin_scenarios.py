@@ -10,6 +10,9 @@
 * ``churn-128`` — issue 15's busy cluster: 16 x HGX H100, tenants of TP 1/2/4/8 (weights 4:3:2:1),
   exponential lifetimes (mean 300 s), requests at 70 % of each instance's in-domain capacity, three
   GPU failures, SLO = 1.25 x the in-domain per-token latency, offered occupancy 0.85.
+* ``churn-mixed`` — churn-128's tenants and churn on a cluster of three generations (issue 35):
+  9 GB200 trays in one NVLink domain, 6 x HGX H100 and 4 x 8 L40S PCIe (116 GPUs, preset
+  ``mixed-gb200-h100-l40s``), a GPU failure on each kind.
 * ``churn-tiny`` — a two-node churn scenario for tests.
 * ``pd-256`` — issue 20's disaggregated deployment on the 256-GPU preset: Llama-3.1-70B, 32 prefill
   and 32 decode instances of TP 4, each request's KV moved from its prefill to a decode instance
@@ -108,6 +111,21 @@ SCENARIOS.register(
             Failure(at_s=375.0, gpu="hgx-h100-03/5"),
             Failure(at_s=750.0, gpu="hgx-h100-08/2"),
             Failure(at_s=1125.0, gpu="hgx-h100-13/7"),
+        ),
+    ),
+)
+SCENARIOS.register(
+    "churn-mixed",
+    Scenario(
+        name="churn-mixed",
+        cluster="mixed-gb200-h100-l40s",
+        tenants=_CHURN_TENANTS,
+        churn=Churn(occupancy=0.85, duration_s=1500.0, mean_lifetime_s=300.0, load=0.7),
+        instance_startup_s=30.0,
+        failures=(
+            Failure(at_s=375.0, gpu="gb200-tray04/1"),
+            Failure(at_s=750.0, gpu="h100-2/5"),
+            Failure(at_s=1125.0, gpu="l40s-1/3"),
         ),
     ),
 )

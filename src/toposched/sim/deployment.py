@@ -39,6 +39,7 @@ from toposched.perf.links import get_link
 from toposched.perf.serving_run import ServingRun
 from toposched.perf.step import StepCost
 from toposched.sim.scenario import Pd, Tenant
+from toposched.solver.candidates import Candidate
 from toposched.solver.pd import KvStore, with_role
 from toposched.solver.place import fabric_link
 from toposched.solver.queue import FairQueue
@@ -154,18 +155,35 @@ def build_deployment(index: int, tenant: Tenant, scheduler: Scheduler, *, where:
     if tenant.slo_ms is not None:
         meeting = [c for c in cands if c.options.meets_slo(c.options.latency(c.option, c.options.gpu.native_link))]
         cand = meeting[0] if meeting else cands[0]
-    option, gpu = cand.option, cand.options.gpu
-    pp_link = get_link(fabric_link(scheduler.cluster.fabric)) if option.pp > 1 else None
-    cost = StepCost(
-        option.spec, gpu, tp=option.tp, pp=option.pp, link=get_link(gpu.native_link), pp_link=pp_link,
-        engine=tenant.engine,
-    )  # fmt: skip
     batch, inp, out = tenant.batch, tenant.input_len.mean, tenant.output_len.mean
-    tpot = cost.decode_ms(batch, inp + out / 2)
-    # the steady state of continuous batching (perf/serving_run.py, what a plan predicts): one request's
-    # TTFT inside the engine, then its mean TPOT with the others' prompts prefilled in passes of their own
-    run = ServingRun(cost.model, batch, inp, out, max(MemoryConfig().max_num_batched_tokens, batch))
-    per_token = (run.ttft_ms(client=False) + (out - 1) * run.tpot_ms()) / out
+
+    def reference(c: Candidate) -> tuple[float, float]:
+        """(per-token ms, TPOT ms) of candidate ``c`` in one NVLink domain, in the steady state."""
+        o, g = c.option, c.options.gpu
+        pp_link = get_link(fabric_link(scheduler.cluster.fabric)) if o.pp > 1 else None
+        cost = StepCost(
+            o.spec, g, tp=o.tp, pp=o.pp, link=get_link(g.native_link), pp_link=pp_link, engine=tenant.engine
+        )
+        tpot = cost.decode_ms(batch, inp + out / 2)
+        # the steady state of continuous batching (perf/serving_run.py, what a plan predicts): one request's
+        # TTFT inside the engine, then its mean TPOT with the others' prompts prefilled in passes of their own
+        run = ServingRun(cost.model, batch, inp, out, max(MemoryConfig().max_num_batched_tokens, batch))
+        return (run.ttft_ms(client=False) + (out - 1) * run.tpot_ms()) / out, tpot
+
+    per_token, tpot = reference(cand)
+    if tenant.slo_factor is not None:
+        # a cluster of several GPU kinds: the reference is the slowest kind that runs the first option's
+        # degrees (its first option there), so the SLO is one every such kind can meet (issue 35's
+        # churn-mixed); relative to the fastest kind, instances on the others could never meet it and
+        # would be sent more requests than they can serve. The degrees (and GPUs) stay the first option's.
+        degrees = (cand.option.tp, cand.option.pp)
+        for other in cands:
+            same = (other.option.tp, other.option.pp) == degrees and other.options.gpu.name != cand.options.gpu.name
+            if same and other is _first_of_kind(cands, other):
+                figures = reference(other)
+                if figures[0] > per_token:
+                    per_token, tpot = figures
+    option = cand.option
     if tenant.slo_factor is not None:
         slo_ms = tenant.slo_factor * per_token
         template = placement_template(tenant, tenant.slo_factor * tpot)
@@ -187,6 +205,12 @@ def build_deployment(index: int, tenant: Tenant, scheduler: Scheduler, *, where:
 
 
 T = TypeVar("T")
+
+
+def _first_of_kind(cands: list[Candidate], c: Candidate) -> Candidate:
+    """The first candidate on ``c``'s GPU kind (the option the scheduler tries first there)."""
+    return next(x for x in cands if x.options.gpu.name == c.options.gpu.name)
+
 
 NODE_LABEL = "sim.toposched.io/node"
 """The label a disaggregated run gives every node (its name), so a layout can name a node."""

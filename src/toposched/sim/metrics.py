@@ -15,8 +15,10 @@ Definitions (docs/simulator.md has the full list):
   instances / HBM of the healthy GPUs).
 * ``queued_for_nvlink_rate`` = instances that waited for NVLink room (a topology-aware policy could
   not place them although enough GPUs were free in all) / instance arrivals; ``migrations`` = moves
-  started by defragmentation; ``held_for_headroom_rate`` = instances that waited only because they
-  would have broken one of the last ``keep_whole_domains`` wholly free domains / instance arrivals;
+  started by defragmentation; ``repacks`` / ``repack_moves`` = the ``oracle``'s free repacks taken and
+  the instances whose GPUs they changed (None under other policies); ``held_for_headroom_rate`` =
+  instances that waited only because they would have broken one of the last ``keep_whole_domains``
+  wholly free domains / instance arrivals;
   ``requeued_requests`` = requests restarted after a failure; ``drain_aborted_requests`` = requests a
   departing or moved copy had not finished when its ``drain_grace_s`` ran out (aborted, counted as
   timed out).
@@ -163,6 +165,8 @@ def compute(sim: Simulation) -> dict[str, Any]:
         "fallback_placements": adm.fallback_placements,
         "migrations": adm.migrations,
         "defrag_plans": adm.plans,
+        "repacks": adm.repacker.repacks if adm.repacker is not None else None,
+        "repack_moves": adm.repacker.moved if adm.repacker is not None else None,
         "replacements": sim.replacements,
         "requeued_requests": sim.requeued_requests,
         "drain_aborted_requests": sim.drain_aborted,

@@ -37,6 +37,7 @@ COLUMNS = (
     ("queued_for_nvlink_rate", "NVLink wait"),
     ("held_for_headroom_rate", "headroom wait"),
     ("migrations", "moves"),
+    ("repack_moves", "free moves"),
     ("fallback_placements", "x-domain"),
     ("intra_domain_rate", "in domain"),
     ("completed", "done"),

@@ -22,6 +22,7 @@ from toposched.sim.disaggregated import PdSimulation
 from toposched.sim.engine import Simulation
 from toposched.sim.loading import load_cluster
 from toposched.sim.metrics import check_conservation, compute, per_token_ms
+from toposched.sim.oracle import placement_policy
 from toposched.sim.scenario import MAX_INSTANCES, PdLayout, Scenario, expected_instance_arrivals
 from toposched.sim.workload import SimRequest, make_arrivals, read_trace
 from toposched.solver.pd import cluster_kv_links
@@ -114,7 +115,9 @@ def run_policy(
     sim: Simulation
     if pd is not None:
         where = f"scenario {scenario.name!r}"
-        plan = place_pd_layout(scheduler, deployments[0].template, pd, layout or pd.layouts[0], policy, where=where)
+        plan = place_pd_layout(
+            scheduler, deployments[0].template, pd, layout or pd.layouts[0], placement_policy(policy), where=where
+        )
         gpu = scheduler.gpu_of_node[plan.prefills[0][0].ranks[0].node]
         links = cluster_kv_links(cluster, gpu, oversubscription=pd.oversubscription)
         sim = PdSimulation(scenario, scheduler, deployments, policy, seed, plan, links, jump=jump)

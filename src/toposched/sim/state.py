@@ -72,6 +72,7 @@ class SimState:
         self.copies: dict[str, SimInstance] = {}
         self.placed_history: list[Placement] = []
         self.compressible: set[str] = set()  # placements whose SLO class allows compression (issue 35)
+        self.layout_generation = 0  # bumped by every booking, release and repack (``sim/oracle.py``)
         self.admission = Admission(self)
         self.closed = False
         self.retry = False  # GPUs were freed: waiting instances get another try after this event
@@ -133,6 +134,7 @@ class SimState:
             self.compressible.add(placement.id)
         self.gpus_held += inst.gpus
         self.hbm_held += inst.gpus * placement.hbm_per_gpu.total
+        self.layout_generation += 1
         self.record_gpus()
         return inst
 
@@ -147,6 +149,7 @@ class SimState:
         inst.unit.copies.discard(inst)
         self.gpus_held -= inst.gpus
         self.hbm_held -= inst.gpus * inst.placement.hbm_per_gpu.total
+        self.layout_generation += 1
         self.record_gpus()
         self.retry = True
         self._full = False

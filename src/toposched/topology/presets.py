@@ -270,6 +270,23 @@ def gb200_nvl72(name: str = "nvl72") -> Cluster:
     )
 
 
+def mixed_cluster() -> Cluster:
+    """A cluster of three generations (issue 35's mixed churn scenario): half a GB200 NVL72 rack (9 trays,
+    36 GPUs in one multi-node NVLink domain), 6 x HGX H100 (48 GPUs) and 4 x 8 L40S PCIe boxes (32
+    GPUs, no NVLink); 116 GPUs over InfiniBand, one rack per kind."""
+    gb = gb200_nvl72("gb200")
+    trays = gb.nodes[:9]
+    h100 = tuple(hgx(f"h100-{n}", "NVIDIA H100 80GB HBM3", 79.65, rack="h100", zone="zone0") for n in range(6))
+    l40s = tuple(l40s_pcie(f"l40s-{n}").model_copy(update={"rack": "l40s", "zone": "zone0"}) for n in range(4))
+    trays = tuple(t.model_copy(update={"zone": "zone0"}) for t in trays)
+    return Cluster(
+        name="mixed-gb200-h100-l40s",
+        nodes=(*trays, *h100, *l40s),
+        fabric=Fabric(kind="IB", nic_gbps=50.0, nics_per_node=4),
+        cliques=(NVLinkClique(id="gb200/clique0", nodes=tuple(t.name for t in trays), bandwidth_gbps=900.0),),
+    )
+
+
 def hgx_h100_cluster(nodes: int = 32, nodes_per_rack: int = 4, racks_per_zone: int = 4) -> Cluster:
     """32 x HGX H100 over 8 x 400 Gb/s InfiniBand (NDR), rail-optimised (seed 000's 256-GPU setting)."""
     members = tuple(
@@ -333,6 +350,11 @@ for _preset in (
         "4gpu-2numa-nvlink-pairs",
         "4x A100 80GB PCIe, 2 sockets, GPU0-1 and GPU2-3 each an NVLink-bridged pair (NV12)",
         _single(nvlink_pairs_4gpu, "4gpu-2numa-nvlink-pairs"),
+    ),
+    Preset(
+        "mixed-gb200-h100-l40s",
+        "116 GPUs of three kinds: 9 GB200 trays in one NVLink domain, 6 x HGX H100, 4 x 8 L40S PCIe",
+        mixed_cluster,
     ),
     Preset(
         "cluster-32x-hgx-h100",
