@@ -100,7 +100,9 @@ def test_an_fp8_plan_keeps_its_memory_plan_on_both_engines() -> None:
     assert fraction == math.floor((hbm.weights + hbm.kv) / hbm.total * cfg.gpu_memory_utilization * 1000) / 1000
     assert 0.5 < fraction < cfg.gpu_memory_utilization
     vllm = _argv(doc, "vllm")
-    assert _value(vllm, "--quantization") == "fp8"
+    # a BF16 checkpoint quantized while loading: vLLM 0.33's fp8 method reads FP8 checkpoints only
+    # (quantization/fp8.py raises "no longer supports online quantization"); fp8_per_tensor does it
+    assert _value(vllm, "--quantization") == "fp8_per_tensor"
     assert _value(vllm, "--max-model-len") == "16384"
     assert _value(vllm, "--gpu-memory-utilization") == "0.92"
     assert _value(vllm, "--max-num-seqs") == "12"

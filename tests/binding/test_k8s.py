@@ -14,15 +14,10 @@ import pytest
 
 from tests.binding.builders import make_doc, make_placement, nvl72_doc
 from tests.binding.conftest import DATA
+from tests.binding.k8s_views import k8s_objects, render_objects, role_based_group, runnable_command, script_of
 from tests.binding.test_k8s_dra import captured
 from toposched.binding.engines import VLLM_FLAGS
-from toposched.binding.k8s import (
-    k8s_objects,
-    lint_nodes,
-    normalise_bus_id,
-    render_objects,
-    role_based_group,
-)
+from toposched.binding.k8s import lint_nodes, normalise_bus_id
 from toposched.binding.k8s_affinity import GPU_CLIQUE, node_requirements
 from toposched.binding.k8s_options import K8sOptions
 from toposched.binding.kubelet import kubelet_configs
@@ -83,12 +78,6 @@ def templates(obj: dict[str, Any]) -> list[dict[str, Any]]:
 def expressions(template: dict[str, Any]) -> dict[str, dict[str, Any]]:
     terms = template["spec"]["affinity"]["nodeAffinity"]["requiredDuringSchedulingIgnoredDuringExecution"]
     return {e["key"]: e for e in terms["nodeSelectorTerms"][0]["matchExpressions"]}
-
-
-def script_of(template: dict[str, Any]) -> str:
-    command = template["spec"]["containers"][0]["command"]
-    assert command[:2] == ["/bin/sh", "-c"]
-    return str(command[2]).replace("$$", "$")  # as the kubelet hands it to the shell
 
 
 # --- schema validation -------------------------------------------------------------------------
@@ -341,7 +330,8 @@ def run_entrypoint(
         NODE_NAME=node, LWS_LEADER_ADDRESS="grp-0.grp.default", PATH=f"{bin_dir}:{os.environ['PATH']}",
         FAKE_GPUS=str(tmp_path / "gpus.csv"), REC=str(rec), HOME=str(tmp_path),
     )  # fmt: skip
-    command = [kubelet_expand(part, env) for part in container["command"]]
+    assert [kubelet_expand(part, env) for part in container["command"]] == container["command"]  # nothing to expand
+    command = runnable_command(container, tmp_path)
     return subprocess.run(command, env=env, cwd=tmp_path, capture_output=True, text=True, timeout=30, check=False)
 
 
@@ -649,3 +639,18 @@ def test_long_placement_ids_name_distinct_objects_and_a_clash_is_refused(plans: 
 
     with pytest.raises(InputError, match="would both be named 'same'"):
         K8sOutput([{"kind": "Deployment", "metadata": {"name": "same"}}] * 2, [], "dra")
+
+
+def test_an_upper_case_node_name_is_refused_before_any_object_is_made(plans: dict[str, PlanDoc]) -> None:
+    """Issue 36: a plan on node ``GPU-A`` gave pods pinned to a name no Kubernetes node can carry (the kubelet
+    registers lower-case hostnames): Pending for ever. Now one line naming the node and the fix."""
+    doc = plans["pcie"]
+    (p, *_rest) = doc.placements
+    old = p.ranks[0].node
+    renamed = p.model_copy(update={"ranks": tuple(r.model_copy(update={"node": "GPU-A"}) for r in p.ranks)})
+    nodes = tuple(n.model_copy(update={"name": "GPU-A"}) if n.name == old else n for n in doc.cluster.nodes)
+    upper = PlanDoc((renamed, *_rest), doc.request, doc.cluster.model_copy(update={"nodes": nodes}))
+    with pytest.raises(InputError, match=r"node 'GPU-A' cannot be a Kubernetes node name") as err:
+        k8s_objects(upper)
+    assert "'gpu-a'" in (err.value.fix or "")
+    assert k8s_objects(doc)  # the same plan on its lower-case node renders

@@ -12,8 +12,8 @@ import pytest
 import yaml
 
 from tests.binding.builders import make_doc, make_placement
+from tests.binding.k8s_views import command_script, k8s_objects, render_objects, render_roles
 from tests.conftest import FIXTURES
-from toposched.binding.k8s import k8s_objects, render_objects, render_roles
 from toposched.binding.k8s_dra import (
     BUS_ATTRIBUTE,
     DRA_BUS_ID,
@@ -248,9 +248,8 @@ def test_a_probe_reused_for_several_spec_nodes_pins_by_bus_id(tmp_path: Path) ->
     doc = make_doc(cluster, make_placement([("gpu-1", (0, 1))], tp=2), model="llama-3.1-8b")
     claim, dep = render_objects(doc).objects
     assert expressions(claim) == [f'{BUS_ATTRIBUTE} == "0000:c2:00.0"', f'{BUS_ATTRIBUTE} == "0000:d5:00.0"']
-    assert (
-        "select_gpus bus 00000000:C2:00.0 00000000:D5:00.0"
-        in dep["spec"]["template"]["spec"]["containers"][0]["command"][2]
+    assert "select_gpus bus 00000000:C2:00.0 00000000:D5:00.0" in command_script(
+        dep["spec"]["template"]["spec"]["containers"][0]
     )
     spec["nodes"][0]["count"] = 1
     (tmp_path / "cluster.yaml").write_text(yaml.safe_dump(spec))
@@ -278,7 +277,7 @@ def test_a_preset_plan_falls_back_to_the_device_plugin_and_says_why(plans: dict[
     assert "--live" in warning
     container = out.objects[0]["spec"]["template"]["spec"]["containers"][0]
     assert container["resources"]["limits"][GPU_RESOURCE] == "4"
-    script = container["command"][2]
+    script = command_script(container)
     assert "select_gpus bus" not in script and "select_gpus uuid" not in script  # invented ids are never matched
     assert "00000000:18:00.0" not in script
     with pytest.raises(
@@ -312,7 +311,7 @@ def test_device_plugin_mode_warns_when_a_pod_does_not_take_the_whole_node(plans:
         spec = dep["spec"]["template"]["spec"]
         assert "resourceClaims" not in spec
         assert spec["containers"][0]["resources"]["limits"][GPU_RESOURCE] == "4"
-        assert "select_gpus uuid GPU-" in spec["containers"][0]["command"][2]  # still checked at start
+        assert "select_gpus uuid GPU-" in command_script(spec["containers"][0])  # still checked at start
     whole = make_doc(doc.cluster, make_placement([("hgx-h100", range(8))], tp=8), model="llama-3.1-8b")
     assert render_objects(whole, K8sOptions(gpu_request="device-plugin")).warnings == []
 

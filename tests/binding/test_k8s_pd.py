@@ -16,16 +16,17 @@ import pytest
 import yaml
 from checks.engines.static_checks import object_problems
 
-from tests.binding.test_k8s import expressions, run_entrypoint, script_of
+from tests.binding.k8s_views import command_script, render_objects, render_pd, render_roles, script_of
+from tests.binding.test_k8s import expressions, run_entrypoint
 from tests.binding.test_k8s_dra import captured, with_fabric
 from tests.conftest import RunCli
+from toposched.binding import k8s_pd
 from toposched.binding.engines import build_launches
-from toposched.binding.k8s import render_objects, render_roles
 from toposched.binding.k8s_affinity import HOSTNAME
 from toposched.binding.k8s_dra import gpu_ids
 from toposched.binding.k8s_entrypoint import unpinned_argv
 from toposched.binding.k8s_options import K8sOptions
-from toposched.binding.k8s_pd import DEFAULT_RDMA_RESOURCE, render_pd
+from toposched.binding.k8s_pd import DEFAULT_RDMA_RESOURCE
 from toposched.binding.node_launch import NodeLaunch
 from toposched.binding.plan_doc import PlanDoc, load_plan
 from toposched.errors import InputError
@@ -150,7 +151,7 @@ def test_each_instance_runs_its_planned_command_on_its_planned_node(pd: dict[str
         assert "nvidia.com/gpu" not in service["resources"]["limits"] and service["resources"]["limits"][RDMA] == "1"
         # the commands of launch sglang's store scripts: the store service here, its master beside it
         assert exec_argv(roles[f"store-{i}"]) == stores[2 * i + 1].argv
-        (line,) = [x for x in master["command"][2].splitlines() if x.startswith("exec ")]
+        (line,) = [x for x in command_script(master).splitlines() if x.startswith("exec ")]
         assert shlex.split(line)[1:] == stores[2 * i].argv
         env = {e["name"]: e.get("value", e.get("valueFrom")) for e in service["env"]}
         assert env["MOONCAKE_MASTER"] == f"toposched-pd-store-{i}.default.svc:50051"
@@ -342,7 +343,8 @@ def test_launch_k8s_emits_the_group(run_cli: RunCli, pd_files: dict[str, Path]) 
     result = run_cli("launch", "k8s", "--plan", plan, "--engine", "sglang", "--image", IMAGE, "--group", "llama")
     assert result.exit_code == 0, result.stderr
     objects = list(yaml.safe_load_all(result.stdout))
-    assert objects == render_pd(load_plan(plan), "llama", SGLANG).objects
+    assert objects == k8s_pd.render_pd(load_plan(plan), "llama", SGLANG).objects  # the ConfigMap first
+    assert objects[0]["kind"] == "ConfigMap"
     assert "not Guaranteed QoS" in result.stderr
     as_json = run_cli("launch", "k8s", "--plan", plan, "--engine", "sglang", "--image", IMAGE, "--group", "llama",
                       "--format", "json")  # fmt: skip

@@ -36,8 +36,8 @@ from pathlib import Path
 
 import pytest
 
+from tests.binding.k8s_views import k8s_objects
 from toposched.binding.engines import build_launches
-from toposched.binding.k8s import k8s_objects
 from toposched.binding.k8s_affinity import GPU_CLIQUE
 from toposched.binding.k8s_options import K8sOptions
 from toposched.binding.k8s_pod import GPU_RESOURCE

@@ -16,6 +16,7 @@ from tests.binding.builders import make_doc, make_placement
 from tests.conftest import REFERENCE, RunCli
 from toposched.binding.engine_args import FLAG_SOURCES, TRTLLM_YAML_KEYS
 from toposched.binding.engines import ENV_VARS, TRTLLM_FLAGS, build_launches
+from toposched.binding.k8s_configmap import script_of as script_in
 from toposched.binding.launch_script import shell_script, srun_script
 from toposched.binding.node_launch import NodeLaunch
 from toposched.errors import InputError
@@ -300,8 +301,9 @@ def test_kubernetes_and_ray_forms(run_cli: RunCli) -> None:
     args = ("-m", "llama-3.1-70b", "--preset", "hgx-h100", "--image", "example.org/trtllm:1", "--format", "json")
     k8s = run_cli("launch", "k8s", "--engine", "trtllm", *args)
     assert k8s.exit_code == 0, k8s.stderr
-    (deployment,) = [o for o in json.loads(k8s.stdout)["items"] if o["kind"] == "Deployment"]
-    entry = deployment["spec"]["template"]["spec"]["containers"][0]["command"][2]
+    items = json.loads(k8s.stdout)["items"]
+    (deployment,) = [o for o in items if o["kind"] == "Deployment"]
+    entry = script_in(items, deployment["spec"]["template"])
     assert "cat > /tmp/toposched/plan.trtllm.yaml <<'TOPOSCHED_EOF'\nkv_cache_config:" in entry
     assert "--config /tmp/toposched/plan.trtllm.yaml" in entry
     no_image = run_cli("launch", "k8s", "--engine", "trtllm", "-m", "llama-3.1-70b", "--preset", "hgx-h100")
@@ -309,7 +311,7 @@ def test_kubernetes_and_ray_forms(run_cli: RunCli) -> None:
     multi = run_cli("launch", "k8s", "--engine", "trtllm", "-m", "llama-3.1-405b", "--preset", "cluster-32x-hgx-h100",
                     "--image", "example.org/trtllm:1", "--format", "json")  # fmt: skip
     assert multi.exit_code == 0, multi.stderr  # a LeaderWorkerSet whose leader runs mpirun (test_trtllm_k8s.py)
-    assert [o["kind"] for o in json.loads(multi.stdout)["items"]] == ["LeaderWorkerSet"]
+    assert [o["kind"] for o in json.loads(multi.stdout)["items"]] == ["ConfigMap", "LeaderWorkerSet"]
     ray = run_cli("launch", "ray", "--engine", "trtllm", "-m", "llama-3.1-8b", "--preset", "hgx-h100")
     assert ray.exit_code == 2 and len(ray.stderr.splitlines()) == 2
     assert "no Ray executor was found" in ray.stderr and "00209af1" in ray.stderr and "tensorrt-llm 1.2.1" in ray.stderr

@@ -18,11 +18,12 @@ import pytest
 from checks.engines.crd_schemas import LEADER_WORKER_SET
 
 from tests.binding.builders import make_doc, make_placement
-from tests.binding.test_k8s import expressions, kubelet_expand, validate, validate_template
+from tests.binding.k8s_views import render_objects, script_of
+from tests.binding.test_k8s import expressions, validate, validate_template
 from tests.binding.test_k8s_dra import captured, with_fabric
 from tests.binding.test_trtllm import OPTIONS, serve_part
 from tests.conftest import RunCli
-from toposched.binding.k8s import lint_nodes, render_objects
+from toposched.binding.k8s import lint_nodes
 from toposched.binding.k8s_entrypoint import FILES_DIR, MPI_SSH_DIR
 from toposched.binding.k8s_options import K8sOptions
 from toposched.binding.plan_doc import PlanDoc
@@ -48,9 +49,7 @@ def lws_of(doc: PlanDoc, opts: K8sOptions = OPTS) -> tuple[dict[str, Any], dict[
 
 
 def script(template: dict[str, Any]) -> str:
-    command = template["spec"]["containers"][0]["command"]
-    assert command[:2] == ["/bin/sh", "-c"]
-    return str(command[2]).replace("$$", "$")
+    return script_of(template)
 
 
 def shellcheck(text: str) -> None:
@@ -122,7 +121,8 @@ def test_own_secret_and_a_port_per_placement() -> None:
     for lws in objects:
         worker = lws["spec"]["leaderWorkerTemplate"]["workerTemplate"]
         assert worker["spec"]["hostNetwork"] is True
-        assert worker["spec"]["volumes"][-1]["secret"]["secretName"] == "llm.mpi-keys"
+        (secret,) = [v["secret"] for v in worker["spec"]["volumes"] if "secret" in v]
+        assert secret["secretName"] == "llm.mpi-keys"
         ports.append(worker["spec"]["containers"][0]["ports"][0]["containerPort"])
         assert f"Port {ports[-1]}\n" in script(worker)
         assert f"  Port {ports[-1]}\n" in script(lws["spec"]["leaderWorkerTemplate"]["leaderTemplate"])
@@ -174,7 +174,7 @@ def run_pod(
         PATH=f"{bin_dir}:{os.environ['PATH']}", FAKE_GPUS=str(tmp_path / "gpus.csv"), REC=str(tmp_path / "rec"),
         FAKE_WORKERS=str(tmp_path / "workers.map"), HOME=str(tmp_path),
     )  # fmt: skip
-    text = kubelet_expand(container["command"][2], env)
+    text = script_of(template)
     for fixed, moved in ((FILES_DIR, "ts"), (MPI_SSH_DIR, "keys"), ("/run/sshd", "run-sshd")):
         text = text.replace(fixed, str(tmp_path / moved))
     return subprocess.run(
@@ -334,7 +334,7 @@ def test_mpirun_over_ssh_starts_each_rank_in_its_pod_with_its_gpus(tmp_path: Pat
             NODE_NAME=node, LWS_LEADER_ADDRESS="grp-0.grp.default", LWS_GROUP_SIZE="2", OUT=str(out),
             FAKE_GPUS=str(tmp_path / f"{node}.csv"), PATH=f"{bin_dir}:{SYSTEM_PATH}", HOME=str(tmp_path),
         )  # fmt: skip
-        text = kubelet_expand(template["spec"]["containers"][0]["command"][2], env)
+        text = script_of(template)
         text = text.replace(FILES_DIR, str(files)).replace(MPI_SSH_DIR, str(keys))  # sshd insists on /run/sshd
         text = text.replace("numactl --cpunodebind=0 --membind=0 ", "")  # numactl may be missing here
         text = text.replace('"$waited" -ge 600', '"$waited" -ge 30')  # a broken worker fails the test sooner

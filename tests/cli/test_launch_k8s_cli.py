@@ -28,9 +28,15 @@ def test_k8s_plan_prints_yaml_documents(run_cli: RunCli, tmp_path: Path) -> None
     result = run_cli("launch", "k8s", "--plan", str(plan))
     assert result.exit_code == 0, result.stderr
     docs = list(yaml.safe_load_all(result.stdout))
-    assert [d["kind"] for d in docs] == ["Deployment", "Deployment"]
+    assert [d["kind"] for d in docs] == ["ConfigMap", "Deployment", "Deployment"]
     for doc in docs:
         kubernetes_validate.validate(doc, "1.37", strict=True)
+    # each pod runs its entrypoint from the plan's ConfigMap, readable as it runs (no $$ escaping)
+    files = docs[0]["data"]
+    for dep in docs[1:]:
+        (container,) = dep["spec"]["template"]["spec"]["containers"]
+        script = files[container["command"][1].removeprefix("/etc/toposched/")]
+        assert script.startswith("set -eu\n") and "$$" not in script and "exec vllm serve" in script
     assert "&id" not in result.stdout  # no YAML anchors
     # a preset's bus ids are invented: the device plugin is used, and stderr says why
     assert "warning: GPU pinning needs a captured or live topology: node hgx-h100: made from a preset" in result.stderr
@@ -41,7 +47,8 @@ def test_k8s_from_plan_options_multi_node_json(run_cli: RunCli) -> None:
     assert result.exit_code == 0, result.stderr
     data = json.loads(result.stdout)
     assert (data["apiVersion"], data["kind"]) == ("v1", "List")
-    (lws,) = data["items"]
+    configmap, lws = data["items"]
+    assert configmap["kind"] == "ConfigMap" and configmap["metadata"]["namespace"] == "llm"
     assert lws["kind"] == "LeaderWorkerSet" and lws["metadata"]["namespace"] == "llm"
     leader = lws["spec"]["leaderWorkerTemplate"]["leaderTemplate"]
     assert leader["spec"]["containers"][0]["image"] == "reg/vllm:v0.33.0"
@@ -63,7 +70,8 @@ def test_k8s_kubelet_and_roles(run_cli: RunCli, tmp_path: Path) -> None:
     assert not [line for line in result.stdout.splitlines() if line.lstrip().startswith("#")]
     result = run_cli("launch", "k8s", "--roles", f"prefill={pcie},decode={pcie}", "--group", "pd")
     assert result.exit_code == 0, result.stderr
-    rbg, policy = yaml.safe_load_all(result.stdout)
+    configmap, rbg, policy = yaml.safe_load_all(result.stdout)
+    assert sorted(configmap["data"]) == ["toposched-pd-decode.sh", "toposched-pd-prefill.sh"]
     assert [r["name"] for r in rbg["spec"]["roles"]] == ["prefill", "decode"]
     assert policy["spec"]["policies"][0]["roles"] == ["prefill", "decode"]
 
@@ -88,7 +96,8 @@ def test_k8s_dra_from_a_saved_probe(run_cli: RunCli, tmp_path: Path) -> None:
     result = run_cli("launch", "k8s", "--plan", str(plan))
     assert result.exit_code == 0, result.stderr
     assert result.stderr == ""  # no warning (and no base-checkpoint note: the chat model is launched)
-    claim, dep = yaml.safe_load_all(result.stdout)
+    configmap, claim, dep = yaml.safe_load_all(result.stdout)
+    kubernetes_validate.validate(configmap, "1.37", strict=True)
     for version in ("1.34", "1.37"):
         kubernetes_validate.validate(claim, version, strict=True)
     kubernetes_validate.validate(dep, "1.37", strict=True)
@@ -96,7 +105,7 @@ def test_k8s_dra_from_a_saved_probe(run_cli: RunCli, tmp_path: Path) -> None:
     ref = dep["spec"]["template"]["spec"]["resourceClaims"][0]["resourceClaimTemplateName"]
     assert ref == claim["metadata"]["name"]
     plugin = run_cli("launch", "k8s", "--plan", str(plan), "--gpu-request", "device-plugin", "--format", "json")
-    (only,) = json.loads(plugin.stdout)["items"]
+    _configmap, only = json.loads(plugin.stdout)["items"]
     assert only["spec"]["template"]["spec"]["containers"][0]["resources"]["limits"] == {"nvidia.com/gpu": "2"}
     assert plugin.stderr == ""  # both GPUs of the node: the device plugin has no choice to make
 

@@ -63,7 +63,7 @@ def test_launch_plans_with_the_options_plan_takes(run_cli: RunCli) -> None:
     (placed,) = plan["placements"]
     assert one["gpus"] == [r["gpu"] for r in placed["ranks"]]  # the same plan, not a re-plan with other defaults
     weights = run_cli("launch", "vllm", "-m", "llama-3.1-8b", "--preset", "hgx-h100", "--weight-dtype", "fp8")
-    assert weights.exit_code == 0 and "--quantization fp8" in weights.stdout
+    assert weights.exit_code == 0 and "--quantization fp8_per_tensor" in weights.stdout
 
 
 def test_max_model_len_default_is_one_for_every_command(run_cli: RunCli) -> None:

@@ -291,8 +291,10 @@ def test_throughput_of_a_finite_run_counts_its_waves_and_its_arrival_rate() -> N
     # open loop well under capacity: the run serves its arrivals, 500 over 250 s, plus the last one's latency
     offered = predict_sample(_probe(batch=4, request_rate=2.0, num_requests=500, tokens_per_s=1.0), cfg)
     assert 0.99 * 2.0 * 200 < offered["tokens_per_s"] < 2.0 * 200
-    endless = predict_sample(_probe(batch=4, request_rate=2.0, tokens_per_s=1.0), cfg)["tokens_per_s"]
-    assert endless == pytest.approx(2.0 * 200)
+    # an endless run under capacity serves what arrives (2 requests/s is at batch 4's capacity since the
+    # GEMM kernels' fixed cost, PerfConfig.gemm_us: 1.5)
+    endless = predict_sample(_probe(batch=4, request_rate=1.5, tokens_per_s=1.0), cfg)["tokens_per_s"]
+    assert endless == pytest.approx(1.5 * 200)
 
 
 def test_comm_scale_applies_to_all_reduces_except_over_pcie() -> None:
@@ -303,14 +305,14 @@ def test_comm_scale_applies_to_all_reduces_except_over_pcie() -> None:
         model = PassModel(spec, gpu, tp=tp, pp=1, link=link, pp_link=link, cfg=PerfConfig(comm_scale=scale))  # type: ignore[arg-type]
         return model.allreduce_ms(512)
 
-    assert comm(H100, NV4, 4, 2.5) == pytest.approx(2.5 * comm(H100, NV4, 4, 1.0), rel=1e-12)
+    assert comm(H100, NV4, 4, 1.2) == pytest.approx(1.2 * comm(H100, NV4, 4, 1.0), rel=1e-12)
     assert comm(H100, NV4, 4, 1.0) == pytest.approx(2 * 80 * NV4.allreduce_us(512 * 8192 * 2, 4) * 1e-3)
     pcie = get_link("pcie4")
-    assert comm(l40s, pcie, 4, 2.5) == comm(l40s, pcie, 4, 1.0) > 0  # PCIe: the table as measured/derived
-    assert comm(H100, NV4, 1, 2.5) == 0.0
+    assert comm(l40s, pcie, 4, 1.2) == comm(l40s, pcie, 4, 1.0) > 0  # PCIe: the table as measured/derived
+    assert comm(H100, NV4, 1, 1.2) == 0.0
     across = two_level_link("ib-ndr", "nvlink4", 4)  # TP8 over two nodes: never cheaper than inside one
-    assert comm(H100, across, 8, 2.5) == pytest.approx(2.5 * comm(H100, across, 8, 1.0), rel=1e-12)
-    assert comm(H100, across, 8, 2.5) > comm(H100, NV4, 8, 2.5)
+    assert comm(H100, across, 8, 1.2) == pytest.approx(1.2 * comm(H100, across, 8, 1.0), rel=1e-12)
+    assert comm(H100, across, 8, 1.2) > comm(H100, NV4, 8, 1.2)
 
 
 def test_host_launch_cost_of_a_prefill_depends_on_the_engine() -> None:

@@ -29,8 +29,9 @@ against the options file, values included).
   sequences         --max-num-seqs                  --max-running-requests       --max_batch_size
   profiled tokens   --max-num-batched-tokens        --chunked-prefill-size       --max_num_tokens,
                                                                                  --enable_chunked_prefill
-  weight dtype      --quantization fp8, --dtype     --quantization fp8,          options YAML ``dtype``
-                                                    --dtype
+  weight dtype      --quantization fp8 (FP8         --quantization fp8,          options YAML ``dtype``
+                    checkpoint) or fp8_per_tensor   --dtype
+                    (16-bit one), --dtype
   KV dtype          --kv-cache-dtype                --kv-cache-dtype             options YAML ``kv_cache_config``
   ================  ==============================  ===========================  ==============================
 
@@ -214,6 +215,10 @@ class ServeSettings:
     quantization: Literal["fp8"] | None
     kv_dtype: str
     redundant_experts: int
+    quantize_online: bool = False
+    """FP8 weights quantized while loading a 16-bit checkpoint (vLLM 0.33 names that method
+    ``fp8_per_tensor``; its ``fp8`` reads pre-quantized FP8 checkpoints only, fp8.py: "The `fp8`
+    quantization method no longer supports online quantization")."""
 
 
 def _weights(
@@ -223,7 +228,8 @@ def _weights(
 
     Nothing when the checkpoint already is what was planned (the engines read ``quantization_config``
     and ``torch_dtype`` themselves) or is smaller than planned (a quantized checkpoint, planned as 16-bit).
-    FP8 from a 16-bit checkpoint is quantized while loading (``--quantization fp8``, both engines); no
+    FP8 from a 16-bit checkpoint is quantized while loading (SGLang ``--quantization fp8``, vLLM 0.33
+    ``--quantization fp8_per_tensor``: ``ServeSettings.quantize_online``); no
     engine quantizes to INT8/INT4 while loading, so such a plan needs a pre-quantized checkpoint.
     """
     planned: WeightDtype | None = parse_weight_dtype(request.weight_dtype) if request.weight_dtype else None
@@ -270,6 +276,7 @@ def serve_settings(p: Placement, request: PlacementRequest, model: str, checkpoi
     seqs = p.max_num_seqs or request.concurrent_seqs or RESERVE_SEQS
     cfg = MemoryConfig(max_num_seqs=seqs)  # as the solver sized it (solver/options.py)
     dtype, quantization = _weights(p, request, checkpoint)
+    online = quantization == "fp8" and checkpoint is not None and checkpoint.weight_dtype in _TORCH_DTYPE
     # The activation peak was sized for this many tokens (workload/memory.py estimate_memory; the
     # activation-checkpointing fallback lowers it); vLLM needs it at least max_num_seqs.
     batched = p.max_num_batched_tokens
@@ -302,6 +309,7 @@ def serve_settings(p: Placement, request: PlacementRequest, model: str, checkpoi
         kv_free_fraction=trtllm_fraction_for(hbm.kv, free) if hbm.kv > 0 and free > 0 else TRTLLM_FREE_FRACTION,
         dtype=dtype,
         quantization=quantization,
+        quantize_online=online,
         kv_dtype=_kv_dtype(p, dtype, checkpoint),
         redundant_experts=p.experts.redundant_experts if p.experts is not None else 0,
     )
@@ -344,7 +352,7 @@ def vllm_serve_argv(s: ServeSettings) -> list[str]:
     if s.dtype:
         argv += ["--dtype", s.dtype]
     if s.quantization:
-        argv += ["--quantization", s.quantization]
+        argv += ["--quantization", "fp8_per_tensor" if s.quantize_online else s.quantization]
     if s.kv_dtype != "auto":
         argv += ["--kv-cache-dtype", _VLLM_KV[s.kv_dtype]]
     return argv

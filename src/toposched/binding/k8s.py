@@ -51,6 +51,7 @@ from typing import Any, Literal
 # it only inside its argv, and the pods of a multi-node TensorRT-LLM instance need it per node.
 from toposched.binding.engines import build_launches, node_setup
 from toposched.binding.k8s_affinity import node_requirements
+from toposched.binding.k8s_configmap import entrypoints_to_configmap
 from toposched.binding.k8s_dra import (
     GpuIds,
     choose_gpu_request,
@@ -62,7 +63,14 @@ from toposched.binding.k8s_dra import (
 )
 from toposched.binding.k8s_dra import normalise_bus_id as normalise_bus_id  # re-exported
 from toposched.binding.k8s_entrypoint import MPI_RANK_COMMAND, is_mpi, launch_gpu_ids, mpi_ssh_port
-from toposched.binding.k8s_options import LABEL_PLACEMENT, K8sOptions, Obj, dns_name, object_metadata
+from toposched.binding.k8s_options import (
+    LABEL_PLACEMENT,
+    K8sOptions,
+    Obj,
+    check_k8s_node_names,
+    dns_name,
+    object_metadata,
+)
 from toposched.binding.k8s_pod import pod_template
 from toposched.binding.k8s_rbg import coordinated_policy, role_based_group_object, standalone_role
 from toposched.binding.node_launch import NodeLaunch, plain_file_name
@@ -285,11 +293,13 @@ def render_objects(doc: PlanDoc, opts: K8sOptions | None = None) -> K8sOutput:
             objects.append(leader_worker_set(doc, p, launches, opts, claims=pair, ids=ids))
             warnings += [mpi_warning(doc, p.id, opts)] if is_mpi(launches[0]) else []
         warnings += placement_warnings(doc, p, ids, mode)
-    return K8sOutput(claims + objects, warnings, mode)
+    objects = entrypoints_to_configmap(claims + objects, doc, opts, doc.request.id)
+    return K8sOutput(objects, warnings, mode)
 
 
 def _check_plain(doc: PlanDoc) -> None:
     """Deployments, LWS and ``--roles`` groups run plain instances; a disaggregated plan has its own group."""
+    check_k8s_node_names(doc)
     if doc.disaggregation is not None:
         raise InputError(
             "this is a prefill/decode disaggregated plan: its instances, router and stores go into one "
@@ -348,7 +358,10 @@ def render_roles(roles: Mapping[str, PlanDoc], name: str, opts: K8sOptions | Non
     first = next(iter(roles.values()))
     names = [r["name"] for r in role_specs]
     rbg = role_based_group_object(group, role_specs, opts, first)
-    return K8sOutput([*claims, rbg, coordinated_policy(group, names, opts, first)], warnings, mode)
+    objects = entrypoints_to_configmap(
+        [*claims, rbg, coordinated_policy(group, names, opts, first)], first, opts, group
+    )
+    return K8sOutput(objects, warnings, mode)
 
 
 # --- Checking real nodes against the affinity (seed 003 section 3.1) -----------------------------

@@ -29,6 +29,12 @@ ANNOTATION_PLACEMENT = "toposched.io/placement"
 LABEL_REQUEST = "toposched.io/request"
 MANAGED_BY = {"app.kubernetes.io/managed-by": "toposched"}
 _DNS_SUBDOMAIN = re.compile(r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?(\.[a-z0-9]([-a-z0-9]*[a-z0-9])?)*$")
+_SECRET_KEY = re.compile(r"^[-._a-zA-Z0-9]{1,253}$")  # a Secret's data key (Kubernetes IsConfigMapKey)
+_HOST_PATH = re.compile(r"^/[A-Za-z0-9._/-]{0,4095}$")
+MODEL_CACHE_DIR = "/root/.cache/huggingface"
+"""Where the model cache is mounted and ``HF_HOME`` points (the engine images run as root: vLLM's, SGLang's
+and TensorRT-LLM's download to ``~/.cache/huggingface`` by default)."""
+DEFAULT_HF_SECRET = "hf-token"
 
 
 @dataclass(frozen=True)
@@ -56,6 +62,14 @@ class K8sOptions:
     mpi_ssh_secret: str | None = None
     """Secret with ``ssh-privatekey`` and ``ssh-publickey`` through which a multi-node TensorRT-LLM leader's
     mpirun reaches the worker pods (None: ``NAME_PREFIX-mpi-ssh``)."""
+    hf_token_secret: str | None = None
+    """``NAME`` or ``NAME:KEY`` of the Secret whose key (default ``token``) becomes ``HF_TOKEN`` in the engine
+    container: required when given; None refers to ``hf-token`` optionally, so a cluster without it still
+    starts public models and one with it downloads gated ones (Llama) too."""
+    model_cache: str | None = None
+    """``pvc:NAME`` or ``host:/PATH`` mounted at ``MODEL_CACHE_DIR`` (the Hugging Face cache, ``HF_HOME``): a
+    restarted pod loads the weights from there instead of downloading them again. None: the container's own
+    disk (downloaded at every start)."""
 
     def __post_init__(self) -> None:
         if self.gpu_request not in GPU_REQUESTS:
@@ -67,6 +81,15 @@ class K8sOptions:
                 f"--ssh-secret {self.mpi_ssh_secret[:80]!r} is not a Secret name",
                 fix="use lower-case letters, digits, '-' and '.' (a DNS subdomain), e.g. llm-mpi-ssh",
             )
+        if self.hf_token_secret is not None:
+            name, _, key = self.hf_token_secret.partition(":")
+            if not (len(name) <= 253 and _DNS_SUBDOMAIN.match(name)) or (key and not _SECRET_KEY.match(key)):
+                raise InputError(
+                    f"--hf-token-secret {self.hf_token_secret[:80]!r} is not NAME or NAME:KEY of a Secret",
+                    fix="e.g. --hf-token-secret hf-token (key 'token') or --hf-token-secret hf-token:HF_TOKEN",
+                )
+        if self.model_cache is not None:
+            model_cache_volume(self.model_cache)  # refuses what is not pvc:NAME or host:/PATH
         if self.rdma_resource is not None:
             try:
                 TypeAdapter(ResourceName).validate_python(self.rdma_resource)
@@ -109,3 +132,41 @@ def object_metadata(name: str, opts: K8sOptions, doc: PlanDoc) -> Obj:
         "namespace": opts.namespace,
         "labels": {**MANAGED_BY, LABEL_REQUEST: label_value(doc.request.id)},
     }
+
+
+def check_k8s_node_names(doc: PlanDoc) -> None:
+    """Every node a plan pins pods to must be one a Kubernetes node can be called: the kubelet registers
+    lower-case names (DNS-1123 subdomain), so a pod pinned to ``GPU-A`` would stay Pending for ever.
+    (Elsewhere toposched accepts upper case: hostnames outside Kubernetes are case-insensitive.)"""
+    for p in doc.placements:
+        for rank in p.ranks:
+            if rank.node != rank.node.lower():
+                raise InputError(
+                    f"placement {p.id}: node {rank.node!r} cannot be a Kubernetes node name (lower case only: "
+                    "the kubelet registers hostnames lower-cased), so its pods would stay Pending",
+                    fix=f"name the node as `kubectl get nodes` shows it ({rank.node.lower()!r}) in the cluster "
+                    "spec or probe, and plan again",
+                )
+
+
+def model_cache_volume(spec: str) -> Obj:
+    """The volume of ``--model-cache pvc:NAME`` (a PersistentVolumeClaim) or ``host:/PATH`` (a hostPath directory,
+    created if missing); InputError for anything else."""
+    kind, _, value = spec.partition(":")
+    if kind == "pvc" and len(value) <= 253 and _DNS_SUBDOMAIN.match(value):
+        return {"name": "model-cache", "persistentVolumeClaim": {"claimName": value}}
+    if kind == "host" and _HOST_PATH.match(value) and "/../" not in value + "/" and value != "/":
+        return {"name": "model-cache", "hostPath": {"path": value, "type": "DirectoryOrCreate"}}
+    raise InputError(
+        f"--model-cache {spec[:80]!r} is not pvc:NAME or host:/PATH",
+        fix="e.g. --model-cache pvc:llm-weights (a PersistentVolumeClaim) or --model-cache host:/data/hf-cache",
+    )
+
+
+def hf_token_env(opts: K8sOptions) -> Obj:
+    """``HF_TOKEN`` from the Secret (``--hf-token-secret``), or optionally from ``hf-token``."""
+    name, _, key = (opts.hf_token_secret or DEFAULT_HF_SECRET).partition(":")
+    ref: Obj = {"name": name, "key": key or "token"}
+    if opts.hf_token_secret is None:
+        ref["optional"] = True
+    return {"name": "HF_TOKEN", "valueFrom": {"secretKeyRef": ref}}

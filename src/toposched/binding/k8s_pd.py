@@ -63,6 +63,7 @@ from collections.abc import Mapping, Sequence
 from toposched.binding import mooncake
 from toposched.binding.k8s import K8sOutput, claim_for, ordered_launches, placement_warnings
 from toposched.binding.k8s_affinity import HOSTNAME, Requirement, node_requirements
+from toposched.binding.k8s_configmap import entrypoints_to_configmap
 from toposched.binding.k8s_dra import CLAIM, GpuIds, choose_gpu_request, claim_warning
 from toposched.binding.k8s_entrypoint import exec_line, kubelet_escape
 from toposched.binding.k8s_options import (
@@ -71,6 +72,7 @@ from toposched.binding.k8s_options import (
     MANAGED_BY,
     K8sOptions,
     Obj,
+    check_k8s_node_names,
     dns_name,
     label_value,
     object_metadata,
@@ -240,6 +242,7 @@ def render_pd(doc: PlanDoc, group_name: str = "pd", opts: K8sOptions | None = No
         )
     if opts.engine != "sglang":
         raise InputError(f"disaggregated plans run with SGLang only, not {opts.engine}", fix="pass --engine sglang")
+    check_k8s_node_names(doc)
     group = dns_name(opts.name_prefix, group_name)
     rdma = rdma_resource(doc, opts)
     launched = ordered_launches(doc, opts)
@@ -298,7 +301,7 @@ def render_pd(doc: PlanDoc, group_name: str = "pd", opts: K8sOptions | None = No
             "the pods have no --cpu and --memory (requests = limits), so they are not Guaranteed QoS: the kubelet's "
             "Topology Manager and Memory Manager align CPUs and memory with a NUMA node only for Guaranteed pods"
         )
-    return K8sOutput(objects, warnings, mode)
+    return K8sOutput(entrypoints_to_configmap(objects, doc, opts, group), warnings, mode)
 
 
 def _gpu_role(

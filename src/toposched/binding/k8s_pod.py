@@ -14,9 +14,12 @@ from toposched.binding.k8s_options import (
     LABEL_PLACEMENT,
     LABEL_REQUEST,
     MANAGED_BY,
+    MODEL_CACHE_DIR,
     K8sOptions,
     Obj,
+    hf_token_env,
     label_value,
+    model_cache_volume,
 )
 from toposched.binding.node_launch import NodeLaunch
 from toposched.binding.plan_doc import PlanDoc
@@ -24,6 +27,31 @@ from toposched.solver.request import Placement
 
 GPU_RESOURCE = "nvidia.com/gpu"
 CONTAINER = "engine"
+HEALTH_PATH = "/health"
+"""The health route of all three engines' servers (vLLM ``entrypoints/serve/instrumentator/health.py``, SGLang
+``srt/entrypoints/http_server.py``, ``trtllm-serve``): 200 once the model is loaded and the engine is alive."""
+STARTUP_PERIOD_S, STARTUP_FAILURES = 10, 360
+"""The startup probe gives the engine an hour to download (or read) its weights and capture CUDA graphs
+(405B in FP8: ~400 GB); liveness and readiness start only after it succeeds."""
+
+
+def probes(port_name: str = "http") -> Obj:
+    """Startup, readiness and liveness probes on the engine's health route (issue 36)."""
+
+    def get(period: int, failures: int, timeout: int) -> Obj:
+        return {
+            "httpGet": {"path": HEALTH_PATH, "port": port_name},
+            "periodSeconds": period,
+            "failureThreshold": failures,
+            "timeoutSeconds": timeout,
+        }
+
+    return {
+        "startupProbe": get(STARTUP_PERIOD_S, STARTUP_FAILURES, 5),
+        "readinessProbe": get(10, 3, 5),
+        # generous: a busy engine answers /health late; a restart reloads the weights
+        "livenessProbe": get(30, 5, 10),
+    }
 
 
 def _pod_labels(doc: PlanDoc, name: str) -> dict[str, str]:
@@ -57,6 +85,9 @@ def pod_template(
     gpus = len(launches[0].gpus)
     env: list[Obj] = [{"name": "NODE_NAME", "valueFrom": {"fieldRef": {"fieldPath": "spec.nodeName"}}}]
     env += [{"name": k, "value": v} for k, v in sorted(shared_env(launches).items()) if k != "CUDA_VISIBLE_DEVICES"]
+    env.append(hf_token_env(opts))
+    if opts.model_cache:
+        env.append({"name": "HF_HOME", "value": MODEL_CACHE_DIR})
     resources: dict[str, str] = {} if claim else {GPU_RESOURCE: str(gpus)}
     fabric = doc.cluster.fabric
     multi = _multi_node(placement)
@@ -73,6 +104,11 @@ def pod_template(
         "resources": container_resources(resources, opts),
         "volumeMounts": [{"name": "dshm", "mountPath": "/dev/shm"}],
     }
+    serves = launches[0].node_rank == 0  # the leader's (or the only) pod serves HTTP; workers do not
+    if serves:
+        container.update(probes())
+    if opts.model_cache:
+        container["volumeMounts"].append({"name": "model-cache", "mountPath": MODEL_CACHE_DIR})
     if uses_rdma:  # RDMA registers (pins) memory: NCCL or a KV transfer over InfiniBand/RoCE needs CAP_IPC_LOCK
         container["securityContext"] = {"capabilities": {"add": ["IPC_LOCK"]}}
     empty_dir: Obj = {"medium": "Memory"}
@@ -91,7 +127,8 @@ def pod_template(
     spec: Obj = {
         "affinity": affinity,
         "containers": [container],
-        "volumes": [{"name": "dshm", "emptyDir": empty_dir}],
+        "volumes": [{"name": "dshm", "emptyDir": empty_dir}]
+        + ([model_cache_volume(opts.model_cache)] if opts.model_cache else []),
         "terminationGracePeriodSeconds": POD_GRACE_S,  # the engine drains its requests (engine_args.DRAIN_S)
     }
     if is_mpi(launches[0]):

@@ -110,6 +110,18 @@ def register_launch(launch_app: typer.Typer) -> None:
             help="Secret (keys ssh-privatekey, ssh-publickey) through which a multi-node TensorRT-LLM leader's "
             "mpirun reaches its worker pods (default NAME_PREFIX-mpi-ssh).",
         ),
+        hf_token_secret: str | None = typer.Option(
+            None,
+            "--hf-token-secret",
+            help="NAME[:KEY] of the Secret whose key (default token) is the engine's HF_TOKEN, for gated models "
+            "(default: Secret hf-token if it exists).",
+        ),
+        model_cache: str | None = typer.Option(
+            None,
+            "--model-cache",
+            help="pvc:NAME or host:/PATH mounted as the Hugging Face cache, so a restart does not download the "
+            "weights again.",
+        ),
         kubelet: bool = typer.Option(False, "--kubelet", help="Print KubeletConfiguration snippets instead."),
         topology_policy: str = typer.Option(
             "auto",
@@ -133,7 +145,8 @@ def register_launch(launch_app: typer.Typer) -> None:
         opts = K8sOptions(
             engine=_engine(engine), image=image, namespace=namespace, name_prefix=name_prefix, model_path=model_path,
             rack_label=rack_label, shm_size=shm_size, cpu=cpu, memory=memory, gpu_request=_gpu_request(gpu_request),
-            rdma_resource=rdma_resource, mpi_ssh_secret=ssh_secret,
+            rdma_resource=rdma_resource, mpi_ssh_secret=ssh_secret, hf_token_secret=hf_token_secret,
+            model_cache=model_cache,
         )  # fmt: skip
         if roles is not None:
             if source.plan is not None or source.model is not None:

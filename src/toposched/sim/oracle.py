@@ -48,7 +48,7 @@ def check_sim_policy(name: str) -> str:
     if name.strip().lower() == ORACLE:
         return ORACLE
     if name not in POLICIES:
-        raise UnknownNameError("simulator policy", name, [*POLICIES.all_names(), ORACLE])
+        raise UnknownNameError("placement policy", name, [*POLICIES.all_names(), ORACLE])
     return POLICIES.canonical(name)
 
 
