@@ -1,4 +1,5 @@
-"""JSON schemas of the custom resources toposched emits: LeaderWorkerSet, RoleBasedGroup, CoordinatedPolicy.
+"""JSON schemas of the custom resources toposched emits: LeaderWorkerSet, RoleBasedGroup, CoordinatedPolicy,
+ComputeDomain (the last from its vendored CRD, ``crd_schema``).
 
 kubernetes-validate bundles only Kubernetes' own types, and no package registry ships these CRDs'
 OpenAPI documents, so the schemas are written here from the Go types that
@@ -12,7 +13,10 @@ core ``v1`` ``PodTemplate``, by kubernetes-validate.
 
 from __future__ import annotations
 
+from pathlib import Path
 from typing import Any
+
+import yaml
 
 Schema = dict[str, Any]
 
@@ -202,10 +206,46 @@ COORDINATED_POLICY = _resource(
     ),
 )
 
+CRDS = Path(__file__).resolve().parents[2] / "tests" / "data" / "reference" / "k8s"
+"""CRDs vendored from their repositories (tests/data/README.md names each file's origin)."""
+
+
+def _structural(schema: Any) -> Any:
+    """An ``openAPIV3Schema`` as JSON Schema: objects with ``properties`` take no other field (the API server
+    prunes unknown fields of a structural schema; a toposched object must not rely on that), except where
+    the CRD says ``x-kubernetes-preserve-unknown-fields``; the ``x-kubernetes-*`` keywords are dropped."""
+    if isinstance(schema, list):
+        return [_structural(x) for x in schema]
+    if not isinstance(schema, dict):
+        return schema
+    out = {k: _structural(v) for k, v in schema.items() if not k.startswith("x-kubernetes-")}
+    if "properties" in schema and not schema.get("x-kubernetes-preserve-unknown-fields"):
+        out.setdefault("additionalProperties", False)
+    return out
+
+
+def crd_schema(path: Path, version: str) -> Schema:
+    """The JSON Schema of ``version`` of the CRD in ``path`` (``metadata`` left to the API server's own checks)."""
+    crd = yaml.safe_load(path.read_text())
+    (served,) = [v for v in crd["spec"]["versions"] if v["name"] == version]
+    schema = _structural(served["schema"]["openAPIV3Schema"])
+    group, kind = crd["spec"]["group"], crd["spec"]["names"]["kind"]
+    schema["properties"]["apiVersion"] = {"const": f"{group}/{version}"}
+    schema["properties"]["kind"] = {"const": kind}
+    schema["properties"]["metadata"] = METADATA
+    schema["required"] = sorted({*schema.get("required", []), "apiVersion", "kind", "metadata"})
+    return {"$schema": "https://json-schema.org/draft/2020-12/schema", **schema}
+
+
+COMPUTE_DOMAIN = crd_schema(
+    CRDS / "nvidia-dra-driver-gpu" / "crds" / "resource.nvidia.com_computedomains.yaml", "v1beta1"
+)
+
 SCHEMAS: dict[tuple[str, str], Schema] = {
     ("leaderworkerset.x-k8s.io/v1", "LeaderWorkerSet"): LEADER_WORKER_SET,
     ("workloads.x-k8s.io/v1alpha2", "RoleBasedGroup"): ROLE_BASED_GROUP,
     ("workloads.x-k8s.io/v1alpha2", "CoordinatedPolicy"): COORDINATED_POLICY,
+    ("resource.nvidia.com/v1beta1", "ComputeDomain"): COMPUTE_DOMAIN,
 }
 
 

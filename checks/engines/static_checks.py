@@ -180,7 +180,10 @@ def object_problems(obj: dict[str, Any]) -> list[str]:
 
 
 def entrypoints(obj: dict[str, Any]) -> list[str]:
-    """The shell scripts of an object's containers, as the kubelet hands them to ``sh -c`` (``$$`` -> ``$``)."""
+    """The shell scripts of an object: a plan's ConfigMap's files (what the pods run since issue 36), or an
+    inline ``sh -c`` command as the kubelet hands it to the shell (``$$`` -> ``$``)."""
+    if obj.get("kind") == "ConfigMap":
+        return [str(v) for k, v in sorted(obj.get("data", {}).items()) if k.endswith(".sh")]
     templates = [t for _, t in pod_templates(obj)]
     if obj.get("kind") == "Deployment":
         templates.append(obj["spec"]["template"])

@@ -542,8 +542,8 @@ NVL72_VISIBLE = [  # what a tray's container sees: its four GPUs, listed out of 
 
 def test_tp_over_nvl72_trays_is_a_leader_worker_set_of_one_pod_per_tray(tmp_path: Path) -> None:
     doc = captured(nvl72_doc((5, 2, 9, 7), tp=16), uuids=False)
-    (lws,) = k8s_objects(doc, K8sOptions(gpu_request="device-plugin"))
-    assert lws["kind"] == "LeaderWorkerSet"
+    domain, lws = k8s_objects(doc, K8sOptions(gpu_request="device-plugin"))
+    assert domain["kind"] == "ComputeDomain" and lws["kind"] == "LeaderWorkerSet"
     lwt = lws["spec"]["leaderWorkerTemplate"]
     assert lwt["size"] == 4 and lwt["restartPolicy"] == "RecreateGroupOnPodRestart"
     leader, worker = lwt["leaderTemplate"], lwt["workerTemplate"]
@@ -554,6 +554,10 @@ def test_tp_over_nvl72_trays_is_a_leader_worker_set_of_one_pod_per_tray(tmp_path
         assert exprs["kubernetes.io/hostname"]["values"] == hosts
         assert exprs[GPU_CLIQUE] == {"key": GPU_CLIQUE, "operator": "Exists"}
         assert tpl["spec"]["affinity"]["podAntiAffinity"]  # one pod per tray
+        # the IMEX channel of the instance's ComputeDomain, beside the device plugin's GPUs
+        channel = domain["spec"]["channel"]["resourceClaimTemplate"]["name"]
+        assert tpl["spec"]["resourceClaims"] == [{"name": "imex-channel", "resourceClaimTemplateName": channel}]
+        assert tpl["spec"]["containers"][0]["resources"]["claims"] == [{"name": "imex-channel"}]
     # The worker pod that lands on tray09 is node rank 2 of 4, headless, on that tray's four GPUs.
     result = run_entrypoint(tmp_path, worker, "nvl72-tray09", NVL72_VISIBLE)
     assert result.returncode == 0, result.stderr
@@ -564,7 +568,7 @@ def test_tp_over_nvl72_trays_is_a_leader_worker_set_of_one_pod_per_tray(tmp_path
     assert argv[argv.index("--master-addr") + 1] == "grp-0.grp.default" and "--headless" in argv
     sglang = k8s_objects(
         doc, K8sOptions(engine="sglang", image="registry.invalid/sglang:pinned", gpu_request="device-plugin")
-    )[0]
+    )[1]
     script = script_of(sglang["spec"]["leaderWorkerTemplate"]["workerTemplate"])
     assert '--nnodes 4 --node-rank 2 --dist-init-addr "$LWS_LEADER_ADDRESS:20000"' in script
 
@@ -574,9 +578,10 @@ def test_tp_over_nvl72_trays_with_dra_one_claim_per_template() -> None:
     out = render_objects(captured(nvl72_doc((5, 2, 9, 7), tp=16), uuids=False))
     assert out.gpu_request == "dra"
     assert not any("differ between" in w or "RDMA" in w for w in out.warnings)  # one NVLink clique: no RDMA needed
-    (imex,) = [w for w in out.warnings if "IMEX" in w]  # but multi-node NVLink needs an IMEX channel in the pods
-    assert "spans 4 nodes of one multi-node NVLink domain" in imex and "ComputeDomain" in imex
-    leader, worker, lws = out.objects
+    # multi-node NVLink needs an IMEX channel in the pods: the instance's ComputeDomain, no warning any more
+    assert not any("IMEX" in w for w in out.warnings)
+    leader, worker, domain, lws = out.objects
+    assert domain["kind"] == "ComputeDomain"
     for claim in (leader, worker):
         validate(claim)
         exprs = [
@@ -585,10 +590,11 @@ def test_tp_over_nvl72_trays_with_dra_one_claim_per_template() -> None:
         assert exprs == [
             f'device.attributes["resource.kubernetes.io"].pciBusID == "0000:{b}:00.0"' for b in (18, 28, 38, 48)
         ]
-    assert (
-        lws["spec"]["leaderWorkerTemplate"]["workerTemplate"]["spec"]["resourceClaims"][0]["resourceClaimTemplateName"]
-        == worker["metadata"]["name"]
-    )
+    claims = lws["spec"]["leaderWorkerTemplate"]["workerTemplate"]["spec"]["resourceClaims"]
+    assert [c["resourceClaimTemplateName"] for c in claims] == [
+        worker["metadata"]["name"],
+        domain["spec"]["channel"]["resourceClaimTemplate"]["name"],
+    ]
 
 
 @pytest.mark.parametrize("name", ["pcie", "two", "multi"])

@@ -10,10 +10,12 @@ from typing import Any
 import kubernetes_validate
 import pytest
 
+from tests.binding.builders import nvl72_doc
 from tests.binding.test_k8s import K8S_VERSION, templates
 from tests.binding.test_k8s_dra import captured
 from toposched.binding import k8s as real
 from toposched.binding.k8s_configmap import ANNOTATION_SHA, ENTRYPOINT_DIR, script_of
+from toposched.binding.k8s_dra import ANNOTATION_DRIVER
 from toposched.binding.k8s_options import MODEL_CACHE_DIR, K8sOptions
 from toposched.binding.k8s_pod import HEALTH_PATH
 from toposched.binding.plan_doc import PlanDoc
@@ -120,3 +122,55 @@ def test_a_changed_script_rolls_the_pods(plans: dict[str, PlanDoc]) -> None:
 
     assert sha(K8sOptions()) == sha(K8sOptions())
     assert sha(K8sOptions()) != sha(K8sOptions(model_path="/models/llama"))
+
+
+def test_a_gb200_tp8_across_two_trays_gets_one_compute_domain_valid_against_its_crd() -> None:
+    """Issue 36: TP=8 over two trays of an NVL72: one ComputeDomain, both pods claim its IMEX channel beside
+    their GPU claims, and the objects pass the CRD's schema (vendored from the NVIDIA DRA driver)."""
+    from checks.engines.static_checks import object_problems
+
+    doc = captured(nvl72_doc((3, 11), tp=8))
+    out = real.render_objects(doc)
+    kinds = [o["kind"] for o in out.objects]
+    assert kinds == ["ConfigMap", "ResourceClaimTemplate", "ResourceClaimTemplate", "ComputeDomain", "LeaderWorkerSet"]
+    domain, lws = out.objects[3], out.objects[4]
+    assert domain["spec"] == {
+        "numNodes": 0,
+        "channel": {"resourceClaimTemplate": {"name": "toposched-plan-0-imex-channel"}},
+    }
+    for obj in out.objects:
+        assert object_problems(obj) == [], obj["kind"]
+    for template in templates(lws):
+        names = [c["resourceClaimTemplateName"] for c in template["spec"]["resourceClaims"]]
+        assert names[-1] == "toposched-plan-0-imex-channel" and len(names) == 2  # GPUs, then the channel
+        assert {"name": "imex-channel"} in _engine(template)["resources"]["claims"]
+    invented = {**domain, "spec": {**domain["spec"], "imexChannels": 1}}
+    assert object_problems(invented)  # the CRD's schema refuses a field it does not have
+    single = real.render_objects(captured(nvl72_doc((3,), tp=4)))
+    assert "ComputeDomain" not in [o["kind"] for o in single.objects]  # one tray: NVLink inside it, no IMEX
+
+
+def test_claims_follow_the_dra_driver_release_of_the_cluster(plans: dict[str, PlanDoc]) -> None:
+    """Before v25.12.0 the driver publishes no resource.kubernetes.io/pciBusID: GPUs with NVML UUIDs are still
+    pinned (every release publishes ``uuid``), bus ids alone are not; each claim names the oldest release."""
+    by_uuid = captured(plans["pcie"])
+    by_bus = captured(plans["pcie"], uuids=False)
+
+    def claim(doc: PlanDoc, version: str) -> Obj:
+        out = real.render_objects(doc, K8sOptions(dra_driver_version=version))
+        (found,) = [o for o in out.objects if o["kind"] == "ResourceClaimTemplate"]
+        return found
+
+    new = claim(by_bus, "25.12.0")
+    assert new["metadata"]["annotations"][ANNOTATION_DRIVER] == "25.12.0"
+    assert "pciBusID" in str(new["spec"])
+    old_uuid = claim(by_uuid, "v25.8.1")
+    assert old_uuid["metadata"]["annotations"][ANNOTATION_DRIVER] == "25.3.2"
+    assert "uuid" in str(old_uuid["spec"]) and "pcieRoot" not in str(old_uuid["spec"])
+    old = real.render_objects(by_bus, K8sOptions(dra_driver_version="25.8.1"))
+    assert old.gpu_request == "device-plugin" and "before v25.12.0" in old.warnings[0]
+    with pytest.raises(InputError, match=r"before v25\.12\.0"):
+        real.render_objects(by_bus, K8sOptions(dra_driver_version="25.8.1", gpu_request="dra"))
+    for bad in ("latest", "25", "25.12.0-rc1", ""):
+        with pytest.raises(InputError, match="--dra-driver-version"):
+            K8sOptions(dra_driver_version=bad)

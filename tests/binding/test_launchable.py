@@ -162,7 +162,11 @@ def _check_trtllm(doc: PlanDoc, counts: Counter[str]) -> list[str]:
 def _check_k8s(doc: PlanDoc, engine: str) -> list[str]:
     problems = []
     opts = K8sOptions(engine=engine, image=SGLANG_IMAGE if engine == "sglang" else None)  # type: ignore[arg-type]
-    objects = k8s_objects(doc, opts)
+    everything = k8s_objects(doc, opts)
+    objects = [o for o in everything if o["kind"] != "ComputeDomain"]
+    domains = {
+        o["spec"]["channel"]["resourceClaimTemplate"]["name"] for o in everything if o["kind"] == "ComputeDomain"
+    }
     if len(objects) != len(doc.placements):
         return [f"k8s {engine}: {len(objects)} objects for {len(doc.placements)} placements"]
     for p, obj in zip(doc.placements, objects, strict=True):
@@ -185,6 +189,9 @@ def _check_k8s(doc: PlanDoc, engine: str) -> list[str]:
             keys = {e["key"] for e in terms["nodeSelectorTerms"][0]["matchExpressions"]}
             if (GPU_CLIQUE in keys) != in_clique:
                 problems.append(f"k8s {p.id}: clique label {'missing' if in_clique else 'unexpected'}")
+            channels = {c["resourceClaimTemplateName"] for c in tpl["spec"].get("resourceClaims", [])} & domains
+            if len(channels) != (1 if in_clique else 0):  # across trays: its ComputeDomain's IMEX channel
+                problems.append(f"k8s {p.id}: {len(channels)} IMEX channel claims, in one clique: {in_clique}")
     return problems
 
 

@@ -51,6 +51,7 @@ from typing import Any, Literal
 # it only inside its argv, and the pods of a multi-node TensorRT-LLM instance need it per node.
 from toposched.binding.engines import build_launches, node_setup
 from toposched.binding.k8s_affinity import node_requirements
+from toposched.binding.k8s_compute_domain import claim_channel, compute_domain, spans_one_clique
 from toposched.binding.k8s_configmap import entrypoints_to_configmap
 from toposched.binding.k8s_dra import (
     GpuIds,
@@ -225,7 +226,7 @@ def ordered_launches(doc: PlanDoc, opts: K8sOptions) -> dict[str, tuple[list[Nod
 def claim_for(doc: PlanDoc, opts: K8sOptions, name: str, pods: Sequence[GpuIds]) -> Obj:
     """The ResourceClaimTemplate ``name`` for pods with these GPUs (one pod per node)."""
     root = all(under_one_pcie_root(doc.cluster.node(x.node), x.gpus) for x in pods)
-    return claim_template(name, object_metadata(name, opts, doc), pods, pcie_root=root)
+    return claim_template(name, object_metadata(name, opts, doc), pods, pcie_root=root, driver=opts.driver)
 
 
 def placement_warnings(
@@ -249,14 +250,6 @@ def placement_warnings(
     rdma = rdma or (
         fabric is not None and bool(fabric.kind == "ETHERNET" or fabric.rdma_resource or fabric.host_network)
     )
-    if len(nodes) > 1 and one_clique:
-        warnings.append(
-            f"placement {placement.id} spans {len(nodes)} nodes of one multi-node NVLink domain, but its pods get "
-            "no IMEX channel: NCCL uses multi-node NVLink only inside a working IMEX domain (in Kubernetes a "
-            "ComputeDomain of the NVIDIA DRA driver, whose channel claim the pods take); toposched does not emit "
-            "one, so create a ComputeDomain and add its channel's resourceClaimTemplate to these pods, or NCCL "
-            "falls back to the network between the trays"
-        )
     if len(nodes) > 1 and not one_clique and not rdma:
         warnings.append(
             f"placement {placement.id} spans {len(nodes)} nodes but its pods request no RDMA device: set "
@@ -272,7 +265,7 @@ def render_objects(doc: PlanDoc, opts: K8sOptions | None = None) -> K8sOutput:
     opts = opts or K8sOptions()
     _check_plain(doc)
     ordered = ordered_launches(doc, opts)
-    mode, warnings = choose_gpu_request(opts.gpu_request, [i for _, ids in ordered.values() for i in ids])
+    mode, warnings = choose_gpu_request(opts.gpu_request, [i for _, ids in ordered.values() for i in ids], opts.driver)
     claims: list[Obj] = []
     objects: list[Obj] = []
     for p in doc.placements:
@@ -290,7 +283,13 @@ def render_objects(doc: PlanDoc, opts: K8sOptions | None = None) -> K8sOutput:
                 claims += [claim_for(doc, opts, pair[0], ids[:1]), claim_for(doc, opts, pair[1], ids[1:])]
                 warning = claim_warning(p.id, ids[1:])
                 warnings += [warning] if warning else []
-            objects.append(leader_worker_set(doc, p, launches, opts, claims=pair, ids=ids))
+            lws = leader_worker_set(doc, p, launches, opts, claims=pair, ids=ids)
+            if spans_one_clique(doc, p):  # TP across trays of one NVLink domain: an IMEX channel per pod
+                claims.append(compute_domain(name, opts, doc))
+                lwt = lws["spec"]["leaderWorkerTemplate"]
+                for template in (lwt["leaderTemplate"], lwt["workerTemplate"]):
+                    claim_channel(template, name)
+            objects.append(lws)
             warnings += [mpi_warning(doc, p.id, opts)] if is_mpi(launches[0]) else []
         warnings += placement_warnings(doc, p, ids, mode)
     objects = entrypoints_to_configmap(claims + objects, doc, opts, doc.request.id)
@@ -335,7 +334,7 @@ def render_roles(roles: Mapping[str, PlanDoc], name: str, opts: K8sOptions | Non
         _check_plain(doc)
     launched = {role: ordered_launches(doc, opts) for role, doc in roles.items()}
     everyone = [i for ordered in launched.values() for _, ids in ordered.values() for i in ids]
-    mode, warnings = choose_gpu_request(opts.gpu_request, everyone)
+    mode, warnings = choose_gpu_request(opts.gpu_request, everyone, opts.driver)
     role_specs: list[Obj] = []
     claims: list[Obj] = []
     for role, doc in roles.items():

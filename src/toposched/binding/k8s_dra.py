@@ -51,6 +51,18 @@ GPU_UUID = re.compile(r"GPU-[0-9a-f]{8}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9
 """A GPU UUID as NVML prints it (MIG UUIDs and made-up ones do not match)."""
 _BUS_ID = re.compile(r"(?:([0-9A-Fa-f]{1,8}):)?([0-9A-Fa-f]{2}):([0-9A-Fa-f]{2})\.([0-7])")
 
+DEFAULT_DRA_DRIVER = "25.12.0"
+"""The NVIDIA DRA driver release the claims are written for (``--dra-driver-version``)."""
+STANDARD_PCI_SINCE = (25, 12, 0)
+"""Since v25.12.0 the driver publishes ``resource.kubernetes.io/pciBusID`` (and ``pcieRoot``); through v25.8.1
+it published a driver-local ``pcieBusID`` instead (and ``index``/``minor``, removed in 2025-09), whose form
+reference/ does not record, so bus-id claims are not written for those releases (k8s/README.md, summary 2)."""
+OLDEST_CHECKED = "25.3.2"
+"""The oldest release whose attributes reference/ records; ``uuid`` is published by it and every later one."""
+ANNOTATION_DRIVER = "toposched.io/nvidia-dra-driver-min-version"
+"""On each claim template: the oldest NVIDIA DRA driver release whose published attributes its selectors use."""
+_VERSION = re.compile(r"v?([0-9]{1,4})\.([0-9]{1,4})(?:\.([0-9]{1,4}))?")
+
 PRESET_SOURCE = "preset:"
 PRESET_UUID = "GPU-preset-"
 FIX_PINNING = (
@@ -162,6 +174,30 @@ def _literal(value: str, pattern: re.Pattern[str]) -> str:
     return f'"{value}"'
 
 
+def parse_driver_version(text: str) -> tuple[int, int, int]:
+    """``25.12.0`` / ``v25.8.1`` / ``25.12`` -> (25, 12, 0); InputError for anything else."""
+    match = _VERSION.fullmatch(text.strip())
+    if not match:
+        raise InputError(
+            f"--dra-driver-version {text[:40]!r} is not a release number",
+            fix="give the NVIDIA DRA driver's release as `helm list` shows it, e.g. 25.12.0 or v25.8.1",
+        )
+    major, minor, patch = match.groups()
+    return int(major), int(minor), int(patch or 0)
+
+
+def dra_problem(pod: GpuIds, driver: tuple[int, int, int]) -> str | None:
+    """Why DRA cannot select this pod's GPUs on a cluster running driver release ``driver`` (None when it can)."""
+    if pod.problem:
+        return pod.problem
+    if pod.uuids is None and driver < STANDARD_PCI_SINCE:
+        return (
+            f"the NVIDIA DRA driver before v25.12.0 (this cluster: v{'.'.join(map(str, driver))}) publishes no "
+            "resource.kubernetes.io/pciBusID, and these GPUs have no NVML UUIDs to select them by"
+        )
+    return None
+
+
 def _selector(attribute: str, pattern: re.Pattern[str], values: Sequence[str]) -> str:
     literals = [_literal(v, pattern) for v in dict.fromkeys(values)]
     if len(literals) == 1:
@@ -169,23 +205,35 @@ def _selector(attribute: str, pattern: re.Pattern[str], values: Sequence[str]) -
     return f"{attribute} in [{', '.join(literals)}]"
 
 
-def claim_template(name: str, metadata: Mapping[str, Any], pods: Sequence[GpuIds], *, pcie_root: bool) -> Obj:
+def claim_template(
+    name: str,
+    metadata: Mapping[str, Any],
+    pods: Sequence[GpuIds],
+    *,
+    pcie_root: bool,
+    driver: tuple[int, int, int] = STANDARD_PCI_SINCE,
+) -> Obj:
     """A ``ResourceClaimTemplate`` for pods that may run on any of ``pods``' nodes (one request per rank).
 
     Request ``gpu-i`` takes the GPU of local rank ``i``: by UUID when every node's UUIDs are real,
     else by ``pciBusID``. When the nodes differ at ``i``, the selector accepts each node's value
     (``in [...]``); UUIDs are unique per GPU, so that stays exact (see :func:`claim_warning`).
+    ``driver``: the cluster's NVIDIA DRA driver release; the template's ``ANNOTATION_DRIVER`` annotation
+    names the oldest release its selectors work with.
     """
-    if any(p.problem for p in pods):
-        bad = next(p for p in pods if p.problem)
-        raise InputError(f"node {bad.node}: DRA cannot select its GPUs: {bad.problem}", fix=FIX_PINNING)
+    for p in pods:
+        problem = dra_problem(p, driver)
+        if problem:
+            raise InputError(f"node {p.node}: DRA cannot select its GPUs: {problem}", fix=FIX_PINNING)
     count = len(pods[0].gpus)
     if any(len(p.gpus) != count for p in pods):
         raise InputError(f"claim {name}: the pods of one template must use the same number of GPUs")
     if all(p.uuids for p in pods):
         attribute, pattern, columns = UUID_ATTRIBUTE, GPU_UUID, [p.uuids or () for p in pods]
+        oldest = OLDEST_CHECKED
     else:
         attribute, pattern, columns = BUS_ATTRIBUTE, DRA_BUS_ID, [p.dra_bus_ids or () for p in pods]
+        oldest = ".".join(map(str, STANDARD_PCI_SINCE))
     requests = [
         {
             "name": f"gpu-{i}",
@@ -197,12 +245,14 @@ def claim_template(name: str, metadata: Mapping[str, Any], pods: Sequence[GpuIds
         for i in range(count)
     ]
     devices: Obj = {"requests": requests}
-    if pcie_root:
+    if pcie_root and driver >= STANDARD_PCI_SINCE:  # pcieRoot is one of the standard attributes of v25.12.0
         devices["constraints"] = [{"matchAttribute": PCIE_ROOT}]
+        oldest = ".".join(map(str, STANDARD_PCI_SINCE))
+    annotations = {**metadata.get("annotations", {}), ANNOTATION_DRIVER: oldest}
     return {
         "apiVersion": "resource.k8s.io/v1",
         "kind": "ResourceClaimTemplate",
-        "metadata": {**metadata, "name": name},
+        "metadata": {**metadata, "name": name, "annotations": annotations},
         "spec": {"spec": {"devices": devices}},
     }
 
@@ -233,16 +283,20 @@ def nodes_text(nodes: Sequence[str]) -> str:
     return f"node{'s' if len(nodes) > 1 else ''} {shown}"
 
 
-def choose_gpu_request(asked: GpuRequest, pods: Sequence[GpuIds]) -> tuple[Literal["dra", "device-plugin"], list[str]]:
+def choose_gpu_request(
+    asked: GpuRequest, pods: Sequence[GpuIds], driver: tuple[int, int, int] = STANDARD_PCI_SINCE
+) -> tuple[Literal["dra", "device-plugin"], list[str]]:
     """``dra`` or ``device-plugin`` for these pods, and the warnings to show.
 
-    ``auto`` takes DRA when every pod's GPUs can be selected by id, else the device plugin with a
-    warning that names the nodes and why. ``dra`` on GPUs that cannot be pinned is refused.
+    ``auto`` takes DRA when every pod's GPUs can be selected by id on the cluster's DRA driver release
+    ``driver``, else the device plugin with a warning that names the nodes and why. ``dra`` on GPUs that
+    cannot be pinned is refused.
     """
     problems: dict[str, dict[str, None]] = {}  # problem -> its nodes, in order, once each
     for p in pods:
-        if p.problem:
-            problems.setdefault(p.problem, {})[p.node] = None
+        problem = dra_problem(p, driver)
+        if problem:
+            problems.setdefault(problem, {})[p.node] = None
     if asked == "dra" and problems:
         problem, nodes = next(iter(problems.items()))
         raise InputError(

@@ -10,7 +10,7 @@ from typing import Any
 
 from pydantic import TypeAdapter, ValidationError
 
-from toposched.binding.k8s_dra import GPU_REQUESTS, GpuRequest
+from toposched.binding.k8s_dra import DEFAULT_DRA_DRIVER, GPU_REQUESTS, GpuRequest, parse_driver_version
 from toposched.binding.node_launch import Engine
 from toposched.binding.plan_doc import PlanDoc
 from toposched.errors import InputError, first_problem
@@ -62,6 +62,9 @@ class K8sOptions:
     mpi_ssh_secret: str | None = None
     """Secret with ``ssh-privatekey`` and ``ssh-publickey`` through which a multi-node TensorRT-LLM leader's
     mpirun reaches the worker pods (None: ``NAME_PREFIX-mpi-ssh``)."""
+    dra_driver_version: str = DEFAULT_DRA_DRIVER
+    """The NVIDIA DRA driver release the cluster runs: before v25.12.0 the GPUs are selected by UUID only
+    (those releases publish no standard ``pciBusID``)."""
     hf_token_secret: str | None = None
     """``NAME`` or ``NAME:KEY`` of the Secret whose key (default ``token``) becomes ``HF_TOKEN`` in the engine
     container: required when given; None refers to ``hf-token`` optionally, so a cluster without it still
@@ -81,6 +84,7 @@ class K8sOptions:
                 f"--ssh-secret {self.mpi_ssh_secret[:80]!r} is not a Secret name",
                 fix="use lower-case letters, digits, '-' and '.' (a DNS subdomain), e.g. llm-mpi-ssh",
             )
+        parse_driver_version(self.dra_driver_version)  # refuses what is not a release number
         if self.hf_token_secret is not None:
             name, _, key = self.hf_token_secret.partition(":")
             if not (len(name) <= 253 and _DNS_SUBDOMAIN.match(name)) or (key and not _SECRET_KEY.match(key)):
@@ -95,6 +99,11 @@ class K8sOptions:
                 TypeAdapter(ResourceName).validate_python(self.rdma_resource)
             except ValidationError as exc:
                 raise InputError(f"--rdma-resource: {first_problem(exc).msg}") from None
+
+    @property
+    def driver(self) -> tuple[int, int, int]:
+        """``dra_driver_version`` as (major, minor, patch)."""
+        return parse_driver_version(self.dra_driver_version)
 
     def ssh_secret(self) -> str:
         """The Secret a multi-node TensorRT-LLM instance's pods take their ssh key pair from."""

@@ -63,6 +63,13 @@ from collections.abc import Mapping, Sequence
 from toposched.binding import mooncake
 from toposched.binding.k8s import K8sOutput, claim_for, ordered_launches, placement_warnings
 from toposched.binding.k8s_affinity import HOSTNAME, Requirement, node_requirements
+from toposched.binding.k8s_compute_domain import (
+    CHANNEL_CLAIM,
+    channel_template_name,
+    claim_channel,
+    compute_domain,
+    spans_one_clique,
+)
 from toposched.binding.k8s_configmap import entrypoints_to_configmap
 from toposched.binding.k8s_dra import CLAIM, GpuIds, choose_gpu_request, claim_warning
 from toposched.binding.k8s_entrypoint import exec_line, kubelet_escape
@@ -247,7 +254,9 @@ def render_pd(doc: PlanDoc, group_name: str = "pd", opts: K8sOptions | None = No
     rdma = rdma_resource(doc, opts)
     launched = ordered_launches(doc, opts)
     router = _router(launched, doc)
-    mode, warnings = choose_gpu_request(opts.gpu_request, [i for p in doc.placements for i in launched[p.id][1]])
+    mode, warnings = choose_gpu_request(
+        opts.gpu_request, [i for p in doc.placements for i in launched[p.id][1]], opts.driver
+    )
     names: dict[str, str] = {}
     for kind in ("prefill", "decode"):
         ids_of = [p.id for p in doc.placements if p.role == kind]
@@ -347,9 +356,17 @@ def _gpu_role(
         worker_claim = f"{pod}-worker-gpus" if mode == "dra" else None
         if worker_claim:
             claims.append(claim_for(doc, opts, worker_claim, ids[1:]))
-        return _leader_worker_role(
+        out = _leader_worker_role(
             doc, p, launches, role, template, opts, near, (key, value), worker_claim, dependencies
         )
+        if spans_one_clique(doc, p):  # across trays of one NVLink domain: every pod claims an IMEX channel
+            claims.append(compute_domain(pod, opts, doc))
+            pattern = out["leaderWorkerPattern"]
+            claim_channel(pattern["template"], pod)
+            patched = pattern["workerTemplatePatch"]["spec"].get("resourceClaims")
+            if patched is not None:  # the workers' patch replaces the list: the channel goes in it too
+                patched.append({"name": CHANNEL_CLAIM, "resourceClaimTemplateName": channel_template_name(pod)})
+        return out
     _require(template, key, value)
     if near is not None:
         template["spec"]["affinity"]["podAffinity"] = near

@@ -110,6 +110,11 @@ def register_launch(launch_app: typer.Typer) -> None:
             help="Secret (keys ssh-privatekey, ssh-publickey) through which a multi-node TensorRT-LLM leader's "
             "mpirun reaches its worker pods (default NAME_PREFIX-mpi-ssh).",
         ),
+        dra_driver_version: str = typer.Option(
+            "25.12.0",
+            "--dra-driver-version",
+            help="The NVIDIA DRA driver release of the cluster; before 25.12.0 GPUs are pinned by UUID only.",
+        ),
         hf_token_secret: str | None = typer.Option(
             None,
             "--hf-token-secret",
@@ -146,7 +151,7 @@ def register_launch(launch_app: typer.Typer) -> None:
             engine=_engine(engine), image=image, namespace=namespace, name_prefix=name_prefix, model_path=model_path,
             rack_label=rack_label, shm_size=shm_size, cpu=cpu, memory=memory, gpu_request=_gpu_request(gpu_request),
             rdma_resource=rdma_resource, mpi_ssh_secret=ssh_secret, hf_token_secret=hf_token_secret,
-            model_cache=model_cache,
+            model_cache=model_cache, dra_driver_version=dra_driver_version,
         )  # fmt: skip
         if roles is not None:
             if source.plan is not None or source.model is not None:
