@@ -43,6 +43,7 @@ RoleBasedGroup and CoordinatedPolicy objects ``k8s_rbg.py``; this module turns a
 
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any, Literal
@@ -74,6 +75,7 @@ from toposched.binding.k8s_options import (
 )
 from toposched.binding.k8s_pod import pod_template
 from toposched.binding.k8s_rbg import coordinated_policy, role_based_group_object, standalone_role
+from toposched.binding.k8s_schedulers import apply_scheduler
 from toposched.binding.node_launch import NodeLaunch, plain_file_name
 from toposched.binding.plan_doc import PlanDoc
 from toposched.errors import InputError
@@ -292,7 +294,8 @@ def render_objects(doc: PlanDoc, opts: K8sOptions | None = None) -> K8sOutput:
             objects.append(lws)
             warnings += [mpi_warning(doc, p.id, opts)] if is_mpi(launches[0]) else []
         warnings += placement_warnings(doc, p, ids, mode)
-    objects = entrypoints_to_configmap(claims + objects, doc, opts, doc.request.id)
+    objects = apply_scheduler(claims + objects, doc, opts)
+    objects = entrypoints_to_configmap(objects, doc, opts, doc.request.id)
     return K8sOutput(objects, warnings, mode)
 
 
@@ -357,9 +360,10 @@ def render_roles(roles: Mapping[str, PlanDoc], name: str, opts: K8sOptions | Non
     first = next(iter(roles.values()))
     names = [r["name"] for r in role_specs]
     rbg = role_based_group_object(group, role_specs, opts, first)
-    objects = entrypoints_to_configmap(
-        [*claims, rbg, coordinated_policy(group, names, opts, first)], first, opts, group
-    )
+    # one gang for the whole group: its placements come from every role's plan (on one cluster)
+    together = dataclasses.replace(first, placements=tuple(p for d in roles.values() for p in d.placements))
+    objects = apply_scheduler([*claims, rbg, coordinated_policy(group, names, opts, first)], together, opts)
+    objects = entrypoints_to_configmap(objects, first, opts, group)
     return K8sOutput(objects, warnings, mode)
 
 

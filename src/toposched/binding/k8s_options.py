@@ -35,6 +35,8 @@ MODEL_CACHE_DIR = "/root/.cache/huggingface"
 """Where the model cache is mounted and ``HF_HOME`` points (the engine images run as root: vLLM's, SGLang's
 and TensorRT-LLM's download to ``~/.cache/huggingface`` by default)."""
 DEFAULT_HF_SECRET = "hf-token"
+SCHEDULER_NAMES = ("default", "kai", "kueue", "volcano")
+"""``--scheduler`` values (``k8s_schedulers.py``)."""
 
 
 @dataclass(frozen=True)
@@ -65,6 +67,13 @@ class K8sOptions:
     dra_driver_version: str = DEFAULT_DRA_DRIVER
     """The NVIDIA DRA driver release the cluster runs: before v25.12.0 the GPUs are selected by UUID only
     (those releases publish no standard ``pciBusID``)."""
+    scheduler: str = "default"
+    """Whose scheduler admits the pods: ``default`` (kube-scheduler), ``kai``, ``kueue`` or ``volcano``
+    (``k8s_schedulers.py``: the gang and topology objects and fields each one reads)."""
+    queue: str | None = None
+    """The scheduler's queue (None: ``k8s_schedulers.DEFAULT_QUEUES``)."""
+    scheduler_topology: str = "cluster-topology"
+    """KAI: the name of the cluster's ``Topology`` object the PodGroups' constraints refer to."""
     hf_token_secret: str | None = None
     """``NAME`` or ``NAME:KEY`` of the Secret whose key (default ``token``) becomes ``HF_TOKEN`` in the engine
     container: required when given; None refers to ``hf-token`` optionally, so a cluster without it still
@@ -85,6 +94,14 @@ class K8sOptions:
                 fix="use lower-case letters, digits, '-' and '.' (a DNS subdomain), e.g. llm-mpi-ssh",
             )
         parse_driver_version(self.dra_driver_version)  # refuses what is not a release number
+        if self.scheduler not in SCHEDULER_NAMES:
+            raise InputError(f"--scheduler {self.scheduler[:40]!r} is not one of {', '.join(SCHEDULER_NAMES)}")
+        for flag, value in (("--queue", self.queue), ("--scheduler-topology", self.scheduler_topology)):
+            if value is not None and not (len(value) <= 253 and _DNS_SUBDOMAIN.match(value)):
+                raise InputError(
+                    f"{flag} {value[:80]!r} is not a Kubernetes object name",
+                    fix="use lower-case letters, digits, '-' and '.' (a DNS subdomain)",
+                )
         if self.hf_token_secret is not None:
             name, _, key = self.hf_token_secret.partition(":")
             if not (len(name) <= 253 and _DNS_SUBDOMAIN.match(name)) or (key and not _SECRET_KEY.match(key)):

@@ -86,6 +86,7 @@ from toposched.binding.k8s_options import (
 )
 from toposched.binding.k8s_pod import CONTAINER, container_resources, pod_template
 from toposched.binding.k8s_rbg import coordinated_policy, role_based_group_object, standalone_role
+from toposched.binding.k8s_schedulers import apply_scheduler
 from toposched.binding.node_launch import NodeLaunch, PortBook
 from toposched.binding.plan_doc import PlanDoc
 from toposched.errors import InputError
@@ -310,6 +311,7 @@ def render_pd(doc: PlanDoc, group_name: str = "pd", opts: K8sOptions | None = No
             "the pods have no --cpu and --memory (requests = limits), so they are not Guaranteed QoS: the kubelet's "
             "Topology Manager and Memory Manager align CPUs and memory with a NUMA node only for Guaranteed pods"
         )
+    objects = apply_scheduler(objects, doc, opts)
     return K8sOutput(entrypoints_to_configmap(objects, doc, opts, group), warnings, mode)
 
 

@@ -110,6 +110,20 @@ def register_launch(launch_app: typer.Typer) -> None:
             help="Secret (keys ssh-privatekey, ssh-publickey) through which a multi-node TensorRT-LLM leader's "
             "mpirun reaches its worker pods (default NAME_PREFIX-mpi-ssh).",
         ),
+        scheduler: str = typer.Option(
+            "default",
+            "--scheduler",
+            help="default|kai|kueue|volcano: the cluster scheduler that admits each instance as one gang "
+            "(PodGroups, queue labels, topology constraints), the GPUs staying the plan's.",
+        ),
+        queue: str | None = typer.Option(
+            None,
+            "--queue",
+            help="The scheduler's queue (default: kai default-queue, kueue user-queue, volcano default).",
+        ),
+        scheduler_topology: str = typer.Option(
+            "cluster-topology", "--scheduler-topology", help="KAI: the Topology object the PodGroups refer to."
+        ),
         dra_driver_version: str = typer.Option(
             "25.12.0",
             "--dra-driver-version",
@@ -151,7 +165,8 @@ def register_launch(launch_app: typer.Typer) -> None:
             engine=_engine(engine), image=image, namespace=namespace, name_prefix=name_prefix, model_path=model_path,
             rack_label=rack_label, shm_size=shm_size, cpu=cpu, memory=memory, gpu_request=_gpu_request(gpu_request),
             rdma_resource=rdma_resource, mpi_ssh_secret=ssh_secret, hf_token_secret=hf_token_secret,
-            model_cache=model_cache, dra_driver_version=dra_driver_version,
+            model_cache=model_cache, dra_driver_version=dra_driver_version, scheduler=scheduler,
+            queue=queue, scheduler_topology=scheduler_topology,
         )  # fmt: skip
         if roles is not None:
             if source.plan is not None or source.model is not None:

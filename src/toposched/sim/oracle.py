@@ -12,11 +12,11 @@ several GPU kinds an instance may change kind, where its KV fits); otherwise the
 and the newcomer waits as under ``slo``. Headroom and defragmentation are off (repacking makes room
 whenever any packing the batch placer finds has room).
 
-It is a reference, not a proven optimum: the batch placer is a heuristic (``benchmarks/solver_bench.py
-gap``: on 320 random batches it leaves 1 instance unplaced that CP-SAT places), and a repack happens
-only when an instance is waiting, not at every arrival. It bounds what placement can add to the
-``slo`` policy on a workload: the TP=8 SLO attainment of ``oracle`` is the target ``slo`` is judged
-against (issue 35).
+It is a reference, not a proven bound: the batch placer is a heuristic (``benchmarks/solver_bench.py
+gap``: none of 320 random batches, one of 1,000, left an instance unplaced that CP-SAT places), a repack
+happens only when an instance is waiting, not at every arrival, and a repacked layout changes what later
+arrivals find, so on some seeds the oracle ends below ``slo`` (docs/simulator.md). Its TP=8 SLO
+attainment is what ``slo`` is judged against (issue 35).
 """
 
 from __future__ import annotations
