@@ -1,5 +1,6 @@
 """JSON schemas of the custom resources toposched emits: LeaderWorkerSet, RoleBasedGroup, CoordinatedPolicy,
-ComputeDomain (the last from its vendored CRD, ``crd_schema``).
+and from their vendored CRDs (``crd_schema``) ComputeDomain, KAI's and Volcano's PodGroups, and the
+Topology / ResourceFlavor samples of docs/kubernetes.md.
 
 kubernetes-validate bundles only Kubernetes' own types, and no package registry ships these CRDs'
 OpenAPI documents, so the schemas are written here from the Go types that
@@ -240,12 +241,22 @@ def crd_schema(path: Path, version: str) -> Schema:
 COMPUTE_DOMAIN = crd_schema(
     CRDS / "nvidia-dra-driver-gpu" / "crds" / "resource.nvidia.com_computedomains.yaml", "v1beta1"
 )
+KAI_POD_GROUP = crd_schema(CRDS / "kai-scheduler" / "crds" / "scheduling.run.ai_podgroups.yaml", "v2alpha2")
+KAI_TOPOLOGY = crd_schema(CRDS / "kai-scheduler" / "crds" / "kai.scheduler_topologies.yaml", "v1alpha1")
+VOLCANO_POD_GROUP = crd_schema(CRDS / "volcano" / "crds" / "scheduling.volcano.sh_podgroups.yaml", "v1beta1")
+KUEUE_TOPOLOGY = crd_schema(CRDS / "kueue" / "crds" / "kueue.x-k8s.io_topologies.yaml", "v1beta2")
+KUEUE_FLAVOR = crd_schema(CRDS / "kueue" / "crds" / "kueue.x-k8s.io_resourceflavors.yaml", "v1beta2")
 
 SCHEMAS: dict[tuple[str, str], Schema] = {
     ("leaderworkerset.x-k8s.io/v1", "LeaderWorkerSet"): LEADER_WORKER_SET,
     ("workloads.x-k8s.io/v1alpha2", "RoleBasedGroup"): ROLE_BASED_GROUP,
     ("workloads.x-k8s.io/v1alpha2", "CoordinatedPolicy"): COORDINATED_POLICY,
     ("resource.nvidia.com/v1beta1", "ComputeDomain"): COMPUTE_DOMAIN,
+    ("scheduling.run.ai/v2alpha2", "PodGroup"): KAI_POD_GROUP,
+    ("kai.scheduler/v1alpha1", "Topology"): KAI_TOPOLOGY,
+    ("scheduling.volcano.sh/v1beta1", "PodGroup"): VOLCANO_POD_GROUP,
+    ("kueue.x-k8s.io/v1beta2", "Topology"): KUEUE_TOPOLOGY,
+    ("kueue.x-k8s.io/v1beta2", "ResourceFlavor"): KUEUE_FLAVOR,
 }
 
 
