@@ -154,3 +154,21 @@ def test_scheduler_options_are_checked(run_cli: RunCli, plan_files: dict[str, Pa
     assert result.exit_code == 2 and result.stderr.startswith("error: --scheduler 'slurm' is not one of")
     ok = run_cli("launch", "k8s", "--plan", str(plan_files["multi"]), "--scheduler", "volcano", "--queue", "llm")
     assert ok.exit_code == 0 and "kind: PodGroup" in ok.stdout and "queue: llm" in ok.stdout
+
+
+def test_the_documented_samples_are_valid_against_their_crds() -> None:
+    """docs/kubernetes.md's scheduler and ComputeDomain examples (the objects with an apiVersion), as applied."""
+    import re
+
+    import yaml
+    from checks.engines.crd_schemas import SCHEMAS
+
+    text = (Path(__file__).resolve().parents[2] / "docs" / "kubernetes.md").read_text()
+    section = text[text.index("### GB200: a ComputeDomain") : text.index("## Metrics and alerts")]
+    checked = 0
+    for block in re.findall(r"```yaml\n(.*?)```", section, re.S):
+        for obj in yaml.safe_load_all(block):
+            if isinstance(obj, dict) and (obj.get("apiVersion"), obj.get("kind")) in SCHEMAS:
+                assert object_problems(obj) == [], obj["kind"]
+                checked += 1
+    assert checked == 6  # ComputeDomain, KAI PodGroup and Topology, Kueue Topology and ResourceFlavor, Volcano PodGroup

@@ -35,7 +35,7 @@ def test_k8s_plan_prints_yaml_documents(run_cli: RunCli, tmp_path: Path) -> None
     files = docs[0]["data"]
     for dep in docs[1:]:
         (container,) = dep["spec"]["template"]["spec"]["containers"]
-        script = files[container["command"][1].removeprefix("/etc/toposched/")]
+        script = files[container["command"][1].removeprefix("/opt/toposched/entrypoint/")]
         assert script.startswith("set -eu\n") and "$$" not in script and "exec vllm serve" in script
     assert "&id" not in result.stdout  # no YAML anchors
     # a preset's bus ids are invented: the device plugin is used, and stderr says why

@@ -19,8 +19,9 @@ from toposched.binding.k8s_options import K8sOptions, Obj, dns_name, object_meta
 from toposched.binding.plan_doc import PlanDoc
 from toposched.errors import InputError
 
-ENTRYPOINT_DIR = "/etc/toposched"
-"""Where a pod's entrypoint is mounted (read-only)."""
+ENTRYPOINT_DIR = "/opt/toposched/entrypoint"
+"""Where a pod's entrypoint is mounted (read-only; not under ``/etc/toposched``, where a multi-node
+TensorRT-LLM pod mounts its ssh keys: a mount point inside a read-only ConfigMap volume cannot be made)."""
 VOLUME = "toposched-entrypoint"
 ANNOTATION_SHA = "toposched.io/entrypoint-sha256"
 MAX_CONFIGMAP_BYTES = 1 << 20
