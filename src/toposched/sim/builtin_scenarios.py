@@ -115,18 +115,17 @@ SCENARIOS.register(
     ),
 )
 SCENARIOS.register(
-    "churn-mixed",
-    Scenario(
-        name="churn-mixed",
-        cluster="mixed-gb200-h100-l40s",
-        tenants=_CHURN_TENANTS,
-        churn=Churn(occupancy=0.85, duration_s=1500.0, mean_lifetime_s=300.0, load=0.7),
-        instance_startup_s=30.0,
-        failures=(
-            Failure(at_s=375.0, gpu="gb200-tray04/1"),
-            Failure(at_s=750.0, gpu="h100-2/5"),
-            Failure(at_s=1125.0, gpu="l40s-1/3"),
-        ),
+    "churn-mixed",  # churn-128's tenants, churn and start-up on three GPU generations, a failure on each kind
+    SCENARIOS.get("churn-128").model_copy(
+        update={
+            "name": "churn-mixed",
+            "cluster": "mixed-gb200-h100-l40s",
+            "failures": (
+                Failure(at_s=375.0, gpu="gb200-tray04/1"),
+                Failure(at_s=750.0, gpu="h100-2/5"),
+                Failure(at_s=1125.0, gpu="l40s-1/3"),
+            ),
+        }
     ),
 )
 SCENARIOS.register(
