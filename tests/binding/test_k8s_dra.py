@@ -197,7 +197,8 @@ def test_multi_node_claims_for_leader_and_workers(plans: dict[str, PlanDoc]) -> 
         assert expressions(claim) == wanted
         container = tpl["spec"]["containers"][0]
         assert GPU_RESOURCE not in container["resources"]["limits"]
-        assert container["resources"]["limits"] == container["resources"]["requests"] == {"rdma/ib": "1"}
+        assert container["resources"]["limits"] == {"rdma/ib": "1"}
+        assert container["resources"]["requests"] == {"rdma/ib": "1", "cpu": "201"}  # its NUMA share: 0.9 x 224
         assert container["securityContext"] == {"capabilities": {"add": ["IPC_LOCK"]}}
         assert "hostNetwork" not in tpl["spec"]
         assert {"name": "dshm", "emptyDir": {"medium": "Memory"}} in tpl["spec"]["volumes"]

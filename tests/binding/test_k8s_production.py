@@ -174,3 +174,32 @@ def test_claims_follow_the_dra_driver_release_of_the_cluster(plans: dict[str, Pl
     for bad in ("latest", "25", "25.12.0-rc1", ""):
         with pytest.raises(InputError, match="--dra-driver-version"):
             K8sOptions(dra_driver_version=bad)
+
+
+def test_pods_request_their_numa_share_of_cpus_unless_told(plans: dict[str, PlanDoc]) -> None:
+    """Two TP=4 replicas on an HGX H100 (GPUs 0-3 and 4-7, each half's NUMA node has 112 CPUs): each pod
+    requests 0.9 x 112 = 100 CPUs (a request only); --cpu/--memory set an equal request and limit instead."""
+    deps = [o for o in real.k8s_objects(plans["two"]) if o["kind"] == "Deployment"]
+    for dep in deps:
+        resources = _engine(dep["spec"]["template"])["resources"]
+        assert resources["requests"]["cpu"] == "100" and "cpu" not in resources.get("limits", {})
+    (given,) = [
+        o for o in real.k8s_objects(plans["pcie"], K8sOptions(cpu="16", memory="64Gi")) if o["kind"] == "Deployment"
+    ]
+    resources = _engine(given["spec"]["template"])["resources"]
+    assert resources["requests"]["cpu"] == resources["limits"]["cpu"] == "16"
+    assert resources["requests"]["memory"] == resources["limits"]["memory"] == "64Gi"
+    bare = PlanDoc(
+        plans["pcie"].placements,
+        plans["pcie"].request,
+        plans["pcie"].cluster.model_copy(
+            update={
+                "nodes": tuple(
+                    n.model_copy(update={"gpus": tuple(g.model_copy(update={"cpu_affinity": None}) for g in n.gpus)})
+                    for n in plans["pcie"].cluster.nodes
+                )
+            }
+        ),
+    )
+    (dep,) = [o for o in real.k8s_objects(bare) if o["kind"] == "Deployment"]
+    assert "cpu" not in _engine(dep["spec"]["template"])["resources"].get("requests", {})  # affinity unknown

@@ -104,6 +104,9 @@ def pod_template(
         "resources": container_resources(resources, opts),
         "volumeMounts": [{"name": "dshm", "mountPath": "/dev/shm"}],
     }
+    cpus = None if opts.cpu else numa_cpu_share(doc, launches)
+    if cpus is not None:  # a request only (Burstable): the scheduler keeps the plan's CPU share free for the pod
+        container["resources"].setdefault("requests", {})["cpu"] = str(cpus)
     serves = launches[0].node_rank == 0  # the leader's (or the only) pod serves HTTP; workers do not
     if serves:
         container.update(probes())
@@ -171,6 +174,44 @@ def _mount_ssh_key(spec: Obj, container: Obj, opts: K8sOptions, *, leader: bool)
     secret = {"secretName": opts.ssh_secret(), "items": [{"key": key, "path": key}], "defaultMode": 0o400}
     spec["volumes"].append({"name": "mpi-ssh", "secret": secret})
     container["volumeMounts"].append({"name": "mpi-ssh", "mountPath": MPI_SSH_DIR, "readOnly": True})
+
+
+CPU_SHARE_RESERVE = 0.9
+"""The share of its NUMA nodes' CPUs a pod requests when ``--cpu`` is not given: 10 % of each NUMA node is
+left to the kubelet's reserved CPUs and the node's daemons, so the pods of one node all fit its allocatable
+CPUs (an assumption; ``--cpu`` sets an exact request and limit)."""
+
+
+def _cpu_count(cpulist: str) -> int:
+    """CPUs in a list such as ``0-55,112-167``; 0 for text that is not one."""
+    total = 0
+    for part in cpulist.split(","):
+        low, _, high = part.strip().partition("-")
+        if not low.isdigit() or (high and not high.isdigit()):
+            return 0
+        total += (int(high) - int(low) + 1) if high else 1
+    return max(total, 0)
+
+
+def numa_cpu_share(doc: PlanDoc, launches: Sequence[NodeLaunch]) -> int | None:
+    """CPUs a pod of ``launches`` requests: its GPUs' share of their NUMA nodes' CPUs (``GPU.cpu_affinity``), times
+    ``CPU_SHARE_RESERVE``, the smallest over the nodes it may run on; None when a GPU's affinity is unknown."""
+    shares = []
+    for launch in launches:
+        node = doc.cluster.node(launch.node)
+        everyone: dict[str, int] = {}
+        for g in node.gpus:
+            if g.cpu_affinity:
+                everyone[g.cpu_affinity] = everyone.get(g.cpu_affinity, 0) + 1
+        share = 0.0
+        for index in launch.gpus:
+            affinity = node.gpu(index).cpu_affinity
+            cpus = _cpu_count(affinity) if affinity else 0
+            if not cpus:
+                return None
+            share += cpus / everyone[str(affinity)]
+        shares.append(share)
+    return max(1, int(min(shares) * CPU_SHARE_RESERVE)) if shares else None
 
 
 def container_resources(resources: dict[str, str], opts: K8sOptions) -> Obj:
