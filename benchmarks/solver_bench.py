@@ -142,12 +142,13 @@ def gap(instances: int, *, arrival_order: bool, shapes: str = "all") -> None:
             out = fast.place_batch(batch)
             placed, unplaced = out.placements, out.unplaced
         fast_s.append(time.process_time() - start)
-        fast_cost = objective(base, placed, unplaced, prio)
+        by_id = {r.id: r for r in batch}
+        fast_cost = objective(base, placed, unplaced, prio, by_id)
         ex = Scheduler(cluster, busy=busy)
         start = time.process_time()
         out = place_exact(ex, batch)
         exact_s.append(time.process_time() - start)
-        exact_cost = objective(base, out.placements, out.unplaced, prio)
+        exact_cost = objective(base, out.placements, out.unplaced, prio, by_id)
         g = (fast_cost - exact_cost) / exact_cost if exact_cost else 0.0
         worse += g > 1e-12
         gaps.append(g)

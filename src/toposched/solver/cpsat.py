@@ -46,10 +46,25 @@ if TYPE_CHECKING:  # the scheduler calls the exact policy: no import circle at r
 # the objective's weights (the table in ``solver/exact.py``)
 W_UNPLACED = 10**9
 W_SLO = 10**8
+W_FALLBACK = 5 * 10**7
+W_STAGE = 2 * 10**7
 W_GPU = 10**6
+W_STAGE_SLO = 10**5
 W_BREAK = 10**4
 W_FIT = 10
 W_NUMA = 1
+
+
+def layout_cost(request: PlacementRequest, fallbacks: int, pp: int) -> int:
+    """The fast policies' option order (``candidates.layout_key``) as objective terms (issue 35: one objective,
+    so a gap against exact measures the solver, not a rule only one side follows): ``W_FALLBACK`` per
+    capacity fallback (options that fit as asked first); per pipeline stage beyond the first ``W_STAGE``
+    without a latency SLO (the default layout rule: PP=1 with the smallest TP that fits before fewer GPUs)
+    and ``W_STAGE_SLO`` with one (among equal GPUs, the larger TP first)."""
+    has_slo = request.slo_tpot_ms is not None or request.slo_ttft_ms is not None
+    return W_FALLBACK * fallbacks + (W_STAGE_SLO if has_slo else W_STAGE) * (pp - 1)
+
+
 _SLACK = 1.02
 """Margin on traffic estimates (probe latencies are rounded, and the chosen GPUs may differ)."""
 
@@ -280,7 +295,7 @@ def _option(
         return None
 
     use = model.new_bool_var(f"use_{i}_{o}")
-    terms.append(W_GPU * option.gpus * use)
+    terms.append((W_GPU * option.gpus + layout_cost(request, len(option.fallbacks), pp)) * use)
     ov = _OptionVars(o, cand, level, use, [])
     stage_in: list[dict[str, cp_model.LinearExprT]] = []  # per stage: NVLink domain -> "lies in it"
     misses: list[cp_model.IntVar] = []
@@ -428,10 +443,13 @@ def _budget(model: cp_model.CpModel, s: Scheduler, traffic: dict[str, list[cp_mo
 
 __all__ = [
     "W_BREAK",
+    "W_FALLBACK",
     "W_FIT",
     "W_GPU",
     "W_NUMA",
     "W_SLO",
+    "W_STAGE",
+    "W_STAGE_SLO",
     "W_UNPLACED",
     "Choice",
     "Cut",

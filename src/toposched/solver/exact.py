@@ -1,11 +1,16 @@
 """Exact baseline: the placement objective as an OR-Tools CP-SAT model, for small clusters and batches.
 
 The same objective the fast ``slo`` policy follows greedily, as one weighted sum (lexicographic by
-the size of the weights), so the two can be compared on equal terms (``objective``):
+the size of the weights, as far as one instance's options differ), so the two can be compared on equal
+terms (``objective``; the fallback and stage terms are the fast policies' option order,
+``cpsat.layout_cost``, since issue 35):
 
     1e9  per instance left unplaced (x (1 + priority))
     1e8  per placed instance whose predicted latency misses its SLO (a soft cost, as in the fast path)
+    5e7  per capacity fallback of the chosen option (KV in FP8/INT8, ...)  -- options that fit as asked first
+    2e7  per pipeline stage beyond the first, for a request without a latency SLO  -- the default layout rule
     1e6  per GPU used                                   -- the SLO with the fewest GPUs
+    1e5  per pipeline stage beyond the first, for a request with an SLO  -- larger TP among equal GPUs
     1e4  per NVLink group that was entirely free and is not afterwards  -- keep large blocks whole
     10   per free GPU in each chosen group before placing (tighter fit is cheaper)
     1    per extra NUMA node a TP group spans            -- locality inside the domain
@@ -38,6 +43,7 @@ from toposched.solver.cpsat import (
     Choice,
     Cut,
     Instance,
+    layout_cost,
     nvlink_groups,
     solve,
 )
@@ -78,8 +84,10 @@ def objective(
     placements: Sequence[Placement],
     unplaced: Sequence[Unplaced],
     priorities: dict[str, int],
+    requests: Mapping[str, PlacementRequest] | None = None,
 ) -> int:
-    """The cost of an outcome on the free GPUs it started from (lower is better)."""
+    """The cost of an outcome on the free GPUs it started from (lower is better); ``requests`` (by id) price
+    the layout terms (``cpsat.layout_cost``), left out without them."""
     free = index_before.free
     used: set[str] = set()
     cost = sum(W_UNPLACED * (1 + priorities.get(u.request_id, 0)) for u in unplaced)
@@ -87,6 +95,9 @@ def objective(
         refs = p.gpu_refs
         used.update(refs)
         cost += W_GPU * len(refs)
+        request = (requests or {}).get(p.request_id)
+        if request is not None:
+            cost += layout_cost(request, len([f for f in p.fallbacks if f != "cross-domain"]), p.pp)
         if not p.check("slo").held:
             cost += W_SLO
         for s in range(p.pp):
