@@ -119,3 +119,30 @@ def test_exact_refuses_a_large_cluster_with_the_fix() -> None:
     with pytest.raises(InfeasibleError, match="at most 128 GPUs") as info:
         s.place(make_request(), policy="exact")
     assert info.value.fix is not None and "slo" in info.value.fix
+
+
+@pytest.mark.parametrize(
+    ("preset", "model", "tp"),
+    [("hgx-h100", "llama-3.1-70b", 4), ("l40s-8x-pcie", "llama-3.1-70b", 8), ("l40s-8x-pcie", "qwen2.5-72b", 8)],
+)
+def test_exact_and_the_fast_policy_share_one_objective(
+    monkeypatch: pytest.MonkeyPatch, preset: str, model: str, tp: int
+) -> None:
+    """Issue 35: without the fallback and layout terms (``objective.layout_cost``) exact chose TP1 x PP3 on an HGX
+    H100 (fewer GPUs) and TP1 x PP4 with FP8 KV on the L40S box, where the fast policy's layout rule takes TP4
+    and TP8 as asked; priced in both, they agree, and ``objective()`` scores the rule the same way."""
+    from toposched.solver.exact import objective
+    from toposched.solver.request import PlacementRequest
+    from toposched.topology.presets import load_preset
+
+    cluster = load_preset(preset)
+    request = PlacementRequest(id="r", model=model, max_model_len=8192, concurrent_seqs=8, max_pp=8)
+    (fast,) = Scheduler(cluster).place(request, "slo").placements
+    (exact,) = Scheduler(cluster).place(request, "exact").placements
+    assert (fast.tp, fast.pp, fast.fallbacks) == (exact.tp, exact.pp, exact.fallbacks) == (tp, 1, ())
+    monkeypatch.setattr(cpsat, "layout_cost", lambda *_: 0)  # the objective before issue 35
+    (old,) = Scheduler(cluster).place(request, "exact").placements
+    assert len(old.ranks) < tp and (old.pp > 1 or old.fallbacks)  # fewer GPUs, by stages or FP8 KV
+    base = Scheduler(cluster).index
+    by_id = {"r": request}
+    assert objective(base, [exact], [], {}, by_id) < objective(base, [old], [], {}, by_id)

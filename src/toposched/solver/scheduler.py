@@ -23,6 +23,7 @@ from toposched.perf.hardware import GpuSpec
 from toposched.solver.candidates import Candidate, option_order, options_key
 from toposched.solver.constraints import FilterContext, first_failure, node_filters
 from toposched.solver.index import LEVELS, ClusterIndex, Group
+from toposched.solver.objective import W_BREAK, W_FIT, W_GPU, W_SLO, layout_cost
 from toposched.solver.options import Prediction, build_options, gpu_type_for
 from toposched.solver.outcome import Outcome
 from toposched.solver.picking import warm_node_topologies
@@ -286,8 +287,9 @@ class Scheduler:
             return outcome
         # Best fit alone lets a small instance break a whole NVLink group the rest of the batch did
         # not need; preferring partly used groups can take room a later, larger instance needed.
-        # Decide the batch both ways without booking, then book the better one (the exact
-        # objective's order: unplaced, SLO misses, GPUs, whole groups broken, fit).
+        # Decide the batch both ways without booking, then book the better one under the exact
+        # baseline's objective (solver/objective.py: unplaced, SLO misses, fallbacks and layout, GPUs,
+        # whole groups broken, fit).
         plain = self._trial(ordered, choose, keep_whole=False)
         whole = self._trial(ordered, choose, keep_whole=True)
         best = whole if whole[0] < plain[0] else plain
@@ -332,22 +334,22 @@ class Scheduler:
         saved_cross = dict(self.cross_used)
         outcome = Outcome()
         chosen: list[tuple[PlacementRequest, Assessment]] = []
-        misses = gpus = broken = fit = 0
+        cost = 0  # the objective's terms below the unplaced ones (solver/objective.py), as exact.objective counts them
         try:
             with self.index.keeping_whole(keep_whole):
                 for request in ordered:
 
                     def stage(result: Assessment, request: PlacementRequest = request) -> None:
-                        nonlocal misses, gpus, broken, fit
-                        refs = result.placement.gpu_refs
+                        nonlocal cost
+                        p = result.placement
+                        refs = p.gpu_refs
                         b, f = fragmentation(self.index, [refs])
                         self.index.take(refs)
-                        self.adopt(result.placement, request.slo_class, cross_gbps=result.cross_gbps)
+                        self.adopt(p, request.slo_class, cross_gbps=result.cross_gbps)
                         chosen.append((request, result))
-                        misses += not result.meets_slo
-                        gpus += len(refs)
-                        broken += b
-                        fit += f
+                        fallbacks = len([x for x in p.fallbacks if x != "cross-domain"])
+                        cost += W_SLO * (not result.meets_slo) + layout_cost(request, fallbacks, p.pp)
+                        cost += W_GPU * len(refs) + W_BREAK * b + W_FIT * f
 
                     self._decide(request, choose, stage, outcome)
         finally:
@@ -357,7 +359,7 @@ class Scheduler:
             self.cross_used = saved_cross
         priorities = {r.id: r.priority for r in ordered}
         unplaced = sum(1 + priorities[u.request_id] for u in outcome.unplaced)
-        return (unplaced, misses, gpus, broken, fit), outcome, chosen
+        return (unplaced, cost), outcome, chosen
 
     def commit(self, chosen: Assessment, *, ttl_s: float | None = None, meta: dict[str, str] | None = None) -> None:
         """Book a chosen placement in the ledger (atomically, all its GPUs) and take its GPUs.
