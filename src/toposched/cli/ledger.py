@@ -213,6 +213,7 @@ def stress(
         f"{kind}: {result['ops']} ops by {clients} clients in {result['seconds']:.2f} s "
         f"= {result['ops_per_s']:.0f} ops/s "
         f"({result['reservations_per_s']:.0f} reservations/s); double bookings {result['double_bookings']}, "
-        f"lost {result['lost']} (checked {result['checked_changes']} changes, {result['checked_snapshots']} snapshots)",
+        f"lost {result['lost']}, leases run out unrenewed {result['expired_unrenewed']} "
+        f"(checked {result['checked_changes']} changes, {result['checked_snapshots']} snapshots)",
         markup=False,
     )

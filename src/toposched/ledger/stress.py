@@ -11,8 +11,12 @@ one operation is seen; between log reads it also sums the live reservations itse
 the backend's own per-GPU accounts with the capacity. ``double_bookings`` counts the operations
 (and snapshots) after which some GPU's reserved bytes exceeded its capacity.
 
-At the end ``lost`` counts reservations that a client holds but the ledger does not, the reverse,
-and those held on both sides with different GPUs. The run then releases what it booked.
+At the end ``lost`` counts reservations that a client holds but the ledger does not although their lease
+has not run out, the reverse, and those held on both sides with different GPUs. A reservation the ledger
+dropped after its lease ran out unrenewed (``--ttl`` shorter than the run) is not lost: that is what a
+lease is for; ``expired_unrenewed`` counts them apart (each client notes when each of its leases ends, by
+this host's clock, after the call returned: no earlier than the ledger's own end). The run then releases
+what it booked.
 """
 
 from __future__ import annotations
@@ -116,6 +120,7 @@ def _client(
         refs = stress_refs(cfg.gpus)
         ledger = open_ledger(cfg.url)
         held: dict[str, dict[str, int]] = {}
+        ends: dict[str, float] = {}  # when each held lease runs out unless renewed (this host's wall clock)
         counts = dict.fromkeys(("reserved", "refused", "released", "renewed", "expired", "retried"), 0)
         gc.freeze()  # the imports' objects are never garbage: the collector need not walk them again
         start.wait()
@@ -129,6 +134,7 @@ def _client(
                 result = _retry(cfg, counts, ledger.reserve, rid, gpus, ttl_s=cfg.ttl_s, owner=owner)
                 if result.ok:
                     held[rid] = gpus
+                    ends[rid] = time.time() + cfg.ttl_s
                 counts["reserved" if result.ok else "refused"] += 1
             elif roll < 0.9:
                 rid = rng.choice(sorted(held))
@@ -141,10 +147,22 @@ def _client(
                     del held[rid]
                     counts["expired"] += 1
                 else:
+                    ends[rid] = time.time() + cfg.ttl_s
                     counts["renewed"] += 1
         ledger.close()
         transport = type(getattr(ledger, "client", None)).__name__  # etcd's: EtcdGrpcClient or EtcdClient
-        out.put(("client", {"held": held, "counts": counts, "cpu_s": _own_cpu_s() - began_cpu, "transport": transport}))
+        out.put(
+            (
+                "client",
+                {
+                    "held": held,
+                    "ends": {k: ends[k] for k in held},
+                    "counts": counts,
+                    "cpu_s": _own_cpu_s() - began_cpu,
+                    "transport": transport,
+                },
+            )
+        )
     except Exception:
         out.put(("error", f"client {index}: {traceback.format_exc()}"))
 
@@ -264,10 +282,16 @@ def run_stress(cfg: StressConfig) -> dict[str, Any]:
         raise StateError("the stress run failed: " + errors[0].strip().splitlines()[-1], fix="\n".join(errors))
 
     held: dict[str, dict[str, int]] = {}
+    ends: dict[str, float] = {}
     for report in reports:
         held.update(report["held"])
+        ends.update(report["ends"])
     in_ledger = {r.id: r.gpus for r in ledger.reservations() if r.owner.startswith(f"stress:{run}:")}
-    lost = len(held.keys() ^ in_ledger.keys()) + sum(held[k] != in_ledger[k] for k in held.keys() & in_ledger.keys())
+    now = time.time()
+    missing = held.keys() - in_ledger.keys()
+    expired = {k for k in missing if ends[k] <= now}  # its lease ran out unrenewed: the ledger may drop it
+    lost = len(missing - expired) + len(in_ledger.keys() - held.keys())
+    lost += sum(held[k] != in_ledger[k] for k in held.keys() & in_ledger.keys())
     for rid in in_ledger:
         ledger.release(rid)
     ledger.close()
@@ -282,6 +306,7 @@ def run_stress(cfg: StressConfig) -> dict[str, Any]:
         "reservations_per_s": round(totals.get("reserved", 0) / seconds, 1) if seconds > 0 else 0.0,
         "double_bookings": checked["violations"] + checked["snapshot_violations"],
         "lost": lost,
+        "expired_unrenewed": len(expired),
         "held_at_end": len(held),
         "checked_changes": checked["entries"],
         "checked_snapshots": checked["snapshots"],
