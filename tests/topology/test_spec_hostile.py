@@ -183,3 +183,22 @@ def test_longest_node_names_keep_valid_unique_preset_uuids(tmp_path: Path) -> No
                                                                              "preset": "hgx-h100"}]})))  # fmt: skip
     uuids = [g.uuid for n in cluster.nodes for g in n.gpus]
     assert len(set(uuids)) == 16 and all(u is not None and len(u) <= 253 for u in uuids)
+
+
+def test_total_gpu_count_is_bounded_before_the_nodes_are_built(tmp_path: Path) -> None:
+    """Issue 37: the node limit admitted an 80,000-GPU spec (35 s, 2.5 GB) and ten times that; the GPUs of a
+    spec are capped at what the machine builds in seconds, checked per entry before its nodes are made."""
+    from toposched.errors import InputError
+    from toposched.sim.loading import load_cluster
+    from toposched.topology.spec import MAX_GPUS
+
+    ok = 'nodes:\n  - {name: "a-{i}", count: 4, preset: hgx-h100}\n'
+    assert len(load_cluster_spec(_write(tmp_path, ok)).nodes) == 4
+    over = (
+        'nodes:\n  - {name: "a-{i}", count: 8000, preset: hgx-h100}\n'
+        '  - {name: "b-{i}", count: 193, preset: hgx-h100}\n'
+    )
+    error = _error(_write(tmp_path, over))
+    assert error.path == "nodes.1" and f"at most {MAX_GPUS:,}" in error.problem and "65,544" in error.problem
+    with pytest.raises(InputError, match="80,000 GPUs; at most 65,536"):
+        load_cluster("10000xhgx-h100")

@@ -14,7 +14,7 @@ from toposched.sim.builtin_scenarios import SCENARIOS
 from toposched.sim.scenario import MAX_REF, MAX_SCENARIO_BYTES, Scenario
 from toposched.topology.model import Cluster, Fabric
 from toposched.topology.presets import load_preset, preset_node
-from toposched.topology.spec import MAX_NODES, load_cluster_spec
+from toposched.topology.spec import MAX_GPUS, MAX_NODES, load_cluster_spec
 
 
 def _exists(ref: str) -> bool:
@@ -86,6 +86,12 @@ def load_cluster(ref: str) -> Cluster:
             raise InputError(f"cluster {ref[:60]!r}: the node count must be between 1 and {MAX_NODES}")
         width = len(str(count - 1))
         base = preset_node(preset)
+        if count * len(base.gpus) > MAX_GPUS:
+            raise InputError(
+                f"cluster {ref[:60]!r}: {count * len(base.gpus):,} GPUs; at most {MAX_GPUS:,} are accepted "
+                "(building 65,536 takes about 20 s and 2 GB)",
+                fix=f"use at most {MAX_GPUS // max(len(base.gpus), 1):,} nodes of {preset}",
+            )
         nodes = [
             base.model_copy(
                 update={"name": f"{preset}-{n:0{width}d}", "rack": f"rack{n // 8}", "zone": f"zone{n // 64}"}

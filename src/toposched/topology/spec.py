@@ -65,6 +65,12 @@ from toposched.topology.smi import parse_topo_matrix
 MAX_NODES = 100_000
 """Most nodes one spec may describe, all entries together (as ``NxPRESET`` in scenarios)."""
 
+MAX_GPUS = 65_536
+"""Most GPUs one spec (or ``NxPRESET``) may describe: what a 2-core, 24 GiB machine builds in seconds. Measured
+(issue 37, 2-core AMD EPYC VM): 8,192 HGX H100 nodes (65,536 GPUs) take 22 s and 2.0 GB to build and print
+(`topo show --cluster`); 80,000 GPUs took 35 s and 2.5 GB, and the node limit alone let 800,000 through
+(about 25 GB by extrapolation)."""
+
 MAX_SPEC_BYTES = 512 * 1024
 """Largest spec file read: about 5,000 one-line node entries (``count`` patterns describe more).
 The YAML reader is pure Python (~6 us a byte), so this keeps a spec under about 4 s to parse."""
@@ -346,9 +352,19 @@ def build_cluster(
     patterns = [_name_pattern(entry, f"nodes.{n}", source) for n, entry in enumerate(spec.nodes)]
     nodes: list[Node] = []
     entry_of: dict[str, int] = {}
+    gpus = 0
     for n, entry in enumerate(spec.nodes):
         where = f"nodes.{n}"
         template = _with_p2p(_template(entry, where, base, source, found), entry, where, base, source)
+        gpus += len(template.gpus) * entry.count
+        if gpus > MAX_GPUS:
+            raise SpecError(
+                source,
+                where,
+                f"the spec describes more than {MAX_GPUS:,} GPUs (at least {gpus:,} by this entry); at most "
+                f"{MAX_GPUS:,} are accepted (building 65,536 takes about 20 s and 2 GB)",
+                fix="split the cluster into several specs, or lower the counts",
+            )
         for i in range(entry.count):
             name = patterns[n].format(i=i)
             problem = node_name_problem(name)
