@@ -114,6 +114,35 @@ def connect(path: Path, *, busy_timeout_s: float = BUSY_TIMEOUT_S, shared: bool 
     return sqlite3.connect(path, timeout=busy_timeout_s, isolation_level=None, check_same_thread=not shared)
 
 
+def on_read_only_fs(path: Path) -> bool:
+    """The folder of ``path`` is on a file system mounted read-only (a snapshot, a backup mount)."""
+    try:
+        return bool(os.statvfs(path.parent).f_flag & os.ST_RDONLY)
+    except OSError:
+        return False
+
+
+def connect_read_only(path: Path, *, shared: bool = False) -> sqlite3.Connection:
+    """A read-only connection to a file on a read-only file system, where SQLite can create neither
+    ``FILE-wal`` nor ``FILE-shm``: ``immutable=1`` when there is no write-ahead log to replay (SQLite then
+    reads the main file as it is), else ``mode=ro`` (which needs the ``-shm`` file the writer left).
+    ``StateError`` naming the fix when the log cannot be read."""
+    wal = path.with_name(path.name + "-wal")
+    pending = wal.exists() and wal.stat().st_size > 0
+    uri = f"{path.resolve().as_uri()}?{'mode=ro' if pending else 'immutable=1'}"
+    conn = sqlite3.connect(uri, uri=True, isolation_level=None, check_same_thread=not shared)
+    try:
+        conn.execute("SELECT count(*) FROM sqlite_master").fetchone()
+    except sqlite3.Error as exc:
+        conn.close()
+        raise StateError(
+            f"the state file {_shown(path)} is on a read-only file system and its write-ahead log "
+            f"{wal.name} cannot be read without writing beside it ({exc})",
+            fix="copy the file and its -wal and -shm files to a writable folder and show the copy",
+        ) from None
+    return conn
+
+
 def use_wal(conn: sqlite3.Connection) -> None:
     """Put the file in WAL mode (refusing a file that cannot be) with ``synchronous=FULL``: a commit
     is on disk when it returns and survives a power loss."""

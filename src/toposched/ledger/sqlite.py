@@ -134,6 +134,7 @@ class SqliteLedger:
         self._pid = 0
         self._ledger_id = ""
         self._mark = CommitMark(self.path.with_name(self.path.name + "-commits"))
+        self._read_only = False  # the file is on a read-only file system (set when it is opened)
         self._known: _Known | None = None
         """What the connection knows while no other one commits (see the module docstring); None: read it."""
         # One connection per process, shared by its threads: transactions are serialised by this lock
@@ -153,15 +154,20 @@ class SqliteLedger:
     def _connect(self) -> sqlite3.Connection:
         if self._conn is not None and self._pid == os.getpid():
             return self._conn
-        sqlite_file.prepare(self.path, what="ledger file")
+        self._read_only = sqlite_file.on_read_only_fs(self.path) and self.path.exists()
+        if not self._read_only:
+            sqlite_file.prepare(self.path, what="ledger file")
         wal = ledger_wal_damage(self.path)
         if wal is not None:
             raise damage_error(self.path, wal)
         mark = self._mark.read()
         conn: sqlite3.Connection | None = None
         try:
-            conn = sqlite_file.connect(self.path, busy_timeout_s=self._busy_timeout_s, shared=True)
-            ledger_id, commits = open_ledger(conn, self.path)
+            if self._read_only:  # a snapshot or backup mount: shown, never changed (issue 37)
+                conn = sqlite_file.connect_read_only(self.path, shared=True)
+            else:
+                conn = sqlite_file.connect(self.path, busy_timeout_s=self._busy_timeout_s, shared=True)
+            ledger_id, commits = open_ledger(conn, self.path, read_only=self._read_only)
         except BaseException as exc:
             if conn is not None:
                 conn.close()
@@ -178,7 +184,7 @@ class SqliteLedger:
                 fix=f"restore the newest backup; if you put back an older copy on purpose, delete {self.mark_path}",
             )
         self._mark.close()
-        if mark != (ledger_id, commits):
+        if mark != (ledger_id, commits) and not self._read_only:
             self._mark.write(ledger_id, commits)
         self._conn, self._pid, self._ledger_id, self._known = conn, os.getpid(), ledger_id, None
         self._decoded = {}
@@ -191,6 +197,11 @@ class SqliteLedger:
         """A transaction (write: ``BEGIN IMMEDIATE`` plus a sweep of due leases) and the time it runs at."""
         with self._lock:
             conn = self._connect()
+            if write and self._read_only:
+                raise StateError(
+                    f"the ledger file {self.path} is on a read-only file system: it can be shown, not changed",
+                    fix="mount it read-write, or copy it to a writable folder and use the copy",
+                )
             yield from self._run(conn, write=write)
 
     def _run(self, conn: sqlite3.Connection, *, write: bool) -> Iterator[tuple[sqlite3.Connection, float]]:

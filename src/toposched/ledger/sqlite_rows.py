@@ -114,15 +114,18 @@ def row_to_reservation(values: Sequence[Any]) -> Reservation:
     )
 
 
-def open_ledger(conn: sqlite3.Connection, path: Path) -> tuple[str, int]:
+def open_ledger(conn: sqlite3.Connection, path: Path, *, read_only: bool = False) -> tuple[str, int]:
     """Check a new connection's file (``path``), create or upgrade the ledger tables; the ledger's id and
-    commits. Raises ``Damaged`` for content that fails a check, ``StateError`` for a schema it cannot read."""
+    commits. Raises ``Damaged`` for content that fails a check, ``StateError`` for a schema it cannot read.
+    ``read_only``: check only (a file on a read-only file system: nothing is created or upgraded)."""
     # The whole file, not only the ledger's tables: that also checks the free-page list, whose damage
     # would let SQLite hand out a page in use. It costs 18 ms at 4,096 GPUs (+0.5 ms per MiB of DomainMaps).
     check = conn.execute("PRAGMA integrity_check").fetchall()
     if [tuple(row) for row in check] != [("ok",)]:
         more = f" (and {len(check) - 1} more)" if len(check) > 1 else ""
         raise Damaged(f"integrity_check: {check[0][0] if check else 'no answer'}{more}")
+    if read_only:
+        return _check_read_only(conn, path)
     sqlite_file.use_wal(conn)
     conn.execute("BEGIN IMMEDIATE")
     try:
@@ -147,6 +150,26 @@ def open_ledger(conn: sqlite3.Connection, path: Path) -> tuple[str, int]:
         raise
     if row is None:  # put the new ledger's id in the main file at once (see FILE-commits)
         conn.execute("PRAGMA wal_checkpoint(PASSIVE)")
+    conn.execute("BEGIN")
+    try:
+        return verify(conn)
+    finally:
+        conn.execute("COMMIT")
+
+
+def _check_read_only(conn: sqlite3.Connection, path: Path) -> tuple[str, int]:
+    """``open_ledger`` of a file that may not be written: its schema must be this version's already."""
+    try:
+        row = conn.execute("SELECT value FROM ledger_meta WHERE key = 'schema'").fetchone()
+    except sqlite3.OperationalError:
+        row = None
+    if row is None or row[0] != str(LEDGER_SCHEMA):
+        found = "no ledger" if row is None else f"ledger schema {row[0]}"
+        raise StateError(
+            f"the ledger file {path} is on a read-only file system and holds {found}; this toposched reads "
+            f"schema {LEDGER_SCHEMA} and cannot create or upgrade it there",
+            fix="copy it to a writable folder (toposched upgrades a copy on first use), or mount it read-write",
+        )
     conn.execute("BEGIN")
     try:
         return verify(conn)
