@@ -497,3 +497,49 @@ def test_a_bad_request_books_nothing_and_costs_no_full_read(monkeypatch: pytest.
         assert ledger.calls["reservations"] == reads and ledger.calls["release"] == 0
     finally:
         state.close()
+
+
+def test_readyz_says_not_ready_while_writes_fail_and_ready_once_one_works(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Issue 37: with a full disk every write answered 503 while /readyz said 200."""
+    ledger = FaultyLedger(MemoryLedger())
+    state = open_state(monkeypatch, ledger, follow_interval_s=0.02)
+
+    async def scenario() -> None:
+        async with running(create_app(state.config, state)) as client:
+            assert await ready_code(client) == 200
+            ledger.fail("reserve", StateError("database or disk is full"))
+            refused = await client.post("/v1/placements", json={"model": "llama-3.1-8b", "id": "a", "allowed_tp": [2]})
+            assert refused.status_code == 503
+            answer = await client.get("/readyz")
+            assert answer.status_code == 503
+            assert answer.json()["detail"] == "the last write to the state failed: database or disk is full"
+            ledger.heal()
+            placed = await client.post("/v1/placements", json={"model": "llama-3.1-8b", "id": "b", "allowed_tp": [2]})
+            assert placed.status_code == 201, placed.text
+            assert (await client.get("/readyz")).json() == {"status": "ready"}
+
+    asyncio.run(scenario())
+
+
+def test_a_damaged_row_no_read_touches_is_found_by_the_periodic_check(tmp_path: Path) -> None:
+    """Issue 37: a damaged row the service never reads again (a hold, the commit count) left it booking with
+    /readyz 200 while every new process refused the file; the check of the open runs every resync_interval_s."""
+    path = tmp_path / "state.sqlite3"
+    now = [0.0]
+    config = ServiceConfig(state=f"sqlite:{path}", source=HGX, auth=False, resync_interval_s=10)
+    state = ServiceState(config, clock=lambda: now[0])
+    state.open()
+    try:
+        assert state.place(body("a", allowed_tp=[2])).status == "placed"
+        assert state.sync()
+        with sqlite3.connect(path) as db:
+            (checksum,) = db.execute("SELECT checksum FROM ledger_meta WHERE key = 'ledger_id'").fetchone()
+            db.execute("UPDATE ledger_meta SET checksum = ? WHERE key = 'ledger_id'", (checksum ^ 1,))
+        now[0] += 10
+        assert not state.sync() and state.last_error is not None and "ledger_meta" in state.last_error
+        with sqlite3.connect(path) as db:
+            db.execute("UPDATE ledger_meta SET checksum = ? WHERE key = 'ledger_id'", (checksum,))
+        now[0] += 10
+        assert state.sync(), state.last_error
+    finally:
+        state.close()

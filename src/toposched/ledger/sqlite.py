@@ -89,6 +89,7 @@ from toposched.ledger.sqlite_rows import (
     put_meta,
     row_to_reservation,
     sqlite_error,
+    verify,
     with_checksum,
 )
 
@@ -485,6 +486,26 @@ class SqliteLedger:
         if version != known.version or known.expiry_floor <= float(self._clock()):
             return None
         return known.logged[since - known.logged_after :]
+
+    def check(self) -> None:
+        """The checks of the open (``integrity_check`` of the file, every row against its checksum, holds against
+        reservations, audit seqs), again: ``StateError`` naming the damage. The service runs it every
+        ``resync_interval_s`` so a row damaged under it stops it as it stops every new process (issue 37)."""
+        with self._lock:
+            conn = self._connect()
+            try:
+                check = conn.execute("PRAGMA integrity_check").fetchall()
+                if [tuple(row) for row in check] != [("ok",)]:
+                    raise Damaged(f"integrity_check: {check[0][0] if check else 'no answer'}")
+                conn.execute("BEGIN")
+                try:
+                    verify(conn)
+                finally:
+                    conn.execute("COMMIT")
+            except sqlite3.Error as exc:
+                raise sqlite_error(self.path, exc, self._busy_timeout_s) from exc
+            except Damaged as exc:
+                raise damage_error(self.path, str(exc)) from exc
 
     def close(self) -> None:
         with self._lock:

@@ -204,7 +204,15 @@ def verify(conn: sqlite3.Connection) -> tuple[str, int]:
 
     def rows(table: str) -> Iterator[tuple[Any, ...]]:
         query = f"SELECT {', '.join(ROWS[table])}, checksum FROM {table} ORDER BY rowid"
-        return (checked_row(table, row) for row in conn.execute(query))
+        cursor = conn.execute(query)
+        try:
+            for row in cursor:
+                yield checked_row(table, row)
+        finally:
+            # a check that raises half-way must not leave the statement open: it would hold the read
+            # snapshot as long as the exception's traceback lives, and the next check would see the damage
+            # it read even after a repair
+            cursor.close()
 
     meta = {key: value for key, value in rows("ledger_meta")}
     gpus = {ref for ref, _capacity in rows("ledger_gpus")}

@@ -156,9 +156,12 @@ def create_app(config: ServiceConfig, state: ServiceState | None = None) -> Fast
         summary="State loaded and the last background sync worked",
     )
     async def readyz() -> JSONResponse:
-        if state.ready and state.last_error is None:
+        # not ready while loading, while background syncs fail (a damaged file: the periodic check reads every
+        # row), and while writes fail (a full disk, a read-only file): issue 37
+        problem = state.last_error or (state.write_problem() if state.ready else "loading")
+        if problem is None:
             return JSONResponse({"status": "ready"})
-        return JSONResponse({"status": "not ready", "detail": state.last_error or "loading"}, status_code=503)
+        return JSONResponse({"status": "not ready", "detail": problem}, status_code=503)
 
     @app.get(
         "/metrics",

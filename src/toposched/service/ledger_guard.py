@@ -7,6 +7,9 @@ ledger's atomic compare-and-swap refuses the second replica, which then resyncs 
 plan needs is kept in the reservation's ``meta`` (``hbm_bytes``), next to the placement record the
 scheduler attaches (``placement``) that lets any replica rebuild its state from the ledger alone.
 
+It keeps the last write's failure (``write_problem``: a full disk, a read-only or damaged file) until a write
+works again, which ``/readyz`` reports (issue 37: every write answered 503 while /readyz said 200).
+
 It also remembers which audit entries it caused itself, so a replica following the audit log can tell
 its own changes from other replicas' (``foreign``). Each record goes once its entry has been read: the
 replica reads every entry of the log, by ``follow`` or by ``resync``, so the record stays small.
@@ -15,10 +18,14 @@ replica reads every entry of the log, by ``follow`` or by ``resync``, so the rec
 from __future__ import annotations
 
 from collections import Counter
-from collections.abc import Mapping
-from typing import ClassVar
+from collections.abc import Callable, Mapping
+from typing import Any, ClassVar, TypeVar
 
+from toposched.errors import StateError
 from toposched.ledger.base import AuditEntry, Feature, GpuAccount, Ledger, Reservation, ReserveResult
+
+WRITE_PROBLEM_CHARS = 300
+T = TypeVar("T")
 
 
 class GuardedLedger:
@@ -31,6 +38,18 @@ class GuardedLedger:
         self.capacities = dict(capacities)
         self.booked: dict[str, Reservation] = {}
         self._mine: Counter[tuple[str, str]] = Counter()
+        self.write_problem: str | None = None
+        """Why the last write to the ledger failed (None once one works): /readyz answers 503 with it."""
+
+    def _wrote(self, call: Callable[..., T], *args: Any, **kwargs: Any) -> T:
+        """Run a write; keep its failure for /readyz (cleared by the next write that works)."""
+        try:
+            out = call(*args, **kwargs)
+        except StateError as exc:
+            self.write_problem = f"the last write to the state failed: {exc.message}"[:WRITE_PROBLEM_CHARS]
+            raise
+        self.write_problem = None
+        return out
 
     # ------------------------------------------------------------------ own changes
 
@@ -50,7 +69,7 @@ class GuardedLedger:
     # ------------------------------------------------------------------ the Ledger interface
 
     def set_capacity(self, capacities: Mapping[str, int]) -> None:
-        self.inner.set_capacity(capacities)
+        self._wrote(self.inner.set_capacity, capacities)
         self.capacities.update(capacities)
 
     def accounts(self) -> dict[str, GpuAccount]:
@@ -69,7 +88,7 @@ class GuardedLedger:
         whole = {ref: self.capacities.get(ref, b) for ref, b in gpus.items()}
         record = dict(meta or {})
         record["hbm_bytes"] = str(max(planned)) if planned else "0"
-        result = self.inner.reserve(rid, whole, ttl_s=ttl_s, owner=owner, meta=record)
+        result: ReserveResult = self._wrote(self.inner.reserve, rid, whole, ttl_s=ttl_s, owner=owner, meta=record)
         held = result.reservation
         if result.status == "already_held" and held is not None and _request_of(held.meta) != _request_of(record):
             # the id holds these GPUs for another request (the same id with another body, booked at the same
@@ -83,13 +102,13 @@ class GuardedLedger:
         return result
 
     def renew(self, rid: str, ttl_s: float) -> Reservation | None:
-        renewed = self.inner.renew(rid, ttl_s)
+        renewed: Reservation | None = self._wrote(self.inner.renew, rid, ttl_s)
         if renewed is not None:
             self._mine[("renew", rid)] += 1
         return renewed
 
     def release(self, rid: str) -> bool:
-        released = self.inner.release(rid)
+        released: bool = self._wrote(self.inner.release, rid)
         if released:
             self._mine[("release", rid)] += 1
         return released

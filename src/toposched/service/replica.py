@@ -113,6 +113,8 @@ class ReplicaCore:
         self.source: SourceRef | None = config.source
         self._seq = 0
         """Position in the ledger's audit log up to which this replica's view is up to date."""
+        self._state_checked_at = float("-inf")
+        """``clock`` time of the last full check of the state file (``ServiceState._check_state``)."""
         self._next_resync = 0.0
         """``clock`` time of the background's next full resync (the safety net; ``Following.resync_due``)."""
         self._stale_at: float | None = None

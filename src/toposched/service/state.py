@@ -129,6 +129,7 @@ class ServiceState(Admission, Reporting):
                         self.resync()
                     else:
                         self.follow()
+                    self._check_state()
                     self.refresh_topology(probe=False)
             finally:
                 for waiting, answer in expired:
@@ -143,6 +144,22 @@ class ServiceState(Admission, Reporting):
             log.info("background sync works again after %d failed tries", self._failed_syncs)
         self._failed_syncs, self._logged, self.last_error = 0, None, None
         return True
+
+    def write_problem(self) -> str | None:
+        """Why the last write to the ledger failed, until one works again (None: writes work)."""
+        return self._guard.write_problem if self._guard is not None else None
+
+    def _check_state(self) -> None:
+        """Every ``resync_interval_s``, the checks a new process runs at open (``check`` of the SQLite ledger:
+        ``integrity_check`` and every row's checksum), so a row damaged under a running service makes /readyz
+        answer 503 as it makes every new process refuse the file (issue 37). Raises what the check finds."""
+        now = self.clock()
+        if now - self._state_checked_at < self.config.resync_interval_s:
+            return
+        self._state_checked_at = now
+        check = getattr(self.ledger.inner, "check", None)  # SQLite's; etcd checks on the server
+        if check is not None:
+            check()
 
     def tick(self) -> None:
         """``sync`` for a loop that expects an exception: a ``StateError`` with the reason when it failed."""

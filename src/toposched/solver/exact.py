@@ -43,12 +43,12 @@ from toposched.solver.cpsat import (
     Choice,
     Cut,
     Instance,
-    layout_cost,
     nvlink_groups,
     solve,
 )
 from toposched.solver.index import ClusterIndex
 from toposched.solver.layout import layout_problem
+from toposched.solver.objective import layout_cost
 from toposched.solver.outcome import Outcome
 from toposched.solver.place import Assessment, assess
 from toposched.solver.request import Placement, PlacementRequest, Unplaced, instance_ids
