@@ -19,6 +19,7 @@ from fastapi.responses import JSONResponse, PlainTextResponse, RedirectResponse
 from fastapi.staticfiles import StaticFiles
 from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 from starlette.exceptions import HTTPException
+from starlette.routing import Match
 
 from toposched import __version__
 from toposched.errors import InputError, StateError, ToposchedError
@@ -70,9 +71,24 @@ def http_error(request: Request, exc: HTTPException) -> JSONResponse:
     if exc.status_code == 404:
         return error_response(404, "not found", f"nothing at {request.url.path}", exc.headers)
     if exc.status_code == 405:
-        detail = f"{request.method} is not a method of {request.url.path} (the API is listed at /openapi.json)"
-        return error_response(405, "method not allowed", detail, exc.headers)
+        # Starlette's Allow names the methods of the first route whose path matched; a path served by
+        # several routes (GET and POST /v1/placements) has all of theirs (issue 37)
+        allowed = _allowed_methods(request)
+        headers = {**(exc.headers or {}), "Allow": ", ".join(allowed)} if allowed else exc.headers
+        methods = f"; it takes {', '.join(allowed)}" if allowed else ""
+        detail = f"{request.method} is not a method of {request.url.path}{methods} (the API is listed at /openapi.json)"
+        return error_response(405, "method not allowed", detail, headers)
     return error_response(exc.status_code, "failed", str(exc.detail), exc.headers)
+
+
+def _allowed_methods(request: Request) -> list[str]:
+    """Every method the app's routes serve at the request's path (HEAD beside GET, as Starlette adds it)."""
+    methods: set[str] = set()
+    for route in request.app.routes:
+        match, _ = route.matches({**request.scope, "method": "GET"})
+        if match != Match.NONE and getattr(route, "methods", None):
+            methods.update(route.methods)
+    return sorted(methods)
 
 
 def create_app(config: ServiceConfig, state: ServiceState | None = None) -> FastAPI:

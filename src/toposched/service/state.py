@@ -52,6 +52,7 @@ class ServiceState(Admission, Reporting):
 
     def open(self) -> None:
         """Load the topology, open the ledger, register capacities and adopt what the ledger holds."""
+        self._state_checked_at = self.clock()  # opening the ledger runs the checks ``_check_state`` repeats
         self._store = open_topology_store(self.config.state)
         stored = self._store.latest() if self._store is not None else None
         if self.source is not None:

@@ -9,7 +9,7 @@ domain/node, so "why didn't it fit?" always has an answer.
 from __future__ import annotations
 
 from collections.abc import Callable
-from typing import Generic, Literal, TypeVar
+from typing import Annotated, Generic, Literal, TypeVar
 
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
@@ -63,6 +63,20 @@ model's whole context: a plan reserves KV for several sequences of this length, 
 sequences would ask several GPUs more of most models."""
 
 
+MAX_TP = 65_536
+"""The largest TP degree a request may name (a cluster spec holds at most 65,536 GPUs)."""
+TpDegree = Annotated[
+    int,
+    Field(
+        ge=1,
+        le=MAX_TP,
+        json_schema_extra={"enum": [1 << k for k in range(MAX_TP.bit_length())]},
+        description="a power of two",
+    ),
+]
+"""A TP degree: a power of two from 1 to ``MAX_TP`` (the OpenAPI schema lists them, issue 37)."""
+
+
 class PlacementRequest(BaseModel):
     """What to place. Every field has a default except the model."""
 
@@ -102,7 +116,7 @@ class PlacementRequest(BaseModel):
     )
     priority: int = Field(default=0, ge=0, le=100)
     replicas: int = Field(default=1, ge=1, le=10_000)
-    allowed_tp: tuple[int, ...] | None = Field(default=None, min_length=1)
+    allowed_tp: tuple[TpDegree, ...] | None = Field(default=None, min_length=1)
     max_pp: int = Field(default=8, ge=1, le=64)
     ep: int = Field(default=1, ge=1, le=1024, description="expert-parallel degree for MoE models")
     expert_hit_rates: tuple[float, ...] | None = Field(
