@@ -37,13 +37,10 @@ from toposched.solver.index import ClusterIndex, Group
 from toposched.solver.layout import per_node_choices
 from toposched.solver.objective import (
     W_BREAK,
-    W_FALLBACK,
     W_FIT,
     W_GPU,
     W_NUMA,
     W_SLO,
-    W_STAGE,
-    W_STAGE_SLO,
     W_UNPLACED,
     layout_cost,
 )
@@ -432,16 +429,7 @@ def _budget(model: cp_model.CpModel, s: Scheduler, traffic: dict[str, list[cp_mo
     model.add(sum(p for parts in traffic.values() for p in parts) <= math.floor(total_left * 1000))
 
 
-__all__ = [
-    "W_BREAK",
-    "W_FALLBACK",
-    "W_FIT",
-    "W_GPU",
-    "W_NUMA",
-    "W_SLO",
-    "W_STAGE",
-    "W_STAGE_SLO",
-    "W_UNPLACED",
+__all__ = [  # the objective's weights: solver/objective.py
     "Choice",
     "Cut",
     "Instance",

@@ -34,12 +34,6 @@ from typing import TYPE_CHECKING
 
 from toposched.errors import InfeasibleError
 from toposched.solver.cpsat import (
-    W_BREAK,
-    W_FIT,
-    W_GPU,
-    W_NUMA,
-    W_SLO,
-    W_UNPLACED,
     Choice,
     Cut,
     Instance,
@@ -48,7 +42,7 @@ from toposched.solver.cpsat import (
 )
 from toposched.solver.index import ClusterIndex
 from toposched.solver.layout import layout_problem
-from toposched.solver.objective import layout_cost
+from toposched.solver.objective import W_BREAK, W_FIT, W_GPU, W_NUMA, W_SLO, W_UNPLACED, layout_cost
 from toposched.solver.outcome import Outcome
 from toposched.solver.place import Assessment, assess
 from toposched.solver.request import Placement, PlacementRequest, Unplaced, instance_ids
