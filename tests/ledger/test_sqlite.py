@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import sqlite3
+import time
 from collections.abc import Callable
 from pathlib import Path
 
@@ -206,3 +207,39 @@ def test_a_lease_shortened_by_renew_runs_out_at_the_new_time(tmp_path: Path) -> 
     assert [(e.action, e.id) for e in ledger.audit(since=2)] == [("expire", "a")]
     assert ledger.reserve("b", {"n/0": 80 * GIB}).ok  # the bytes are free again
     ledger.close()
+
+
+def test_a_clock_two_hours_ahead_cannot_expire_a_live_lease(tmp_path: Path) -> None:
+    """Issue 37: a client whose clock was 2 h ahead expired the service's live 600 s lease and booked the GPU.
+    Leases are judged in ledger time (the newest change plus real time elapsed since), so it is refused."""
+    path = tmp_path / "state.sqlite3"
+    service = SqliteLedger(path)
+    service.set_capacity({"n/0": 80 * GIB})
+    assert service.reserve("held", {"n/0": 80 * GIB}, ttl_s=600, owner="service").ok
+    ahead = SqliteLedger(path, clock=lambda: time.time() + 7200)  # its wall clock, the real monotonic one
+    booked = ahead.reserve("stolen", {"n/0": 80 * GIB}, ttl_s=600, owner="client")
+    assert not booked.ok and booked.status == "insufficient"  # the 80 GiB are held
+    assert [r.id for r in ahead.reservations()] == ["held"]
+    assert [r.id for r in service.reservations()] == ["held"]
+    ahead.close()
+    # the same for a forward step of the host's clock seen by every process: nothing expires early
+    stepped = SqliteLedger(path, clock=lambda: time.time() + 7200)
+    assert stepped.get("held") is not None and not stepped.reserve("again", {"n/0": GIB}, ttl_s=1).ok
+    stepped.close()
+    service.close()
+
+
+def test_ledger_time_still_expires_a_dead_holders_lease(tmp_path: Path) -> None:
+    """A holder that stops renewing loses its lease after its TTL of real time, whatever the clocks say."""
+    path = tmp_path / "state.sqlite3"
+    mono = [1000.0]
+    holder = SqliteLedger(path)
+    holder.set_capacity({"n/0": 80 * GIB})
+    assert holder.reserve("short", {"n/0": 80 * GIB}, ttl_s=5, owner="dead").ok
+    holder.close()
+    other = SqliteLedger(path, clock=lambda: time.time() + 7200, monotonic=lambda: mono[0])
+    assert not other.reserve("x", {"n/0": GIB}, ttl_s=60).ok  # 0 s of real time seen: still live
+    mono[0] += 6  # six seconds of real time since this process first saw the last change
+    assert other.reserve("x", {"n/0": GIB}, ttl_s=60).ok
+    assert [e.action for e in other.audit() if e.id == "short"] == ["reserve", "expire"]
+    other.close()

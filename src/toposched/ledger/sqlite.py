@@ -10,16 +10,9 @@ before a sweep. The file is opened through ``toposched.sqlite_file``, as the Dom
 it: WAL mode (readers never wait for the writer) with ``synchronous=FULL``, so a change is on disk
 when the call returns and survives a power loss.
 
-Damage. The first use in a process opens the file and refuses (``StateError`` naming the file,
-what is wrong and the fix) to serve a ledger that differs from what was committed:
-
-1. the ``-wal`` file is read before SQLite sees it (``wal_damage``): SQLite replays it up to the
-   first frame that fails its checksum and silently drops every later commit;
-2. ``PRAGMA integrity_check`` of the whole file: pages, the free-page list, every index against its table;
-3. every row's checksum, each reservation against its ``ledger_holds`` rows, audit seqs without gaps;
-4. the commit count in ``ledger_meta`` against ``FILE-commits``, written after every commit: a
-   file holding fewer commits than that lost some (a damaged last WAL frame, a cut or deleted
-   ``-wal``, an older copy put back).
+Damage: the first use in a process opens the file and refuses (``StateError`` naming the file, what is
+wrong and the fix) to serve a ledger that differs from what was committed; the four checks are listed in
+``toposched.ledger.sqlite_checks``, which the service also runs on an open file (``check``).
 
 Rows are checked again whenever they are read (reservations, audit entries); sums (``accounts``,
 the fit check) rely on the check at open. ``reservations()`` decodes only rows it has not read before: a
@@ -29,15 +22,11 @@ connection wrote (``reserve``, ``renew``) counts as read: its values and checksu
 reading it back exactly as written (``release``, ``renew``, ``get``, ``reservations()``) skips the check; a
 row changed in the file in any way is checked as any other.
 
-What the process knows (``_Known``). While no other connection has committed to the file (SQLite's
-``PRAGMA data_version`` is unchanged, read inside the transaction) a connection knows the next audit seq,
-the commit count, a lower bound of the leases' expiry times and the audit entries it wrote itself, so a
-change does not read them again: with no lease due, a booking is 9 statements (BEGIN and COMMIT
-included), a release 8, and ``audit()`` answers the entries this process wrote with that one pragma (the
-service's create + delete pair: 18 statements, was 26; still one fsync-ed commit per change). A version
-that changed (another process, a person with the ``sqlite3`` shell, the DomainMap store's own connection),
-a transaction that failed or a new connection reads them again inside the transaction; entries written by
-anyone else are always read from the file and checked.
+What the process knows (``_Known``). While no other connection has committed to the file (``PRAGMA
+data_version`` unchanged) a connection knows the next audit seq and its time, the commit count, a lower bound
+of the leases' expiry times and the audit entries it wrote itself: with no lease due a booking is 9
+statements, a release 8, and ``audit()`` of its own entries that one pragma (docs/ledger.md). Leases are
+judged in ledger time (``toposched.ledger.sqlite_time``), not by each process's own clock.
 
 ``FILE-commits`` is ``toposched.ledger.sqlite_mark``.
 
@@ -54,9 +43,9 @@ import math
 import os
 import sqlite3
 import threading
+import time
 from collections.abc import Iterator, Mapping
 from contextlib import contextmanager
-from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, ClassVar
 
@@ -76,7 +65,8 @@ from toposched.ledger.base import (
     validate_request,
     wall_clock,
 )
-from toposched.ledger.sqlite_checks import ledger_wal_damage
+from toposched.ledger.sqlite_checks import check_open, ledger_wal_damage
+from toposched.ledger.sqlite_known import Known as _Known
 from toposched.ledger.sqlite_mark import CommitMark
 from toposched.ledger.sqlite_rows import (
     AUDIT_COLUMNS,
@@ -89,32 +79,13 @@ from toposched.ledger.sqlite_rows import (
     put_meta,
     row_to_reservation,
     sqlite_error,
-    verify,
     with_checksum,
 )
+from toposched.ledger.sqlite_time import LedgerTime
 
 log = logging.getLogger(__name__)
 _LOGGED_MAX = 1024
 """Own audit entries kept for ``audit()`` (the oldest half goes when there are more)."""
-
-
-@dataclass
-class _Known:
-    """What a connection knows of the file while ``PRAGMA data_version`` stays ``version`` (no other
-    connection committed): read inside a transaction, kept up to date by this connection's own changes."""
-
-    version: int
-    next_seq: int
-    """The seq of the next audit entry."""
-    commits: int
-    """``ledger_meta``'s commit count."""
-    expiry_floor: float
-    """No stored reservation's lease ends before this (``inf``: none has a lease). A lower bound: a released
-    lease leaves it where it was; a sweep sets it exactly."""
-    logged_after: int
-    """``logged`` holds every audit entry with a greater seq (seqs without gaps: nobody else wrote)."""
-    logged: list[tuple[Any, ...]] = field(default_factory=list)
-    """The values of the audit rows this connection committed, oldest first (as ``checked_row`` returns them)."""
 
 
 class SqliteLedger:
@@ -126,10 +97,18 @@ class SqliteLedger:
     }
 
     def __init__(
-        self, path: str | Path, *, clock: Clock = wall_clock, busy_timeout_s: float = sqlite_file.BUSY_TIMEOUT_S
+        self,
+        path: str | Path,
+        *,
+        clock: Clock = wall_clock,
+        busy_timeout_s: float = sqlite_file.BUSY_TIMEOUT_S,
+        monotonic: Clock | None = None,
     ) -> None:
         self.path = Path(path)
         self._clock = clock
+        # the elapsed-time source that bounds this process's clock: the real monotonic clock with the wall
+        # clock; with another clock (a test's, the simulator's) that clock itself
+        self._time = LedgerTime(clock, monotonic or (time.monotonic if clock is wall_clock else clock))
         self._busy_timeout_s = busy_timeout_s
         self._conn: sqlite3.Connection | None = None
         self._pid = 0
@@ -210,14 +189,13 @@ class SqliteLedger:
         try:
             conn.execute("BEGIN IMMEDIATE" if write else "BEGIN")
             try:
-                now = float(self._clock()) + 0.0  # + 0.0: SQLite keeps no -0.0, the checksum would differ
+                known = self._know(conn) if write else None
+                now = self._ledger_now(conn, known) + 0.0  # + 0.0: SQLite keeps no -0.0, the checksum would differ
                 before = conn.total_changes
-                if write:
-                    known = self._know(conn)
-                    if known.expiry_floor <= now:
-                        self._sweep(conn, now, known)
+                if known is not None and known.expiry_floor <= now:
+                    self._sweep(conn, now, known)
                 yield conn, now
-                if write and conn.total_changes != before:
+                if known is not None and conn.total_changes != before:
                     known.commits += 1
                     put_meta(conn, "commits", str(known.commits))
                     commits = known.commits
@@ -234,6 +212,15 @@ class SqliteLedger:
         if commits is not None:
             self._mark.write(self._ledger_id, commits)
 
+    def _ledger_now(self, conn: sqlite3.Connection, known: _Known | None = None) -> float:
+        """Ledger time (``sqlite_time.LedgerTime``): leases are judged against it. ``known`` (a write
+        transaction's) gives the newest audit time and the earliest lease from memory; else two indexed reads."""
+        if known is not None:
+            return self._time.now(known.last_at, known.expiry_floor)
+        row = conn.execute("SELECT at FROM ledger_audit ORDER BY seq DESC LIMIT 1").fetchone()
+        (floor,) = conn.execute("SELECT min(expires_at) FROM ledger_reservations").fetchone()
+        return self._time.now(None if row is None else float(row[0]), math.inf if floor is None else float(floor))
+
     def _know(self, conn: sqlite3.Connection) -> _Known:
         """``_Known`` for the transaction ``conn`` is in: kept when no other connection committed since it
         was read, else read again (next seq, commit count, earliest lease)."""
@@ -241,13 +228,14 @@ class SqliteLedger:
         known = self._known
         if known is not None and known.version == version:
             return known
-        (last,) = conn.execute("SELECT coalesce(max(seq), 0) FROM ledger_audit").fetchone()
+        newest = conn.execute("SELECT seq, at FROM ledger_audit ORDER BY seq DESC LIMIT 1").fetchone()
+        last, last_at = (0, None) if newest is None else (int(newest[0]), float(newest[1]))
         row = conn.execute("SELECT key, value, checksum FROM ledger_meta WHERE key = 'commits'").fetchone()
         if row is None:
             raise Damaged("ledger_meta has no commit count")
         commits = int(checked_row("ledger_meta", row)[1])
         (floor,) = conn.execute("SELECT min(expires_at) FROM ledger_reservations").fetchone()
-        self._known = _Known(version, last + 1, commits, math.inf if floor is None else floor, last)
+        self._known = _Known(version, last + 1, commits, math.inf if floor is None else floor, last, last_at=last_at)
         return self._known
 
     def _sweep(self, conn: sqlite3.Connection, now: float, known: _Known) -> None:
@@ -287,6 +275,8 @@ class SqliteLedger:
             with_checksum("ledger_audit", values),
         )
         known.next_seq += 1
+        known.last_at = float(at)
+        self._time.wrote(float(at))
         known.logged.append(values)
         if len(known.logged) > _LOGGED_MAX:
             del known.logged[: _LOGGED_MAX // 2]
@@ -488,24 +478,11 @@ class SqliteLedger:
         return known.logged[since - known.logged_after :]
 
     def check(self) -> None:
-        """The checks of the open (``integrity_check`` of the file, every row against its checksum, holds against
-        reservations, audit seqs), again: ``StateError`` naming the damage. The service runs it every
-        ``resync_interval_s`` so a row damaged under it stops it as it stops every new process (issue 37)."""
+        """The checks of the open, again (``sqlite_checks.check_open``): ``StateError`` naming the damage. The
+        service runs it every ``resync_interval_s`` so a row damaged under it stops it as it stops every new
+        process (issue 37)."""
         with self._lock:
-            conn = self._connect()
-            try:
-                check = conn.execute("PRAGMA integrity_check").fetchall()
-                if [tuple(row) for row in check] != [("ok",)]:
-                    raise Damaged(f"integrity_check: {check[0][0] if check else 'no answer'}")
-                conn.execute("BEGIN")
-                try:
-                    verify(conn)
-                finally:
-                    conn.execute("COMMIT")
-            except sqlite3.Error as exc:
-                raise sqlite_error(self.path, exc, self._busy_timeout_s) from exc
-            except Damaged as exc:
-                raise damage_error(self.path, str(exc)) from exc
+            check_open(self._connect(), self.path, self._busy_timeout_s)
 
     def close(self) -> None:
         with self._lock:

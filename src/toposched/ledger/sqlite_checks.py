@@ -1,13 +1,26 @@
-"""Checks on a SQLite ledger file that run before SQLite touches it.
+"""Checks on a SQLite ledger file: before SQLite touches it, and of its content (``check_open``).
 
 ``wal_damage`` reads the ``-wal`` file frame by frame with SQLite's own checksum rule: SQLite replays a
 WAL only up to the first frame that fails its checksum and silently drops every later commit, so the
 ledger refuses instead. (Whether the user may write the file's folder is ``toposched.sqlite_file``'s
 ``access_problem``, shared with the DomainMap store.)
+
+The checks of the ledger file (``ledger/sqlite.py``): the first use in a process opens the file and refuses
+(``StateError`` naming the file, what is wrong and the fix) to serve a ledger that differs from what was
+committed:
+
+1. the ``-wal`` file is read before SQLite sees it (``wal_damage``): SQLite replays it up to the
+   first frame that fails its checksum and silently drops every later commit;
+2. ``PRAGMA integrity_check`` of the whole file: pages, the free-page list, every index against its table;
+3. every row's checksum, each reservation against its ``ledger_holds`` rows, audit seqs without gaps;
+4. the commit count in ``ledger_meta`` against ``FILE-commits``, written after every commit: a
+   file holding fewer commits than that lost some (a damaged last WAL frame, a cut or deleted
+   ``-wal``, an older copy put back).
 """
 
 from __future__ import annotations
 
+import sqlite3
 import struct
 from collections.abc import Callable, Sequence
 from pathlib import Path
@@ -114,3 +127,23 @@ def ledger_wal_damage(path: Path) -> str | None:
     wal = path.with_name(path.name + "-wal")
     problem = wal_damage(wal, page)
     return problem if problem is None or wal_damage(wal, page) == problem else None
+
+
+def check_open(conn: sqlite3.Connection, path: Path, busy_timeout_s: float) -> None:
+    """The checks a new connection runs (``integrity_check`` of the whole file, every ledger row against its
+    checksum, holds against reservations, audit seqs), on an open one: ``StateError`` naming the damage."""
+    from toposched.ledger.sqlite_rows import Damaged, damage_error, sqlite_error, verify
+
+    try:
+        check = conn.execute("PRAGMA integrity_check").fetchall()
+        if [tuple(row) for row in check] != [("ok",)]:
+            raise Damaged(f"integrity_check: {check[0][0] if check else 'no answer'}")
+        conn.execute("BEGIN")
+        try:
+            verify(conn)
+        finally:
+            conn.execute("COMMIT")
+    except sqlite3.Error as exc:
+        raise sqlite_error(path, exc, busy_timeout_s) from exc
+    except Damaged as exc:
+        raise damage_error(path, str(exc)) from exc
