@@ -243,3 +243,24 @@ def test_ledger_time_still_expires_a_dead_holders_lease(tmp_path: Path) -> None:
     assert other.reserve("x", {"n/0": GIB}, ttl_s=60).ok
     assert [e.action for e in other.audit() if e.id == "short"] == ["reserve", "expire"]
     other.close()
+
+
+def test_a_second_process_with_its_clock_two_hours_ahead_books_nothing_held(tmp_path: Path) -> None:
+    """The same across two processes (issue 37's report: a client process 2 h ahead of the service)."""
+    import subprocess
+    import sys
+
+    path = tmp_path / "state.sqlite3"
+    service = SqliteLedger(path)
+    service.set_capacity({"n/0": 80 * GIB})
+    assert service.reserve("held", {"n/0": 80 * GIB}, ttl_s=600, owner="service").ok
+    code = (
+        "import sys, time\n"
+        "from toposched.ledger.sqlite import SqliteLedger\n"
+        "ledger = SqliteLedger(sys.argv[1], clock=lambda: time.time() + 7200)\n"
+        "print(ledger.reserve('stolen', {'n/0': 80 << 30}, ttl_s=600, owner='client').status)\n"
+    )
+    done = subprocess.run([sys.executable, "-c", code, str(path)], capture_output=True, text=True, check=True)
+    assert done.stdout.strip() == "insufficient"
+    assert [r.id for r in service.reservations()] == ["held"]
+    service.close()
