@@ -24,7 +24,7 @@ import re
 from collections.abc import Callable
 from typing import Annotated
 
-from pydantic import AfterValidator
+from pydantic import AfterValidator, WithJsonSchema
 
 from toposched.errors import InputError
 
@@ -149,7 +149,18 @@ NodeName = Annotated[str, AfterValidator(_pydantic(node_name_problem))]
 ObjectId = Annotated[str, AfterValidator(_pydantic(id_problem))]
 """A pydantic field type for request, placement and clique ids."""
 
-PlacementId = Annotated[str, AfterValidator(_pydantic(placement_id_problem))]
+PlacementId = Annotated[
+    str,
+    AfterValidator(_pydantic(placement_id_problem)),
+    WithJsonSchema(
+        {
+            "type": "string",
+            "pattern": r"^[A-Za-z0-9][A-Za-z0-9._-]{0,119}(-[0-9]{1,5})?$",
+            "minLength": 1,
+            "maxLength": MAX_ID + 6,
+        }
+    ),
+]
 """A pydantic field type for placement ids: a request id, or a request id and ``-N``."""
 
 LabelValue = Annotated[str, AfterValidator(_pydantic(label_value_problem))]

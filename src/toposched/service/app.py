@@ -128,7 +128,12 @@ def create_app(config: ServiceConfig, state: ServiceState | None = None) -> Fast
 
     def openapi() -> dict[str, Any]:
         if app.openapi_schema is None:
-            app.openapi_schema = drop_validation_answer(generate_openapi())
+            spec = drop_validation_answer(generate_openapi())
+            # the queue wait this replica allows (its --max-wait, not the largest any replica could): issue 37
+            body = spec.get("components", {}).get("schemas", {}).get("PlaceBody", {})
+            if "wait_s" in body.get("properties", {}):
+                body["properties"]["wait_s"]["maximum"] = config.max_wait_s
+            app.openapi_schema = spec
         return app.openapi_schema
 
     app.openapi = openapi  # type: ignore[method-assign]

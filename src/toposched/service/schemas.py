@@ -90,8 +90,8 @@ class FinishMoveBody(BaseModel):
 
     model_config = ConfigDict(frozen=True, extra="forbid")
 
-    placement_id: PlacementId = Field(max_length=200, description="the old copy (the instance moved)")
-    replacement_id: PlacementId = Field(max_length=200, description="its booked replacement")
+    placement_id: PlacementId = Field(description="the old copy (the instance moved)")
+    replacement_id: PlacementId = Field(description="its booked replacement")
 
 
 class RenewBody(BaseModel):
