@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.conftest import FIXTURES, CliResult
+from tests.conftest import FIXTURES, CliResult, RunCli
 
 Run = Callable[..., CliResult]
 OPTION_KEYS = {"tp", "pp", "weights_bytes_per_gpu", "kv_bytes_per_token_per_gpu", "kv_tokens_capacity", "fits"}
@@ -224,3 +224,13 @@ def test_estimate_prints_latency_with_its_batch_and_lengths(run_cli: Run, tmp_pa
     assert (doc["batch"], doc["input_len"], doc["output_len"], doc["tpot_context_len"]) == (4, 512, 64, 544)
     path.write_text(json.dumps({"version": 1, "name": ""}))
     _one_line_error(run_cli(*args, "--profile", str(path)), "profile")
+
+
+def test_a_short_gpu_name_says_which_variant_it_took(run_cli: RunCli) -> None:
+    """Issue 38: ``--gpu H100`` was taken as H100-SXM without a word (H100-PCIe: 2.0 TB/s of HBM against 3.35)."""
+    args = ("-m", "llama-3.1-8b", "--tp", "1", "--batch", "8", "--input-len", "512", "--output-len", "128")
+    short = run_cli("estimate", "--gpu", "H100", *args)
+    said = " ".join(short.stderr.split())
+    assert short.exit_code == 0 and "note: --gpu H100 is taken as H100-SXM; pass --gpu H100-PCIe" in said
+    exact = run_cli("estimate", "--gpu", "H100-SXM", *args)
+    assert exact.exit_code == 0 and exact.stderr == "" and exact.stdout == short.stdout

@@ -114,13 +114,13 @@ def test_serve_refuses_a_reused_or_empty_scoped_token(
     monkeypatch.setenv("TOPOSCHED_REPORT_TOKEN", API)
     result = run_cli("serve", "--preset", "hgx-h100", "--state", f"sqlite:{tmp_path / 's.db'}")
     assert result.exit_code == 2 and "hold the same token" in result.stderr
-    assert "$TOPOSCHED_API_TOKEN" in result.stderr and "--report-token-file" in result.stderr
+    assert "$TOPOSCHED_API_TOKEN" in result.stderr and "$TOPOSCHED_REPORT_TOKEN" in result.stderr
     assert not (tmp_path / "s.db").exists()
     monkeypatch.setenv("TOPOSCHED_REPORT_TOKEN", REPORT)  # the two scoped ones alike: only they are named
     monkeypatch.setenv("TOPOSCHED_READ_TOKEN", REPORT)
     result = run_cli("serve", "--preset", "hgx-h100", "--state", f"sqlite:{tmp_path / 's.db'}")
     assert result.exit_code == 2 and "hold the same token" in result.stderr
-    assert "--read-token-file" in result.stderr and "$TOPOSCHED_API_TOKEN" not in result.stderr
+    assert "$TOPOSCHED_READ_TOKEN" in result.stderr and "$TOPOSCHED_API_TOKEN" not in result.stderr
     monkeypatch.delenv("TOPOSCHED_READ_TOKEN")
     monkeypatch.delenv("TOPOSCHED_REPORT_TOKEN")
     empty = tmp_path / "read"
@@ -138,3 +138,22 @@ def test_the_sidecar_sends_the_report_token_first(tmp_path: Path, monkeypatch: p
     given = tmp_path / "token"
     given.write_text(READ + "\n")
     assert webhook_token(SecretStr(read_token(given) or "")) == READ  # --token-file wins
+
+
+def test_a_short_token_is_named_where_it_came_from(
+    run_cli: RunCli, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Issue 38: a short token read with --token-file was named as $TOPOSCHED_API_TOKEN."""
+    monkeypatch.delenv("TOPOSCHED_API_TOKEN", raising=False)
+    monkeypatch.delenv("TOPOSCHED_READ_TOKEN", raising=False)
+    monkeypatch.setenv("TOPOSCHED_REPORT_TOKEN", "short-report")
+    token = tmp_path / "api.token"
+    token.write_text("short-api\n")
+    result = run_cli(  # refused after the warnings: the report token is in the read token's place too
+        "serve", "--preset", "hgx-h100", "--state", f"sqlite:{tmp_path / 's.db'}", "--token-file", str(token),
+        "--read-token-file", str(token),
+    )  # fmt: skip
+    said = " ".join(result.stderr.split())  # the console wraps long lines at its width
+    assert f"the token of --token-file {token} is shorter than 16 characters" in said
+    assert "the token of $TOPOSCHED_REPORT_TOKEN is shorter" in said
+    assert "the token of $TOPOSCHED_API_TOKEN" not in said

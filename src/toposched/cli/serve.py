@@ -105,10 +105,15 @@ def serve(
         )
     report_token = read_token(report_token_file, env=REPORT_TOKEN_ENV, flag="--report-token-file")
     read_only_token = read_token(read_token_file, env=READ_TOKEN_ENV, flag="--read-token-file")
+
+    def source(flag: str, path: Path | None, env: str) -> str:
+        """Where a token came from, as the user gave it (issue 38: the file was named as the variable)."""
+        return f"{flag} {path}" if path is not None else f"${env}"
+
     named = {
-        f"${TOKEN_ENV} (--token-file)": token,
-        f"--report-token-file (${REPORT_TOKEN_ENV})": report_token,
-        f"--read-token-file (${READ_TOKEN_ENV})": read_only_token,
+        source("--token-file", token_file, TOKEN_ENV): token,
+        source("--report-token-file", report_token_file, REPORT_TOKEN_ENV): report_token,
+        source("--read-token-file", read_token_file, READ_TOKEN_ENV): read_only_token,
     }
     for what, value in named.items():
         if value is not None and len(value) < 16:

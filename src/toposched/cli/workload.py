@@ -13,10 +13,10 @@ import typer
 from rich import box
 from rich.table import Table
 
-from toposched.cli._common import console, print_json
+from toposched.cli._common import console, err_console, print_json
 from toposched.errors import InfeasibleError, InputError
 from toposched.perf.engine_names import engine_of
-from toposched.perf.hardware import GpuSpec, get_gpu
+from toposched.perf.hardware import GpuSpec, get_gpu, variant_note
 from toposched.perf.latency import LatencyEstimate, PassModel, StepTime, predict_latency
 from toposched.perf.links import get_link
 from toposched.perf.profile import active_entry, load_profile, use_profile
@@ -58,6 +58,12 @@ GPU_MEMORY_UTILIZATION = typer.Option(None, "--gpu-memory-utilization", help=UTI
 MEM_FRACTION_STATIC = typer.Option(None, "--mem-fraction-static", help=MFS_HELP)
 KV_FREE_FRACTION = typer.Option(None, "--kv-cache-free-gpu-memory-fraction", help=KV_FREE_HELP)
 USABLE_MEMORY_GIB = typer.Option(None, "--usable-memory-gib", help=USABLE_HELP)
+
+
+def _note_variant(gpu: str) -> None:
+    note = variant_note(gpu)
+    if note is not None:
+        err_console.print(note, markup=False)
 
 
 def _usable_bytes(g: GpuSpec, usable_gib: float | None) -> int:
@@ -252,6 +258,7 @@ def fit(
     """Which (tp, pp) fit a model on a GPU type: per-GPU memory breakdown and KV capacity."""
     spec = _load(model, weight_dtype, kv_dtype)
     g = get_gpu(gpu)
+    _note_variant(gpu)
     if max_model_len < 1:
         raise InfeasibleError(f"--max-model-len must be positive, got {max_model_len}")
     memory_bytes = _usable_bytes(g, usable_memory_gib)
@@ -352,6 +359,7 @@ def estimate(
     """Predicted TTFT, TPOT and throughput of one (tp, pp) instance on a GPU type."""
     spec = _load(model, weight_dtype, kv_dtype)
     g = get_gpu(gpu)
+    _note_variant(gpu)
     tp_link = get_link(link or g.native_link)
     between = get_link(pp_link) if pp_link else tp_link
     memory_bytes = _usable_bytes(g, usable_memory_gib)

@@ -177,6 +177,20 @@ def gpu_registry() -> Registry[GpuSpec]:
     return reg
 
 
+AMBIGUOUS = {"h100": "H100-PCIe", "h100-80gb": "H100-PCIe", "a100": "A100-SXM-40GB", "a100-sxm": "A100-SXM-40GB"}
+"""Short names that pick one variant of a GPU sold in several (issue 38: ``--gpu H100`` was taken as H100-SXM
+without a word): the other variant to name if that is the one meant."""
+
+
+def variant_note(name: str) -> str | None:
+    """A one-line note when ``name`` is a short name that picks one of several variants, else None."""
+    other = AMBIGUOUS.get(name.strip().lower())
+    if other is None:
+        return None
+    chosen = get_gpu(name).name
+    return f"note: --gpu {name} is taken as {chosen}; pass --gpu {other} for the other variant"
+
+
 def get_gpu(name: str) -> GpuSpec:
     """The GPU named ``name`` (``UnknownNameError`` with suggestions otherwise)."""
     return gpu_registry().get(name)
