@@ -26,10 +26,12 @@ import logging
 from collections import OrderedDict
 from collections.abc import Awaitable, Callable, MutableMapping
 from dataclasses import dataclass
+from http import HTTPStatus
 from typing import Any, ClassVar
 
+import h11
 from starlette.exceptions import HTTPException
-from uvicorn.protocols.http.httptools_impl import STATUS_LINE, HttpToolsProtocol
+from uvicorn.protocols.http.httptools_impl import HttpToolsProtocol
 
 from toposched.errors import InputError
 
@@ -322,17 +324,28 @@ class GuardedHttpProtocol(HttpToolsProtocol):
 
     def _refuse(self, status: int, error: str, detail: str) -> None:
         """Answer ``status`` outside the app and close (the app sees a disconnect if it was reading)."""
-        data = json.dumps({"error": error, "detail": detail}).encode()
-        head = b"content-type: application/json\r\ncontent-length: %d\r\nconnection: close\r\n\r\n" % len(data)
         answering = self.cycle is not None and self.cycle.response_started and not self.cycle.response_complete
         if not self.transport.is_closing() and not answering:  # never inside another response
-            self.transport.write(STATUS_LINE[status] + head + data)
+            self.transport.write(refusal_bytes(status, {"error": error, "detail": detail}))
         self._close()
 
     def _close(self) -> None:
         self._stop_waiting()
         self._stop_body_timer()
         self.transport.close()
+
+
+def refusal_bytes(status: int, body: dict[str, str]) -> bytes:
+    """A whole ``status`` response with a JSON ``body`` and ``connection: close``, framed by h11 (the HTTP/1.1
+    library uvicorn itself depends on), not by hand. h11 answers only a request it has read, and a refusal
+    comes before one was whole (headers too slow or too large), so it is given a minimal request line first."""
+    data = json.dumps(body).encode()
+    conn = h11.Connection(our_role=h11.SERVER)
+    conn.receive_data(b"GET / HTTP/1.1\r\nhost: toposched\r\n\r\n")
+    conn.next_event()
+    headers = [("content-type", "application/json"), ("content-length", str(len(data))), ("connection", "close")]
+    out = conn.send(h11.Response(status_code=status, headers=headers, reason=HTTPStatus(status).phrase.encode()))
+    return (out or b"") + (conn.send(h11.Data(data=data)) or b"") + (conn.send(h11.EndOfMessage()) or b"")
 
 
 def guarded_protocol(limits: ConnectionLimits) -> type[GuardedHttpProtocol]:
