@@ -27,6 +27,7 @@ from toposched.service.api import ERRORS, add_routes, on_worker
 from toposched.service.config import ServiceConfig
 from toposched.service.extender import EXTENDER_PREFIX, build_extender, drop_validation_answer
 from toposched.service.guards import TOO_LARGE, BearerAuth, BodyLimit, BodyTooLarge, too_large
+from toposched.service.history import SignalHistory, add_history_route, sample_forever
 from toposched.service.metrics import build_registry
 from toposched.service.schemas import ErrorOut, HealthOut, ReadyOut
 from toposched.service.state import ServiceState
@@ -95,18 +96,21 @@ def create_app(config: ServiceConfig, state: ServiceState | None = None) -> Fast
     """The ASGI app of one replica; ``state`` may be opened already (``ServiceState.open``)."""
     state = state or ServiceState(config)
     registry, latency = build_registry(state)
+    history = SignalHistory()
 
     @contextlib.asynccontextmanager
     async def lifespan(_app: FastAPI) -> AsyncIterator[None]:
         if not state.ready:
             await on_worker(state, state.open)
         ticker = asyncio.create_task(_tick_forever(state))
+        sampler = asyncio.create_task(sample_forever(state, history))
         try:
             yield
         finally:
-            ticker.cancel()
-            with contextlib.suppress(asyncio.CancelledError):
-                await ticker
+            for task in (ticker, sampler):
+                task.cancel()
+                with contextlib.suppress(asyncio.CancelledError):
+                    await task
             await on_worker(state, state.close)
             state.worker.shutdown(wait=False)
 
@@ -123,6 +127,7 @@ def create_app(config: ServiceConfig, state: ServiceState | None = None) -> Fast
     )
     app.state.toposched = state
     add_routes(app.router, state, latency)
+    add_history_route(app.router, history)
     app.include_router(build_extender(state))
     generate_openapi = app.openapi
 
