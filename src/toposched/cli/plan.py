@@ -10,6 +10,7 @@ from rich.table import Table
 from toposched.cli._common import console, err_console, print_json
 from toposched.cli.plan_options import plan_options
 from toposched.cli.plan_source import Placed, PlanSource
+from toposched.cli.progress import QUIET, Reporter
 from toposched.solver.request import Placement, PlacementRequest, Unplaced
 
 
@@ -124,14 +125,19 @@ def plan(
     engine: str = typer.Option(
         "vllm", "--engine", help="Engine the instances run: vllm, sglang or trtllm (prices their steps)."
     ),
+    quiet: bool = QUIET,
     *,
     source: PlanSource,
 ) -> None:
     """Choose parallel degrees and exact GPUs for model instances, with predicted latency and reasons."""
-    placed = replace(source, engine=engine).place()
+    with Reporter("plan", quiet=quiet) as progress:
+        placed = replace(source, engine=engine).place(progress)
+        if json_out:
+            progress.stage("writing the plan")
+            doc = placed.document()
     outcome = placed.outcome
     if json_out:
-        print_json(placed.document())
+        print_json(doc)
     else:
         title = f"[bold]{source.model}[/] on {placed.ref.describe()} (policy {placed.policy})"
         _render(outcome.placements, outcome.unplaced, title, placed.request)

@@ -28,6 +28,7 @@ from pydantic import ValidationError
 from toposched.binding.plan_doc import PlanDoc, load_plan, parse_plan, plan_json
 from toposched.cli._common import err_console, source_ref
 from toposched.cli.calibrate import profile_option
+from toposched.cli.progress import Reporter
 from toposched.errors import InfeasibleError, InputError, first_problem
 from toposched.perf.profile import Profile, use_profile
 from toposched.solver.outcome import Outcome
@@ -187,8 +188,12 @@ class PlanSource:
                 raise InputError(f"{flag}: {bad.msg} (got {bad.input!r:.60})") from None
             raise InputError(f"request: {bad.reason}") from None
 
-    def place(self) -> Placed:
-        """Plan now: the request, the topology it was placed on and the outcome (placed and unplaced)."""
+    def place(self, progress: Reporter | None = None) -> Placed:
+        """Plan now: the request, the topology it was placed on and the outcome (placed and unplaced).
+
+        ``progress``: where the stages go (reading the topology, indexing its GPUs, placing), for a large
+        cluster's seconds (``plan --cluster`` at 65,536 GPUs: about 1 s, 6 s and 0.1 s)."""
+        progress = progress or Reporter("plan", quiet=True)
         ref = self.topology()
         if ref is None:
             raise InputError(
@@ -197,11 +202,14 @@ class PlanSource:
         request = self.request()
         pd = self.disaggregation()
         chosen = profile_option(self.profile)  # a bad profile fails before the topology is read
+        progress.stage(f"reading the topology ({ref.describe()[:80]})")
         loaded = load_source(ref)
         for w in loaded.warnings:
             err_console.print(f"warning: {w}", markup=False, soft_wrap=True)
         busy = parse_gpu_list(self.busy, loaded.cluster, "--busy")
+        progress.stage(f"indexing {sum(len(n.gpus) for n in loaded.cluster.nodes):,} GPUs")
         scheduler = Scheduler(loaded.cluster, gpu=self.gpu, busy=busy, budget_gbps=self.budget_gbps, seed=self.seed)
+        progress.stage("placing")
         with use_profile(chosen):
             if self.request_rate is not None and pd is not None:
                 raise InputError("--request-rate sizes plain instances", fix="leave out --pd-prefill/--pd-decode")

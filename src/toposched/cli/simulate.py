@@ -5,10 +5,10 @@ from __future__ import annotations
 from pathlib import Path
 
 import typer
-from rich.progress import BarColumn, Progress, TextColumn
 
 from toposched.cli._common import console, err_console, print_json
 from toposched.cli.calibrate import PROFILE, profile_option
+from toposched.cli.progress import QUIET, Reporter
 from toposched.errors import InputError
 from toposched.perf.profile import use_profile
 from toposched.sim.builtin_scenarios import SCENARIOS
@@ -44,6 +44,7 @@ def simulate(
     profile: Path | None = PROFILE,
     json_out: bool = typer.Option(False, "--json", help="Print one JSON object."),
     out: Path | None = typer.Option(None, "--out", help="Write PNG plots and report.md/report.html here."),
+    quiet: bool = QUIET,
 ) -> None:
     """Run the same seeded workload under each policy and compare latency, SLO attainment and locality."""
     names = [p.strip() for p in policies.split(",") if p.strip()]
@@ -79,7 +80,7 @@ def simulate(
             raise InputError(f"--occupancy must be above 0 and at most 2 (got {occupancy:g})")
         sc = sc.model_copy(update={"churn": sc.churn.model_copy(update={"occupancy": occupancy})})
     with use_profile(profile_option(profile)):  # reports may predict too: keep it until the end
-        results = _run(sc, names, seed, json_out)
+        results = _run(sc, names, seed, quiet)
         if json_out:
             print_json(result_json(sc, seed, results))
         else:
@@ -93,21 +94,19 @@ def simulate(
 
 
 def _run(sc: Scenario, names: list[str], seed: int, quiet: bool) -> dict[str, PolicyResult]:
-    """Each policy's run (a progress bar on stderr unless ``quiet``)."""
-    if quiet:
-        results = run_simulation(sc, names, seed=seed)
-    else:
-        with Progress(
-            TextColumn("{task.description}"), BarColumn(), TextColumn("{task.completed:,.0f}/{task.total:,.0f}"),
-            console=err_console, transient=True,
-        ) as bar:  # fmt: skip
-            churn = sc.churn
-            total = churn.duration_s if churn is not None else float(sc.request_count)
-            tasks = {n: bar.add_task(f"policy {n}", total=total) for n in names}
+    """Each policy's run, one progress stage per policy (``cli/progress.py``; none with ``quiet``).
 
-            def progress(name: str, sim: Simulation) -> None:
-                done = sim.now if churn is not None else len(sim.requests)  # simulated seconds, or arrivals
-                bar.update(tasks[name], completed=min(done, total))
+    One ``simulate`` call per policy: each draws the same seeded arrivals, so the results are those of one
+    call with every policy, and a policy's start and end are known exactly."""
+    churn = sc.churn
+    total = churn.duration_s if churn is not None else float(sc.request_count)
+    results: dict[str, PolicyResult] = {}
+    with Reporter("simulate", quiet=quiet) as progress:
+        for i, name in enumerate(names, 1):
+            progress.stage(f"policy {name}", step=(i, len(names)), total=total)
 
-            results = run_simulation(sc, names, seed=seed, progress=progress)
+            def hook(_name: str, sim: Simulation) -> None:
+                progress.update(sim.now if churn is not None else len(sim.requests))  # simulated s, or arrivals
+
+            results.update(run_simulation(sc, [name], seed=seed, progress=hook))
     return results
