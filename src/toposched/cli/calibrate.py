@@ -18,10 +18,11 @@ from pydantic import ValidationError
 from rich.markup import escape
 
 from toposched.cli._common import console, err_console, print_json
+from toposched.cli.progress import QUIET, Reporter
 from toposched.errors import InputError, first_problem
 from toposched.perf.profile import Profile, load_profile, save_profile
 from toposched.perf.prometheus import observe, scrape, window_sample
-from toposched.perf.readers import FORMATS, read_all
+from toposched.perf.readers import FORMATS, read_samples
 from toposched.perf.sample_setup import Setup
 from toposched.perf.samples import Sample
 
@@ -125,6 +126,7 @@ def calibrate(
     name: str = typer.Option("calibrated", "--name", help="Name recorded in the profile."),
     samples_only: bool = typer.Option(False, "--samples-only", help="Read and print the samples; fit nothing."),
     json_out: bool = typer.Option(False, "--json", help="Print one JSON object."),
+    quiet: bool = QUIET,
 ) -> None:
     """Fit the cost model to your benchmark results; print leave-one-out errors; write a profile."""
     setup = _setup(
@@ -143,21 +145,29 @@ def calibrate(
         raise InputError(f"--format {fmt!r}: one of {', '.join(FORMATS)}")
     if profile_out is not None and not profile_out.parent.is_dir():  # before minutes of fitting
         raise InputError(f"--profile {str(profile_out)[:80]!r}: no such directory", fix="create it first")
-    samples = read_all(files, fmt=fmt, setup=setup)
-    if metrics_url is not None:
-        err_console.print(f"scraping {metrics_url[:80]} twice, {window:g} s apart", markup=False)
-        samples.append(live_sample(metrics_url, window, setup))
-    if not samples:
-        raise InputError("the files hold no samples", fix="pass benchmark results with TTFT/TPOT/throughput")
-    if samples_only:
+    with Reporter("calibrate", quiet=quiet) as progress:
+        samples: list[Sample] = []
+        for i, f in enumerate(files, 1):
+            progress.stage(f"reading {str(f)[:80]}", step=(i, len(files)))
+            samples.extend(read_samples(f, fmt=fmt, setup=setup))
+        if metrics_url is not None:
+            progress.end()
+            if not quiet:
+                err_console.print(f"scraping {metrics_url[:80]} twice, {window:g} s apart", markup=False)
+            progress.stage(f"scraping {metrics_url[:80]} ({window:g} s)")
+            samples.append(live_sample(metrics_url, window, setup))
+        if not samples:
+            raise InputError("the files hold no samples", fix="pass benchmark results with TTFT/TPOT/throughput")
+        profile = None
+        if not samples_only:
+            source = ", ".join([str(f) for f in files] + ([metrics_url] if metrics_url else []))
+            profile = _fit(samples, name=name, source=source, progress=progress)
+    if profile is None:
         if json_out:
             print_json({"samples": samples_json(samples)})
         else:
             _print_samples(samples)
         return
-    profile = _fit(
-        samples, name=name, source=", ".join([str(f) for f in files] + ([metrics_url] if metrics_url else []))
-    )
     if profile_out is not None:
         save_profile(profile, profile_out)
     if json_out:
@@ -169,7 +179,7 @@ def calibrate(
         err_console.print(f"wrote {profile_out}", markup=False)
 
 
-def _fit(samples: list[Sample], *, name: str, source: str) -> Profile:
+def _fit(samples: list[Sample], *, name: str, source: str, progress: Reporter) -> Profile:
     try:
         from toposched.perf.calibrate import fit_profile
     except ImportError:  # the fitting module is not part of this build
@@ -179,6 +189,7 @@ def _fit(samples: list[Sample], *, name: str, source: str) -> Profile:
         ) from None
     from toposched.workload import resolve_model
 
+    progress.stage("checking the samples' models")
     checked: set[str] = set()
     for s in samples:  # an unknown model names the sample, not just the model
         if s.model not in checked:
@@ -187,7 +198,7 @@ def _fit(samples: list[Sample], *, name: str, source: str) -> Profile:
             except InputError as exc:
                 raise InputError(f"{s.source}: {exc.message}", fix=exc.fix or "pass --model") from None
             checked.add(s.model)
-    return fit_profile(samples, name=name, source=source[:2000])
+    return fit_profile(samples, name=name, source=source[:2000], progress=progress.say)
 
 
 __all__ = ["PROFILE", "calibrate", "live_sample", "profile_option", "register"]
