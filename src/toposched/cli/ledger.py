@@ -15,6 +15,7 @@ import typer
 from rich.table import Table
 
 from toposched.cli._common import STATE, console, err_console, ledger_url, print_json
+from toposched.cli.progress import QUIET, Reporter
 from toposched.errors import InputError
 from toposched.ledger import open_ledger
 from toposched.ledger.base import GIB, AuditEntry, Ledger
@@ -198,13 +199,16 @@ def stress(
     force: bool = typer.Option(
         False, "--force", help="Load-test a store that holds other GPUs or reservations (it adds its own)."
     ),
+    quiet: bool = QUIET,
 ) -> None:
     """Load-test a backend with client processes; count double bookings and lost reservations."""
     url = _stress_url(state, backend, path, endpoint)
     if not force:
         _check_scratch(url)
     kind: Literal["sqlite", "etcd"] = "etcd" if url.startswith("etcd:") else "sqlite"
-    result = run_stress(StressConfig(url=url, clients=clients, ops=ops, gpus=gpus, ttl_s=ttl, seed=seed))
+    with Reporter("ledger stress", quiet=quiet) as progress:
+        config = StressConfig(url=url, clients=clients, ops=ops, gpus=gpus, ttl_s=ttl, seed=seed)
+        result = run_stress(config, progress=progress.say)
     result["backend"] = kind
     if as_json:
         print_json(result)

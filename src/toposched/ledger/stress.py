@@ -30,7 +30,7 @@ import resource
 import time
 import traceback
 import uuid
-from collections.abc import Iterable, Mapping
+from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field
 from multiprocessing.synchronize import Barrier, Event
 from typing import Any
@@ -221,8 +221,12 @@ def _last_seq(ledger: Ledger) -> int:
     return entries[-1].seq if entries else 0
 
 
-def run_stress(cfg: StressConfig) -> dict[str, Any]:
-    """Run the load; the result has ``ops``, ``ops_per_s``, ``double_bookings`` and ``lost``."""
+def run_stress(cfg: StressConfig, progress: Callable[[str], None] | None = None) -> dict[str, Any]:
+    """Run the load; the result has ``ops``, ``ops_per_s``, ``double_bookings`` and ``lost``.
+
+    ``progress``: called with a line as each stage starts (setting up, the clients' run, the check)."""
+    say = progress or (lambda _msg: None)
+    say(f"setting up {cfg.gpus} GPUs in the store")
     run = uuid.uuid4().hex[:8]
     refs = stress_refs(cfg.gpus)
     capacity = dict.fromkeys(refs, cfg.capacity_gib * GIB)
@@ -252,10 +256,12 @@ def run_stress(cfg: StressConfig) -> dict[str, Any]:
         ctx.Process(target=_client, args=(cfg, run, i, n, start, out, settings), daemon=True)
         for i, n in enumerate(shares)
     ]
+    say(f"starting {cfg.clients} client processes")
     reader.start()
     for proc in clients:
         proc.start()
     start.wait()
+    say(f"{cfg.clients} clients running {sum(shares):,} ops")
     began = time.perf_counter()
     reports: list[dict[str, Any]] = []
     errors: list[str] = []
@@ -268,6 +274,7 @@ def run_stress(cfg: StressConfig) -> dict[str, Any]:
             continue
         (reports if kind == "client" else errors).append(body)
     seconds = time.perf_counter() - began
+    say("checking every change for double bookings")
     done.set()
     checked: dict[str, Any] = {}
     while not checked and not errors:
