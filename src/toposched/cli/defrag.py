@@ -19,6 +19,7 @@ from rich.table import Table
 
 from toposched.cli._common import CLUSTER, PRESET, STATE, console, err_console, print_json, source_ref
 from toposched.cli.ledger import JSON, open_existing
+from toposched.cli.progress import QUIET, Reporter
 from toposched.errors import InputError
 from toposched.service.defrag import lease_of
 from toposched.service.records import Instance, ServiceScheduler, scheduler_from_ledger
@@ -87,24 +88,31 @@ def defrag(
     apply: bool = typer.Option(False, "--apply", help="Book the replacements (default: a dry run)."),
     dry_run: bool = typer.Option(False, "--dry-run", help="Book nothing (the default; says so explicitly)."),
     as_json: bool = JSON,
+    quiet: bool = QUIET,
 ) -> None:
     """Print the fewest moves that free room for a large instance; --apply books the replacements."""
     if apply and dry_run:
         raise InputError("--apply and --dry-run contradict each other", fix="give one of them")
     if level is not None and level not in ("nvlink", "node"):
         raise InputError(f"--level {level!r}: use nvlink or node")
-    url, ledger = open_existing(state)
-    try:
-        topology = _cluster(url, preset, cluster)
-        scheduler, instances = scheduler_from_ledger(topology, ledger, gpu=gpu)
-        need, group_level = _need(scheduler, need_gpus, model, tp, level)
-        plan, why = search_defrag(scheduler, need, level=group_level, max_moves=max_moves)
-        status = "no-plan" if plan is None else ("nothing-to-move" if not plan.moves else "planned")
-        if plan is not None and plan.moves and apply:
-            _book(scheduler, plan, instances)
-            status = "booked"
-    finally:
-        ledger.close()
+    with Reporter("defrag", quiet=quiet) as progress:
+        progress.stage("opening the state")
+        url, ledger = open_existing(state)
+        try:
+            progress.stage("reading the topology")
+            topology = _cluster(url, preset, cluster)
+            progress.stage(f"rebuilding the placements on {sum(len(n.gpus) for n in topology.nodes):,} GPUs")
+            scheduler, instances = scheduler_from_ledger(topology, ledger, gpu=gpu)
+            need, group_level = _need(scheduler, need_gpus, model, tp, level)
+            progress.stage(f"looking for {need} free GPUs in one {group_level} group")
+            plan, why = search_defrag(scheduler, need, level=group_level, max_moves=max_moves, progress=progress.say)
+            status = "no-plan" if plan is None else ("nothing-to-move" if not plan.moves else "planned")
+            if plan is not None and plan.moves and apply:
+                progress.stage(f"booking {len(plan.moves)} replacement(s)")
+                _book(scheduler, plan, instances)
+                status = "booked"
+        finally:
+            ledger.close()
     if as_json:
         print_json(_doc(url, need, group_level, status, plan, why))
     else:

@@ -128,8 +128,10 @@ def search_defrag(
     max_moves: int = 4,
     movable: Callable[[Placement], bool] | None = None,
     exclude: Collection[str] = (),
+    progress: Callable[[str], None] | None = None,
 ) -> tuple[DefragPlan | None, str]:
-    """``plan_defrag`` and, when there is no plan, one line saying why ('' with a plan)."""
+    """``plan_defrag`` and, when there is no plan, one line saying why ('' with a plan); ``progress``: a line per
+    move count tried."""
     if level not in LEVELS or level == "none":
         valid = ", ".join(lv for lv in LEVELS if lv != "none")
         raise InputError(f"defrag level {level!r} is not one of {valid}")
@@ -150,8 +152,7 @@ def search_defrag(
         if lvl.groups[g].id not in skip:
             group = lvl.groups[g]
             return DefragPlan(group.id, tuple(r for r in group.gpus if r in index.free), (), 0), ""
-    search = _Search(scheduler, need_gpus, max_moves, movable)
-    return search.run(lvl.groups, groups)
+    return _Search(scheduler, need_gpus, max_moves, movable).run(lvl.groups, groups, progress or (lambda _m: None))
 
 
 def defrag_need(scheduler: Scheduler, request: PlacementRequest) -> tuple[int, str]:
@@ -199,11 +200,11 @@ class _Search:
         self.why = {"blocked": 0, "too-many": 0, "no-room": 0, "rack": 0}
         self.home = {n.name: n.rack or f"node:{n.name}" for n in scheduler.cluster.nodes}
 
-    def run(self, groups: list[Group], candidates: list[int]) -> tuple[DefragPlan | None, str]:
+    def run(self, groups: list[Group], cands: list[int], say: Callable[[str], None]) -> tuple[DefragPlan | None, str]:
         index = self.s.index
         # per candidate group: GPUs still to free, and the occupants that may move, largest first
         prepared: list[tuple[int, Group, int, list[Placement]]] = []
-        for order, g in enumerate(candidates):
+        for order, g in enumerate(cands):
             group = groups[g]
             needed = self.need - sum(1 for r in group.gpus if r in index.free)
             occupants = sorted(self._movable_occupants(group), key=lambda p: (-len(p.ranks), p.id))
@@ -222,6 +223,7 @@ class _Search:
                     if moved >= needed:
                         options.append((moved, order, group, subset))
             options.sort(key=lambda o: (o[0], o[1]))
+            say(f"trying {k} move(s): {len(options):,} choice(s) of instances")
             for moved, _order, group, subset in options:
                 if self.trials >= MAX_TRIALS:
                     return None, f"no plan within {MAX_TRIALS} re-placement trials ({self._counts()})"
