@@ -22,6 +22,7 @@ import random
 from typing import TYPE_CHECKING
 
 from toposched.sim.events import EndOfArrivals, Event, GpuFailure
+from toposched.sim.metrics import DomainSampler
 from toposched.sim.state import SimState
 from toposched.sim.units import Unit
 from toposched.sim.workload import SimRequest
@@ -32,6 +33,9 @@ if TYPE_CHECKING:
 
 class Simulation(SimState):
     """One run of one policy over one workload."""
+
+    occupancy: DomainSampler | None = None
+    """GPUs held per NVLink domain at each sample (set at the first; the plots' heat map)."""
 
     # --------------------------------------------------------------------- instances at the start
 
@@ -78,6 +82,9 @@ class Simulation(SimState):
             running += len(inst.batcher.running)
             waiting += len(inst.batcher.waiting)
         self.timeline.append((time, waiting, running))
+        if self.occupancy is None:
+            self.occupancy = DomainSampler.of(self.scheduler.index)
+        self.occupancy.sample(time, self.copies)
 
     def run(self, arrivals: list[SimRequest], progress: Callable[[Simulation], None] | None = None) -> None:
         """The whole run: instances and traffic set up, events until none is left, then teardown."""

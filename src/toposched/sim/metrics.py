@@ -30,6 +30,9 @@ Definitions (docs/simulator.md has the full list):
   traffic before compression (summed over the placements; the service's signal); ``p99_gap_ms`` = p99
   per-token latency of requests served across domains minus
   that of requests served in one domain; ``migration_ratio`` = migrations / instances placed.
+* **domain occupancy** (``DomainOccupancy``, for the heat map of ``simulate --out``): GPUs held by
+  instances in each NVLink domain (GPUs in none: one row per node), sampled with the request timeline
+  (about 400 samples a run, never more than ``MAX_OCCUPANCY_SAMPLES``).
 * disaggregated runs (``pd``: the layout): ``kv_transfer_p50_ms`` / ``_p99_ms`` = prefill done to KV
   at the decode instance (in TTFT), waiting for busy links included; ``kv_wait_p99_ms`` the waiting
   alone; ``kv_scopes`` = completed requests by the farthest hop their KV took (same-node,
@@ -40,15 +43,17 @@ from __future__ import annotations
 
 import math
 from collections import Counter
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
 from toposched.solver.request import COMPRESSION_FLOOR_GBPS
 
 if TYPE_CHECKING:
     from toposched.sim.engine import Simulation
-    from toposched.sim.units import Unit
+    from toposched.sim.units import SimInstance, Unit
     from toposched.sim.workload import SimRequest
+    from toposched.solver.index import ClusterIndex
 
 TP_KEYS = ("1", "2", "4", "8")
 """TP sizes always present in ``slo_attainment_by_tp`` (null when no request was served at that size)."""
@@ -237,6 +242,97 @@ def _tenant(
     }
 
 
+MAX_OCCUPANCY_SAMPLES = 512
+"""Most domain-occupancy samples a run keeps (``DomainSampler``): memory stays rows x 512 counts."""
+
+
+@dataclass(frozen=True)
+class DomainOccupancy:
+    """GPUs held by instances per NVLink domain, sampled over one run (the value a run hands on).
+
+    ``rows`` names the NVLink domains, then one row per node for GPUs in no domain (``NODE (no
+    NVLink)``); ``sizes`` their GPUs at the start of the run. Sample ``k`` was taken at ``times[k]``
+    and ``held[k][r]`` GPUs of row ``r`` were held (booked by a starting, serving or draining copy)
+    from then until the next sample; the last holds until ``end_s``.
+    """
+
+    rows: tuple[str, ...]
+    sizes: tuple[int, ...]
+    times: tuple[float, ...]
+    held: tuple[tuple[int, ...], ...]
+    end_s: float
+
+    def shares(self) -> list[list[float]]:
+        """Per row, per sample: held / size (0 for a row of no GPUs)."""
+        return [[h[r] / size if size else 0.0 for h in self.held] for r, size in enumerate(self.sizes)]
+
+
+@dataclass
+class DomainSampler:
+    """Counts the GPUs held per NVLink domain at each sample of a run (``Simulation.sample``).
+
+    A GPU keeps the row it had at the start (an ``nvlink-down`` failure later takes it out of its
+    domain, not out of its row). Memory is bounded: when ``limit`` samples are kept, every other one
+    is dropped and from then on only every ``stride``-th call samples (stride doubles), so a run of
+    any length keeps between ``limit / 2`` and ``limit`` samples, evenly spread.
+    """
+
+    rows: tuple[str, ...]
+    sizes: tuple[int, ...]
+    row_of: dict[str, int]
+    limit: int = MAX_OCCUPANCY_SAMPLES
+    times: list[float] = field(default_factory=list, init=False)
+    held: list[tuple[int, ...]] = field(default_factory=list, init=False)
+    stride: int = field(default=1, init=False)
+    _calls: int = field(default=0, init=False)
+    _rows_of_copy: dict[str, tuple[tuple[int, int], ...]] = field(default_factory=dict, init=False)
+
+    @classmethod
+    def of(cls, index: ClusterIndex, limit: int = MAX_OCCUPANCY_SAMPLES) -> DomainSampler:
+        """Rows for the cluster of ``index``: its NVLink domains in map order, then nodes for the rest."""
+        rows: list[str] = []
+        sizes: list[int] = []
+        row_of: dict[str, int] = {}
+        for domain in index.dmap.domains:
+            row_of.update((ref, len(rows)) for ref in domain.gpus)
+            rows.append(domain.id)
+            sizes.append(len(domain.gpus))
+        for ref, info in index.info.items():
+            if ref not in row_of:
+                name = f"{info.node} (no NVLink)"
+                if not rows or rows[-1] != name:
+                    rows.append(name)
+                    sizes.append(0)
+                row_of[ref] = len(rows) - 1
+                sizes[-1] += 1
+        return cls(tuple(rows), tuple(sizes), row_of, limit)
+
+    def sample(self, time: float, copies: Mapping[str, SimInstance]) -> None:
+        """Count the GPUs ``copies`` hold per row (every ``stride``-th call)."""
+        self._calls += 1
+        if (self._calls - 1) % self.stride:
+            return
+        known = self._rows_of_copy
+        counts = [0] * len(self.rows)
+        live: dict[str, tuple[tuple[int, int], ...]] = {}
+        for key, inst in copies.items():
+            spread = known.get(key)
+            if spread is None:
+                spread = tuple(sorted(Counter(self.row_of[ref] for ref in inst.placement.gpu_refs).items()))
+            live[key] = spread
+            for row, n in spread:
+                counts[row] += n
+        self._rows_of_copy = live
+        self.times.append(time)
+        self.held.append(tuple(counts))
+        if len(self.times) >= self.limit:
+            del self.times[1::2], self.held[1::2]
+            self.stride *= 2
+
+    def result(self, end_s: float) -> DomainOccupancy:
+        return DomainOccupancy(self.rows, self.sizes, tuple(self.times), tuple(self.held), end_s)
+
+
 def check_conservation(sim: Simulation) -> list[str]:
     """What is wrong at the end of a run (empty when everything is accounted for)."""
     problems = []
@@ -262,4 +358,14 @@ def check_conservation(sim: Simulation) -> list[str]:
     return problems
 
 
-__all__ = ["TP_KEYS", "check_conservation", "compute", "pct", "per_token_ms", "time_mean"]
+__all__ = [
+    "MAX_OCCUPANCY_SAMPLES",
+    "TP_KEYS",
+    "DomainOccupancy",
+    "DomainSampler",
+    "check_conservation",
+    "compute",
+    "pct",
+    "per_token_ms",
+    "time_mean",
+]

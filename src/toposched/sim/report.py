@@ -1,8 +1,7 @@
 """Simulation output: the JSON document, a Rich table, PNG plots and a Markdown/HTML report.
 
-Plots are step functions (``drawstyle="steps-post"``: a CDF or a count holds its value until the
-next sample, nothing is interpolated), one panel per policy wherever lines of several policies
-would lie on top of each other.
+The plots themselves (latency CDFs, SLO met per tenant, NVLink-domain occupancy, GPUs and requests
+over time) are built in ``sim/plots.py``; here they are saved and embedded, each under its caption.
 """
 
 from __future__ import annotations
@@ -14,6 +13,7 @@ from typing import TYPE_CHECKING, Any
 from rich.table import Table
 
 from toposched.errors import InputError
+from toposched.sim import plots
 from toposched.sim.run import PolicyResult
 from toposched.sim.scenario import Scenario
 
@@ -140,75 +140,9 @@ def tenant_lines(results: dict[str, PolicyResult]) -> list[str]:
     return out
 
 
-def _cdf(ax: Any, values: list[float], label: str) -> None:
-    ordered = sorted(values)
-    if ordered:
-        n = len(ordered)
-        ax.plot(ordered, [(i + 1) / n for i in range(n)], drawstyle="steps-post", label=label)
-
-
 def figures(scenario: Scenario, results: dict[str, PolicyResult]) -> dict[str, Figure]:
-    """The report's figures by file name (matplotlib; ImportError when it is missing)."""
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
-    names = list(results)
-    rows = max(1, len(names))
-    slos = sorted({t["slo_ms"] for r in results.values() for t in r.metrics["tenants"].values()})
-    out: dict[str, Figure] = {}
-
-    fig, axes = plt.subplots(rows, 1, figsize=(7, 2.4 * rows), sharex=True, squeeze=False)
-    for ax, name in zip(axes[:, 0], names, strict=True):
-        _cdf(ax, results[name].per_token_ms, "per-token latency")
-        for slo in slos:
-            ax.axvline(slo, color="grey", linestyle="--", linewidth=0.8)
-        ax.set_ylabel("share done")
-        ax.set_title(f"{name}: per-token latency CDF (dashed: tenant SLOs)", fontsize=9)
-    axes[-1, 0].set_xlabel("per-token latency (ms)")
-    fig.tight_layout()
-    out["latency_cdf.png"] = fig
-
-    fig, axes = plt.subplots(rows, 2, figsize=(9, 2.4 * rows), squeeze=False)
-    for (ttft_ax, tpot_ax), name in zip(axes, names, strict=True):
-        _cdf(ttft_ax, results[name].ttft_ms, "TTFT")
-        _cdf(tpot_ax, results[name].tpot_ms, "TPOT")
-        ttft_ax.set_xscale("symlog", linthresh=100)
-        ttft_ax.set_title(f"{name}: TTFT CDF", fontsize=9)
-        tpot_ax.set_title(f"{name}: TPOT CDF", fontsize=9)
-        ttft_ax.set_ylabel("share done")
-    axes[-1, 0].set_xlabel("TTFT (ms)")
-    axes[-1, 1].set_xlabel("TPOT (ms)")
-    fig.tight_layout()
-    out["ttft_tpot_cdf.png"] = fig
-
-    fig, axes = plt.subplots(rows, 1, figsize=(7, 2.4 * rows), sharex=True, squeeze=False)
-    for ax, name in zip(axes[:, 0], names, strict=True):
-        timeline = results[name].timeline
-        times = [t for t, _, _ in timeline]
-        ax.plot(times, [w for _, w, _ in timeline], drawstyle="steps-post", label="waiting")
-        ax.plot(times, [n for _, _, n in timeline], drawstyle="steps-post", label="running")
-        ax.set_ylabel("requests")
-        ax.set_title(f"{name}: requests waiting and running", fontsize=9)
-        ax.legend(fontsize=8, loc="upper right")
-    axes[-1, 0].set_xlabel("simulated time (s)")
-    fig.tight_layout()
-    out["queue_over_time.png"] = fig
-
-    fig, axes = plt.subplots(rows, 1, figsize=(7, 2.4 * rows), sharex=True, squeeze=False)
-    for ax, name in zip(axes[:, 0], names, strict=True):
-        series = results[name].gpu_series
-        times = [s[0] for s in series]
-        ax.plot(times, [s[1] for s in series], drawstyle="steps-post", label="held by instances")
-        ax.plot(times, [s[3] for s in series], drawstyle="steps-post", label="healthy", linestyle="--")
-        ax.set_ylabel("GPUs")
-        ax.set_title(f"{name}: GPUs held", fontsize=9)
-        ax.legend(fontsize=8, loc="lower right")
-    axes[-1, 0].set_xlabel("simulated time (s)")
-    fig.tight_layout()
-    out["gpus_over_time.png"] = fig
-    return out
+    """The report's figures by file name (``sim/plots.py``; ImportError when matplotlib is missing)."""
+    return plots.figures(results)
 
 
 def _rows(results: dict[str, PolicyResult]) -> list[list[str]]:
@@ -222,7 +156,8 @@ def _by_tp(results: dict[str, PolicyResult]) -> tuple[list[str], list[list[str]]
 
 
 def write_report(out: Path, scenario: Scenario, seed: int, results: dict[str, PolicyResult]) -> list[Path]:
-    """PNG plots (latency, TTFT/TPOT CDFs; requests and GPUs over time) and report.md / report.html."""
+    """PNG plots (``sim/plots.py``: latency CDFs, SLO met per tenant, NVLink-domain occupancy, GPUs and
+    requests over time) and report.md / report.html with the tables and each plot under its caption."""
     try:
         import matplotlib.pyplot as plt
 
@@ -255,7 +190,7 @@ def write_report(out: Path, scenario: Scenario, seed: int, results: dict[str, Po
         "|" + "---|" * (len(tp_labels) + 1),
         *("| " + " | ".join(row) + " |" for row in tp_rows),
         "",
-        *(f"![{name}]({name})\n" for name in figs),
+        *(f"{plots.CAPTIONS[name]}\n\n![{name}]({name})\n" for name in figs),
     ]
     report_md = out / "report.md"
     report_md.write_text("\n".join(md))
@@ -275,7 +210,7 @@ def write_report(out: Path, scenario: Scenario, seed: int, results: dict[str, Po
         + table(["policy", *labels], _rows(results))
         + "<p>SLO met by the TP size of the serving instance:</p>"
         + table(["policy", *tp_labels], tp_rows)
-        + "".join(f"<p><img src='{html.escape(name)}'></p>" for name in figs)
+        + "".join(f"<p>{html.escape(plots.CAPTIONS[name])}</p><p><img src='{html.escape(name)}'></p>" for name in figs)
     )
     report_html = out / "report.html"
     report_html.write_text(page)

@@ -21,7 +21,7 @@ from toposched.sim.deployment import Deployment, build_deployment, label_nodes, 
 from toposched.sim.disaggregated import PdSimulation
 from toposched.sim.engine import Simulation
 from toposched.sim.loading import load_cluster
-from toposched.sim.metrics import check_conservation, compute, per_token_ms
+from toposched.sim.metrics import DomainOccupancy, check_conservation, compute, per_token_ms
 from toposched.sim.oracle import placement_policy
 from toposched.sim.scenario import MAX_INSTANCES, PdLayout, Scenario, expected_instance_arrivals
 from toposched.sim.workload import SimRequest, make_arrivals, read_trace
@@ -81,6 +81,7 @@ class PolicyResult:
     tpot_ms: list[float] = field(default_factory=list)
     gpu_series: list[tuple[float, int, float, int, int]] = field(default_factory=list)
     finish_s: dict[int, float] = field(default_factory=dict)  # request id -> time of its last token
+    occupancy: DomainOccupancy | None = None  # GPUs held per NVLink domain, sampled (None: no sample taken)
 
 
 def _fresh(requests: list[SimRequest]) -> list[SimRequest]:
@@ -145,6 +146,7 @@ def run_policy(
         tpot_ms=[1000.0 * (r.finish_s - r.first_token_s) / (r.output_len - 1) for r in done if r.output_len > 1],
         gpu_series=sim.gpu_series,
         finish_s={r.id: r.finish_s for r in done},
+        occupancy=sim.occupancy.result(sim.end_s) if sim.occupancy is not None else None,
     )
 
 
