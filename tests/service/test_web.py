@@ -1,11 +1,14 @@
 """The web page in headless Chromium (Debian ``chromium``) at 8, 256 and 4,096 GPUs.
 
 Each render is checked for what it shows, against the API's own answers: one tile per GPU in the state the
-API gives (held, free, unavailable), the holding placement in each held tile's hover text, one box per
-NVLink domain, the nine signal cards, no page error (the page's own error count and Chromium's console);
-and in the screenshot, the red and green pixels that the held and free tiles make, so every tile is drawn
-inside the window. The 8-GPU page also shows its node: GPUs grouped by NUMA node, HBM bars split as the
-placements plan them, and an alert that marks the GPUs behind it.
+API gives (held, free, unavailable), the holding placement and its planned HBM in each held tile's hover
+text, one colour per placement (the tiles' and the legend's), one box per NVLink domain, the nine signal
+cards, no page error (the page's own error count and Chromium's console); and in the screenshot, the pixels
+of each placement's colour and of the free tiles' green, so every tile is drawn inside the window. The 8-GPU
+page also shows its node: GPUs grouped by NUMA node, HBM bars split as the placements plan them, and an alert
+that marks the GPUs behind it; and two placements in two colours, each tile labelled with its HBM.
+
+Hover, clicks, the signal history and the aggregated view at 16,384 GPUs: ``test_web_page.py``.
 
 The screenshots stay in the pytest temporary folder, ``ui-shots/`` (each test prints the path).
 Chromium missing fails the test with the fix (``make system-deps``); it never skips.
@@ -15,6 +18,7 @@ from __future__ import annotations
 
 import shutil
 import subprocess
+from collections import Counter
 from collections.abc import Iterator
 from dataclasses import dataclass, field
 from html.parser import HTMLParser
@@ -26,9 +30,10 @@ from PIL import Image
 from tests.service.conftest import TOKEN, Server, StartServer
 from toposched.service.metrics import SIGNAL_NAMES
 
-FREE = (46, 160, 67)  # .tile.free in style.css
-USED = (207, 34, 46)  # .tile.used
-SWATCH_PX = 12 * 12  # the legend's swatch of each colour
+FREE = (180, 230, 190)  # .tile.free in style.css
+SWATCH_PX = 12 * 12  # a swatch in the legends and the placements table
+CARD_BORDER_PX = 5 * 150  # a node detail's GPU card: its left border in its placement's colour
+GIB = 1024**3
 MARKUP_NAME = '<img src=x onerror="document.body.dataset.injected=1">.yaml'
 VOID = {"area", "base", "br", "col", "embed", "hr", "img", "input", "link", "meta", "source", "track", "wbr"}
 
@@ -103,6 +108,19 @@ class Render:
     dom: Element
     shot: Path
     tiles: dict[str, Element]  # GPU ref -> its tile in the overview
+    colours: dict[str, tuple[int, int, int]]  # placement id -> its colour, as the colour legend lists them
+
+
+def colour(element: Element, prop: str = "background-color") -> tuple[int, int, int]:
+    """The ``rgb(r, g, b)`` an inline style gives ``prop`` (Chromium serialises colours so)."""
+    styles = dict(p.strip().split(":", 1) for p in element.attrs.get("style", "").split(";") if ":" in p)
+    r, g, b = styles[prop].strip().removeprefix("rgb(").removesuffix(")").split(",")
+    return int(r), int(g), int(b)
+
+
+def legend_colours(dom: Element) -> dict[str, tuple[int, int, int]]:
+    items = [e for e in dom.by_id("placement-legend").walk() if e.tag == "li" and "data-request" in e.attrs]
+    return {li.attrs["data-request"]: colour(next(e for e in li.walk() if "swatch" in e.classes())) for li in items}
 
 
 @pytest.fixture(scope="module")
@@ -132,29 +150,45 @@ def render(server: Server, tmp_path: Path, shot: Path, link: str = "") -> Render
     grid = dom.by_id("grid")
     tiles = {e.attrs["data-gpu"]: e for e in grid.walk() if "tile" in e.classes()}
     assert len(tiles) == topo["gpus"] == len(gpus) and set(tiles) == set(gpus)
+    listed = legend_colours(dom)  # (the first placements; the table lists them all)
+    colours: dict[str, tuple[int, int, int]] = {}
     for ref, g in gpus.items():
         state = "used" if g["placement"] else "free" if g["free"] else "down"
         assert state in tiles[ref].classes(), (ref, tiles[ref].classes())
-        if g["placement"]:  # the hover text names the holder
-            assert f"held by placement {g['request']} " in tiles[ref].attrs["title"]
+        if g["placement"]:  # the hover text names the holder and its plan's HBM; the tile has the legend's colour
+            title = tiles[ref].attrs["title"]
+            assert f"held by placement {g['request']} " in title
+            hbm = g["hbm"]
+            used = hbm["weights"] + hbm["kv"] + hbm["other"]
+            assert f"HBM {used / GIB:.1f} of {hbm['capacity'] / GIB:.1f} GiB planned" in title
+            assert tiles[ref].attrs["data-request"] == g["request"]
+            assert colour(tiles[ref]) == colours.setdefault(g["request"], colour(tiles[ref])) != FREE
+    assert {pid: colours[pid] for pid in listed} == listed
     boxes = [e for e in grid.walk() if "domain" in e.classes()]
     assert {b.attrs["data-domain"] for b in boxes} >= {d["id"] for d in topo["domains"]}
     cards = [e.attrs["data-signal"] for e in dom.by_id("signals").walk() if "signal" in e.classes()]
     assert cards == list(SIGNAL_NAMES)
 
-    # the screenshot: every tile in the window, red for held GPUs and green for free ones (less digits/bars)
+    # the screenshot: every tile in the window, each placement's in its colour (placements beyond the palette
+    # share one) and free ones green, less digits and HBM bars; plus the swatches of that colour
     px = int(grid.attrs["data-tile"])
-    counts = {colour: n for n, colour in Image.open(shot).convert("RGB").getcolors(maxcolors=1 << 22) or []}
-    held = sum(1 for g in gpus.values() if g["placement"])
-    free = sum(1 for g in gpus.values() if g["free"] and not g["placement"])
-    for colour, tiles_of in ((USED, held), (FREE, free)):
-        assert 0.6 * tiles_of * px * px <= counts.get(colour, 0) <= tiles_of * px * px + SWATCH_PX, (
-            colour,
-            tiles_of,
-            px,
-            counts.get(colour),
-        )
-    return Render(dom, shot, tiles)
+    counts = {rgb: n for n, rgb in Image.open(shot).convert("RGB").getcolors(maxcolors=1 << 22) or []}
+    tiles_of: Counter[tuple[int, int, int]] = Counter()
+    swatches = Counter(colour(e) for e in dom.walk() if "swatch" in e.classes() and "style" in e.attrs)
+    for g in gpus.values():
+        if g["placement"]:
+            tiles_of[colours[g["request"]]] += 1
+        elif g["free"]:
+            tiles_of[FREE] += 1
+    swatches[FREE] += 1
+    node = dom.by_id("node")
+    shown = "hidden" not in node.attrs
+    cards = [e for e in node.walk() if {"gpu", "used"} <= e.classes()] if shown else []
+    borders = Counter(colour(card, "border-left-color") for card in cards)  # a node's held GPU cards
+    for rgb, n in tiles_of.items():
+        bound = n * px * px + swatches[rgb] * SWATCH_PX + borders[rgb] * CARD_BORDER_PX
+        assert 0.6 * n * px * px <= counts.get(rgb, 0) <= bound, (rgb, n, px, counts.get(rgb))
+    return Render(dom, shot, tiles, listed)
 
 
 def place_mix(server: Server, count: int) -> None:
@@ -216,6 +250,24 @@ def test_the_page_shows_holders_hbm_numa_and_the_gpus_an_alert_names(
         assert [b.attrs["data-request"] for b in holder] == [g["request"]]
     rows = [e for e in dom.by_id("placements").walk() if e.tag == "tr" and "data-request" in e.attrs]
     assert {row.attrs["data-request"] for row in rows} == {"web", "drift"}
+
+    # two placements, two colours: in the legend (with model, TP x PP and SLO state), on the tiles, and as
+    # pixels in the screenshot (render checks each colour's count against its tiles)
+    assert set(page.colours) == {"web", "drift"} and page.colours["web"] != page.colours["drift"]
+    legend = dom.by_id("placement-legend").all_text()
+    assert "web: llama-3.1-8b, TP4 x PP1, interactive, SLO met" in legend
+    assert "drift: llama-3.1-8b, TP2 x PP1, interactive, degraded" in legend
+    pixels = dict((rgb, n) for n, rgb in Image.open(page.shot).convert("RGB").getcolors(maxcolors=1 << 22) or [])
+    assert min(pixels.get(page.colours["web"], 0), pixels.get(page.colours["drift"], 0)) >= 2 * 40 * 40 * 0.6
+    # each held tile at 40 px says how much of its HBM the plan uses (GiB planned / capacity)
+    for ref, g in gpus.items():
+        label = [e.all_text() for e in page.tiles[ref].walk() if "gib" in e.classes()]
+        if g["placement"]:
+            hbm = g["hbm"]
+            used = round((hbm["weights"] + hbm["kv"] + hbm["other"]) / GIB)
+            assert label == [f"{used}/{round(hbm['capacity'] / GIB)}"]
+        else:
+            assert label == []
 
 
 @pytest.mark.parametrize("size", [256, 4096])

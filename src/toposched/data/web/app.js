@@ -1,13 +1,29 @@
 // toposched web page: polls the JSON API every 2 s and redraws. No build step, no outside fetches.
+// On opening it reads the signals' last hour from the service (/v1/signals/history), then adds a sample
+// at each refresh.
 // Every value from the API enters the page through textContent, setAttribute or a numeric style, never
 // through innerHTML, so names in the cluster spec or a placement id cannot inject markup.
 "use strict";
 
 const POLL_MS = 2000;
-const HISTORY = 300; // samples kept per signal: 10 minutes at one refresh every 2 s
-const ZOOM = [4, 6, 10, 16, 24, 40]; // tile edge in px, smallest first
+const WINDOW_MS = 3600 * 1000; // the charts' span: the last hour
+const ZOOM = [0, 4, 6, 10, 16, 24, 40]; // tile edge in px, smallest first; 0: one cell per NVLink domain
+const AGGREGATE_ABOVE = 4096; // GPUs: a larger cluster opens on one cell per domain (tiles would be under 6 px)
+const CELL = 12; // edge of a domain's cell in that view (px)
+const LEGEND_MAX = 48; // placements listed in the colour legend (the table lists them all)
 const GIB = 1024 ** 3;
 const SVG = "http://www.w3.org/2000/svg";
+
+// Placement colours, the most distinct first: none of them green (free tiles) or grey (unavailable ones).
+// Each placement takes the first colour no live placement has (on opening, in the order of their ids) and
+// keeps it while it lives; more placements than colours share them (the legend and hover text tell).
+const PALETTE = [
+  [31, 119, 180], [255, 127, 14], [148, 103, 189], [214, 39, 40], [23, 190, 207], [227, 119, 194],
+  [140, 86, 75], [230, 171, 2], [57, 59, 121], [132, 60, 57], [107, 174, 214], [253, 174, 107],
+  [123, 65, 115], [188, 128, 189], [82, 84, 163],
+];
+const FREE = [180, 230, 190]; // .tile.free in style.css
+const HELD_ALL = [45, 51, 59]; // a domain cell with every GPU held (the aggregated view)
 
 // The nine signals: metric name, what it measures (no jargon), how to show a value.
 const SIGNALS = [
@@ -25,9 +41,13 @@ const SIGNALS = [
 const view = {
   zoom: null, // index into ZOOM; chosen from the cluster size on the first answer
   node: null, // the node shown in detail, or null
-  mark: null, // {placement: id} or {alert: name}: whose GPUs are marked
+  mark: null, // {placement: id} or {alert: name}: whose GPUs are marked (a marked placement: pinned)
   marked: new Set(), // those GPU refs, found again at each redraw
-  history: [], // [{t, signals}], oldest first
+  hover: null, // the placement under the pointer: its NVLink domains are highlighted
+  colours: new Map(), // placement id -> index into PALETTE
+  gpus: {}, // GPU ref -> the topology's GPU, from the last answer
+  history: [], // [{t, signals}] of the last hour, oldest first (t: ms on this page's clock)
+  recorded: 0, // how many of them the service had recorded before the page opened
   last: null, // the last answers: {topo, placements, queue, alerts}
 };
 
@@ -99,6 +119,29 @@ function heat(occupancy) {
   return `rgb(${r}, ${g}, ${b})`;
 }
 
+const rgb = (c) => `rgb(${c[0]}, ${c[1]}, ${c[2]})`;
+
+// A domain cell's colour: from the free tiles' green (none held) to near black (all held).
+function shareColour(share) {
+  return rgb(FREE.map((f, i) => Math.round(f + (HELD_ALL[i] - f) * share)));
+}
+
+// Give each new live placement the first colour no other has (all taken: the least used); forget the gone.
+function assignColours(ids) {
+  const live = new Set(ids);
+  for (const id of [...view.colours.keys()]) if (!live.has(id)) view.colours.delete(id);
+  const uses = PALETTE.map(() => 0);
+  for (const slot of view.colours.values()) uses[slot] += 1;
+  for (const id of [...live].sort()) {
+    if (view.colours.has(id)) continue;
+    const slot = uses.indexOf(Math.min(...uses));
+    view.colours.set(id, slot);
+    uses[slot] += 1;
+  }
+}
+
+const colourOf = (id) => rgb(PALETTE[view.colours.get(id) || 0]);
+
 function gpuState(g) {
   return g.placement ? "used" : g.free ? "free" : "down";
 }
@@ -110,14 +153,34 @@ function hbmParts(g) {
   return [["weights", h.weights], ["kv", h.kv], ["other", h.other], ["headroom", headroom]];
 }
 
+const planned = (g) => g.hbm.weights + g.hbm.kv + g.hbm.other;
+
 function gpuTitle(g) {
   const h = g.hbm;
   const lines = [`${g.ref} (${g.model || "GPU"})`];
   if (g.placement) lines.push(`held by placement ${g.request} (instance ${g.placement})`);
   else lines.push(g.free ? "free" : `unavailable (health: ${g.health})`);
+  const shown = view.last && view.last.byId.get(g.request);
+  if (shown) lines.push(`${shown.model}, ${shapes(shown)}, ${sloState(shown)}`);
   lines.push(`NVLink domain ${g.domain || "none"}, NUMA ${g.numa || "unknown"}, PCIe switch ${g.pcie || "unknown"}`);
-  lines.push(`HBM ${gib(h.capacity)} GiB` + (g.placement ? `: ${gib(h.weights)} weights, ${gib(h.kv)} KV, ${gib(h.other)} other` : ""));
+  if (g.placement) {
+    lines.push(`HBM ${gib(planned(g))} of ${gib(h.capacity)} GiB planned: ${gib(h.weights)} weights, ${gib(h.kv)} KV, ${gib(h.other)} other`);
+  } else lines.push(`HBM 0 of ${gib(h.capacity)} GiB used`);
   return lines.join("\n");
+}
+
+// A placement's TP x PP shapes ("TP4 x PP1"; replicas of other shapes listed too).
+function shapes(p) {
+  return [...new Set(p.instances.map((i) => `TP${i.tp} x PP${i.pp}`))].join(", ");
+}
+
+// Its SLO state: degraded (a sidecar said so), or whether the predictions meet the SLO, and the class.
+function sloState(p) {
+  const cls = (p.request && p.request.slo_class) || "interactive";
+  if (p.status === "degraded") return `${cls}, degraded`;
+  const checks = p.instances.flatMap((i) => (i.constraints || []).filter((c) => c.name === "slo"));
+  if (!checks.length) return `${cls}, no SLO check`;
+  return `${cls}, SLO ${checks.every((c) => c.held) ? "met" : "missed"}`;
 }
 
 // A horizontal bar: weights, KV, other, headroom as shares of the GPU's capacity.
@@ -146,9 +209,30 @@ function tileClass(g, alerted) {
   return cls;
 }
 
+// One GPU: its placement's colour, and (held, 10 px and up) how much of its HBM the plan uses.
+function gpuTile(g, px, alerted) {
+  const tile = el("span", { class: tileClass(g, alerted), "data-gpu": g.ref, title: gpuTitle(g) }, px >= 24 ? String(g.index) : undefined);
+  if (!g.placement) return tile;
+  tile.setAttribute("data-request", g.request);
+  tile.style.backgroundColor = colourOf(g.request);
+  if (px >= 24) tile.appendChild(hbmBar(g, "mini"));
+  else if (px >= 10) {
+    const bar = el("span", { class: "fill" });
+    const used = el("span");
+    used.style.width = ((100 * planned(g)) / (g.hbm.capacity || 1)).toFixed(1) + "%";
+    bar.appendChild(used);
+    tile.appendChild(bar);
+  }
+  if (px >= 40) tile.appendChild(el("span", { class: "gib" }, `${Math.round(planned(g) / GIB)}/${Math.round(g.hbm.capacity / GIB)}`));
+  return tile;
+}
+
 function domainColumns(size) {
   return size <= 4 ? size : size <= 16 ? 4 : 8;
 }
+
+const looseBox = (node) => `${node} (no NVLink)`;
+const boxOf = (g) => g.domain || looseBox(nodeOf(g.ref));
 
 // Domains (and the GPUs outside any, one box per node) grouped by rack when the cluster names racks.
 function domainGroups(topo, gpus) {
@@ -157,6 +241,7 @@ function domainGroups(topo, gpus) {
   // a domain inside one node is labelled by the node; a multi-node one (NVL72) by its id
   const label = (d) => (d.kind === "mnnvl" ? d.id : nodeOf(d.gpus[0]));
   const boxes = topo.domains.map((d) => ({ id: d.id, label: label(d), refs: d.gpus, occupancy: d.occupancy }));
+  // (a GPU outside every domain is boxed by its node: boxOf)
   const seen = new Set(boxes.flatMap((d) => d.refs));
   const loose = new Map();
   for (const ref of Object.keys(gpus)) {
@@ -165,7 +250,7 @@ function domainGroups(topo, gpus) {
     if (!loose.has(node)) loose.set(node, []);
     loose.get(node).push(ref);
   }
-  for (const [node, refs] of loose) boxes.push({ id: `${node} (no NVLink)`, label: node, refs, occupancy: null });
+  for (const [node, refs] of loose) boxes.push({ id: looseBox(node), label: node, refs, occupancy: null });
   const racks = new Map();
   for (const box of boxes) {
     const rack = rackOf[nodeOf(box.refs[0])] || "";
@@ -175,28 +260,33 @@ function domainGroups(topo, gpus) {
   return racks;
 }
 
+function autoZoom(n) {
+  return n <= 64 ? 6 : n <= 512 ? 4 : n <= 2048 ? 3 : n <= AGGREGATE_ABOVE ? 2 : 0;
+}
+
+function rackHeading(rack, refs, gpus) {
+  const free = refs.filter((r) => gpus[r].free).length;
+  return el("h3", {}, `${rack}: ${refs.length} GPUs, ${free} free`);
+}
+
 function drawGrid(topo, alerts) {
-  const gpus = {};
-  for (const n of topo.nodes) for (const g of n.gpus) gpus[g.ref] = g;
-  if (view.zoom === null) {
-    const n = topo.gpus;
-    view.zoom = n <= 64 ? 5 : n <= 512 ? 3 : n <= 2048 ? 2 : 1;
-  }
+  const gpus = view.gpus;
+  if (view.zoom === null) view.zoom = autoZoom(topo.gpus);
   const px = ZOOM[view.zoom];
-  const alerted = alertedGpus(alerts);
   const grid = document.getElementById("grid");
   grid.dataset.tile = String(px);
+  grid.dataset.view = px ? "gpus" : "domains";
   grid.style.setProperty("--tile", px + "px");
   grid.className = "grid" + (px >= 10 ? " labelled" : "") + (px >= 24 ? " numbered" : "");
-  document.getElementById("zoom-label").textContent = `${px} px tiles`;
+  document.getElementById("zoom-label").textContent = px ? `${px} px tiles` : "one cell per NVLink domain, its shade the share held";
+  document.getElementById("share-legend").hidden = px !== 0;
   grid.replaceChildren();
-  for (const [rack, boxes] of domainGroups(topo, gpus)) {
+  const racks = domainGroups(topo, gpus);
+  if (!px) return drawDomainCells(grid, racks, gpus);
+  const alerted = alertedGpus(alerts);
+  for (const [rack, boxes] of racks) {
     const row = el("div", { class: "rack" });
-    if (rack) {
-      const refs = boxes.flatMap((b) => b.refs);
-      const free = refs.filter((r) => gpus[r].free).length;
-      row.appendChild(el("h3", {}, `${rack}: ${refs.length} GPUs, ${free} free`));
-    }
+    if (rack) row.appendChild(rackHeading(rack, boxes.flatMap((b) => b.refs), gpus));
     const domains = el("div", { class: "domains" });
     for (const d of boxes) {
       const pct = d.occupancy === null ? "" : ` ${Math.round(d.occupancy * 100)} %`;
@@ -205,18 +295,86 @@ function drawGrid(topo, alerts) {
       box.appendChild(el("h4", {}, px >= 24 ? d.label + pct : d.label));
       const cells = el("div", { class: "cells" });
       cells.style.gridTemplateColumns = `repeat(${domainColumns(d.refs.length)}, ${px}px)`;
-      for (const ref of d.refs) {
-        const g = gpus[ref];
-        const tile = el("span", { class: tileClass(g, alerted), "data-gpu": ref, title: gpuTitle(g) }, px >= 24 ? String(g.index) : undefined);
-        if (px >= 24 && g.placement) tile.appendChild(hbmBar(g, "mini"));
-        cells.appendChild(tile);
-      }
+      for (const ref of d.refs) cells.appendChild(gpuTile(gpus[ref], px, alerted));
       box.appendChild(cells);
       domains.appendChild(box);
     }
     row.appendChild(domains);
     grid.appendChild(row);
   }
+}
+
+// The aggregated view: per rack, one cell per NVLink domain (or node, for GPUs outside any), its shade the
+// share of its GPUs held; the hover text gives the counts and the placements in it.
+function drawDomainCells(grid, racks, gpus) {
+  for (const [rack, boxes] of racks) {
+    const row = el("div", { class: "rack" });
+    if (rack) row.appendChild(rackHeading(rack, boxes.flatMap((b) => b.refs), gpus));
+    const cells = el("div", { class: "dcells" });
+    for (const d of boxes) {
+      const list = d.refs.map((ref) => gpus[ref]);
+      const held = list.filter((g) => g.placement).length;
+      const free = list.filter((g) => g.free && !g.placement).length;
+      const down = list.length - held - free;
+      const holders = [...new Set(list.filter((g) => g.request).map((g) => g.request))];
+      const more = holders.length > 6 ? ` and ${holders.length - 6} more` : "";
+      const lines = [`${d.id}: ${list.length} GPUs, ${held} held, ${free} free, ${down} unavailable`];
+      if (holders.length) lines.push(`placements: ${holders.slice(0, 6).join(", ")}${more}`);
+      const cell = el("span", {
+        class: "dcell" + (list.some((g) => view.marked.has(g.ref)) ? " marked" : ""),
+        "data-domain": d.id, "data-node": nodeOf(d.refs[0]), "data-gpus": String(list.length),
+        "data-held": String(held), "data-free": String(free), title: lines.join("\n"),
+      });
+      cell.style.backgroundColor = shareColour(held / Math.max(list.length, 1));
+      cells.appendChild(cell);
+    }
+    row.appendChild(cells);
+    grid.appendChild(row);
+  }
+}
+
+// The NVLink domains (boxes) a placement's GPUs sit in.
+function spannedBoxes(request) {
+  const out = new Set();
+  if (!request) return out;
+  for (const g of Object.values(view.gpus)) if (g.request === request) out.add(boxOf(g));
+  return out;
+}
+
+// Highlight the domains of the placement under the pointer, else of the pinned (clicked) one.
+function applyHighlight() {
+  const pinned = view.mark && view.mark.placement ? view.mark.placement : null;
+  const id = view.hover || pinned;
+  const boxes = spannedBoxes(id);
+  const grid = document.getElementById("grid");
+  grid.dataset.highlight = id || "";
+  grid.dataset.pinned = pinned || "";
+  for (const b of grid.querySelectorAll("[data-domain]")) b.classList.toggle("spanned", boxes.has(b.dataset.domain));
+  for (const t of grid.querySelectorAll(".tile[data-request]")) t.classList.toggle("lit", t.dataset.request === id);
+  for (const li of document.querySelectorAll("#placement-legend li[data-request]")) li.classList.toggle("lit", li.dataset.request === id);
+}
+
+function setHover(request) {
+  if (request === view.hover) return;
+  view.hover = request;
+  applyHighlight();
+}
+
+// The colour legend: each placement's colour, model, TP x PP shape and SLO state.
+function drawLegend(placements) {
+  const list = document.getElementById("placement-legend");
+  list.replaceChildren();
+  const shown = placements.placements.slice(0, LEGEND_MAX);
+  for (const p of shown) {
+    const li = el("li", { "data-request": p.id, title: "hover: its NVLink domains; click: keep them highlighted" });
+    const swatch = el("span", { class: "swatch" });
+    swatch.style.backgroundColor = colourOf(p.id);
+    li.appendChild(swatch);
+    li.appendChild(el("span", {}, ` ${p.id}: ${p.model}, ${shapes(p)}, ${sloState(p)}`));
+    list.appendChild(li);
+  }
+  const rest = placements.placements.length - shown.length;
+  if (rest > 0) list.appendChild(el("li", { class: "muted" }, `and ${rest} more placements (the table below lists them all)`));
 }
 
 function drawNode(topo, alerts) {
@@ -259,6 +417,7 @@ function drawNode(topo, alerts) {
 function gpuCard(g, alerted) {
   const state = gpuState(g);
   const card = el("div", { class: "gpu " + state + (alerted.has(g.ref) ? " alerted" : "") + (view.marked.has(g.ref) ? " marked" : ""), "data-gpu": g.ref, title: gpuTitle(g) });
+  if (g.placement) card.style.borderLeftColor = colourOf(g.request);
   card.appendChild(el("div", { class: "gpu-head" }, `GPU ${g.index}`));
   card.appendChild(el("div", { class: "muted" }, `${g.model || "model unknown"}, NVLink ${g.domain ? shortId(g.domain, nodeOf(g.ref)) : "none"}`));
   card.appendChild(hbmBar(g, "hbm"));
@@ -292,6 +451,9 @@ function drawPlacements(placements) {
     const tr = el("tr", { "data-request": p.id });
     if (view.mark && view.mark.placement === p.id) tr.className = "selected";
     const id = el("td");
+    const swatch = el("span", { class: "swatch" });
+    swatch.style.backgroundColor = colourOf(p.id);
+    id.appendChild(swatch);
     id.appendChild(el("button", { type: "button", class: "link", "data-request": p.id }, p.id));
     tr.appendChild(id);
     const first = p.instances[0];
@@ -344,14 +506,23 @@ function scalar(value) {
   return value;
 }
 
-function sparkline(name, kind, thresholds) {
+// Minutes a chart spans: what the history covers, from 5 minutes to the hour.
+function chartSpan(now) {
+  const oldest = view.history.length ? view.history[0].t : now;
+  return Math.min(60, Math.max(5, Math.ceil((now - oldest) / 60000)));
+}
+
+// A signal over chartSpan, right edge now; a gap where it had no value (or the service was not sampling).
+function sparkline(name, kind, thresholds, now) {
   const w = 200, h = 40;
+  const spanMs = chartSpan(now) * 60000;
   const values = view.history.map((s) => scalar(s.signals[name]));
   const limits = thresholds.filter((t) => t.signal === name);
   const top = Math.max(kind === "ratio" ? 1 : 0, ...values.filter((v) => v !== null), ...limits.map((t) => t.value)) || 1;
-  const x = (i) => w - (values.length - 1 - i) * (w / (HISTORY - 1));
+  const x = (i) => Math.max(0, w - ((now - view.history[i].t) / spanMs) * w);
   const y = (v) => h - 2 - (v / top) * (h - 4);
-  const chart = svg("svg", { class: "spark", width: w, height: h, viewBox: `0 0 ${w} ${h}` });
+  const points = values.filter((v) => v !== null).length;
+  const chart = svg("svg", { class: "spark", width: w, height: h, viewBox: `0 0 ${w} ${h}`, "data-points": points });
   for (const t of limits) chart.appendChild(svg("line", { class: "limit " + t.severity, x1: 0, x2: w, y1: y(t.value), y2: y(t.value) }));
   let run = [];
   const flush = () => {
@@ -368,9 +539,10 @@ function drawSignals(alerts) {
   const box = document.getElementById("signals");
   box.replaceChildren();
   const firing = new Set(alerts.firing.map((a) => a.signal));
+  const now = Date.now();
   for (const [name, label, kind] of SIGNALS) {
     const now = alerts.signals[name];
-    const card = el("div", { class: "signal" + (firing.has(name) ? " firing" : ""), "data-signal": name, "data-samples": String(view.history.length) });
+    const card = el("div", { class: "signal" + (firing.has(name) ? " firing" : ""), "data-signal": name, "data-samples": String(view.history.length), "data-recorded": String(view.recorded) });
     card.appendChild(el("div", { class: "signal-name" }, label));
     let text = formatValue(kind, scalar(now));
     if (now && typeof now === "object") {
@@ -378,8 +550,8 @@ function drawSignals(alerts) {
       if (parts.length) text += " (" + parts.join(", ") + ")";
     }
     card.appendChild(el("div", { class: "signal-value" }, text));
-    card.appendChild(sparkline(name, kind, alerts.thresholds || []));
-    card.appendChild(el("div", { class: "muted metric" }, name));
+    card.appendChild(sparkline(name, kind, alerts.thresholds || [], now));
+    card.appendChild(el("div", { class: "muted metric" }, `${name} (last ${chartSpan(now)} min)`));
     box.appendChild(card);
   }
 }
@@ -396,10 +568,16 @@ function markedGpus(placements, alerts) {
 function draw() {
   const { topo, placements, queue, alerts } = view.last;
   view.marked = new Set(markedGpus(placements, alerts));
+  view.gpus = {};
+  for (const n of topo.nodes) for (const g of n.gpus) view.gpus[g.ref] = g;
+  assignColours(placements.placements.map((p) => p.id));
+  if (view.hover && !view.last.byId.has(view.hover)) view.hover = null;
   document.getElementById("cluster").textContent =
     `${topo.cluster}: ${topo.gpus} GPUs on ${topo.nodes.length} nodes, ${topo.free} free (DomainMap v${topo.version}, ${topo.source})`;
   document.getElementById("clear-mark").hidden = view.marked.size === 0;
   drawGrid(topo, alerts);
+  drawLegend(placements);
+  applyHighlight();
   drawNode(topo, alerts);
   drawSignals(alerts);
   drawAlerts(alerts);
@@ -415,18 +593,27 @@ async function refresh() {
   let answers;
   inFlight = true;
   try {
-    answers = await Promise.all([api("/v1/topology"), api("/v1/placements"), api("/v1/queue"), api("/v1/alerts")]);
+    const first = view.last === null; // the page opens: the signals' last hour too (none from an older service)
+    const past = first ? api("/v1/signals/history").catch(() => null) : Promise.resolve(null);
+    answers = await Promise.all([api("/v1/topology"), api("/v1/placements"), api("/v1/queue"), api("/v1/alerts"), past]);
   } catch (err) {
     status.textContent = String(err.message || err);
     return;
   } finally {
     inFlight = false;
   }
-  const [topo, placements, queue, alerts] = answers;
+  const [topo, placements, queue, alerts, past] = answers;
   if (view.last === null && view.node === null && topo.nodes.length === 1) view.node = topo.nodes[0].name;
-  view.last = { topo, placements, queue, alerts };
-  view.history.push({ t: Date.now(), signals: alerts.signals });
-  if (view.history.length > HISTORY) view.history.shift();
+  const byId = new Map(placements.placements.map((p) => [p.id, p]));
+  view.last = { topo, placements, queue, alerts, byId };
+  if (past) {
+    const shift = Date.now() - past.now * 1000; // the service's clock onto this page's
+    view.history = past.samples.map((s) => ({ t: s.t * 1000 + shift, signals: s.signals }));
+    view.recorded = past.samples.length;
+  }
+  const now = Date.now();
+  view.history.push({ t: now, signals: alerts.signals });
+  while (view.history.length && now - view.history[0].t > WINDOW_MS) view.history.shift();
   draw(); // a drawing bug is not caught here: it counts as a page error
   status.textContent = "updated " + new Date().toLocaleTimeString();
   document.body.dataset.loaded = "yes";
@@ -449,18 +636,44 @@ function scrollToRow(request) {
   }
 }
 
+// A held tile (or a legend entry) pins its placement: GPUs marked, NVLink domains highlighted, its node
+// shown below; clicking it again, or anywhere that is not a control, unpins. Other tiles and boxes open
+// their node.
+function pin(request, node) {
+  if (view.mark && view.mark.placement === request) return mark(null);
+  if (node) view.node = node;
+  mark({ placement: request });
+}
+
 document.getElementById("grid").addEventListener("click", (ev) => {
   const target = ev.target.closest("[data-gpu], [data-node]");
   if (!target || !view.last) return;
   const ref = target.dataset.gpu;
-  const g = ref && view.last.topo.nodes.flatMap((n) => n.gpus).find((x) => x.ref === ref);
+  const g = ref && view.gpus[ref];
+  if (g && g.request) return pin(g.request, nodeOf(ref));
   view.node = ref ? nodeOf(ref) : target.dataset.node;
-  if (g && g.request) mark({ placement: g.request });
-  else {
-    draw();
-    writeLink();
-  }
-  document.getElementById("node").scrollIntoView({ block: "start" });
+  view.mark = null;
+  draw();
+  writeLink();
+});
+
+for (const id of ["grid", "placement-legend"]) {
+  const box = document.getElementById(id);
+  box.addEventListener("mouseover", (ev) => {
+    const target = ev.target.closest("[data-request]");
+    setHover(target ? target.dataset.request : null);
+  });
+  box.addEventListener("mouseleave", () => setHover(null));
+}
+
+document.getElementById("placement-legend").addEventListener("click", (ev) => {
+  const item = ev.target.closest("li[data-request]");
+  if (item) pin(item.dataset.request, null);
+});
+
+document.addEventListener("click", (ev) => {
+  const control = ev.target.closest("button, a, input, form, [data-gpu], [data-node], [data-request], [data-alert]");
+  if (!control && view.mark) mark(null);
 });
 
 document.getElementById("node-body").addEventListener("click", (ev) => {
