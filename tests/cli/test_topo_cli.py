@@ -195,3 +195,20 @@ def test_cut_nic_legend_is_a_warning_naming_the_nics(run_cli: RunCli, tmp_path: 
     assert any("NIC4, NIC5, NIC6, NIC7" in w for w in data["warnings"])
     devices = {nic["name"]: nic["device"] for nic in data["cluster"]["nodes"][0]["nics"]}
     assert devices["NIC3"] == "mlx5_3" and devices["NIC4"] is None
+
+
+@pytest.mark.parametrize(
+    ("preset", "cpus"),
+    [("hgx-h100", "GPU4-7 (NUMA 1): 56-111,168-223"), ("dgx-a100", "GPU4-5 (NUMA 7): 112-127,240-255")],
+)
+def test_the_link_matrix_fits_80_columns_with_the_cpus_on_their_own_lines(
+    run_cli: RunCli, preset: str, cpus: str
+) -> None:
+    # the CPU lists were a matrix column that wrapped inside each row at 80 columns (issue 38 item 4)
+    result = run_cli("topo", "show", "--preset", preset)  # captured output: Rich's 80 columns
+    assert result.exit_code == 0, result.stderr
+    lines = result.stdout.splitlines()
+    assert max(len(line.rstrip()) for line in lines) <= 80
+    rows = [line for line in lines if line.startswith("GPU")]
+    assert len(rows) == 8 and all(line.rstrip().endswith("nv0") for line in rows)  # one line per GPU, whole
+    assert f"  {cpus}" in lines

@@ -162,8 +162,7 @@ def _matrix(node: Node, dmap: DomainMap) -> Table:
     for g in node.gpus:
         table.add_column(f"GPU{g.index}", justify="center")
     table.add_column("NUMA", justify="right")
-    table.add_column("CPUs", overflow="fold")
-    table.add_column("domain", no_wrap=True)
+    table.add_column("domain", no_wrap=True)  # the CPUs follow the matrix (_cpu_lines): a list wraps at 80 columns
     for g in node.gpus:
         cells: list[Text] = []
         for other in node.gpus:
@@ -179,8 +178,33 @@ def _matrix(node: Node, dmap: DomainMap) -> Table:
         numa = str(g.numa_node) if g.numa_node is not None else (g.numa_affinity or "-")
         domain_id = dmap.gpu_domain.get(gpu_ref(node.name, g.index))
         domain = domain_id.removeprefix(node.name + "/") if domain_id else "-"
-        table.add_row(f"GPU{g.index}", *cells, numa, g.cpu_affinity or "-", domain)
+        table.add_row(f"GPU{g.index}", *cells, numa, domain)
     return table
+
+
+def _index_ranges(indices: list[int]) -> str:
+    """``[0, 1, 2, 3, 6]`` -> ``0-3,6``."""
+    runs: list[list[int]] = []
+    for i in sorted(indices):
+        if runs and i == runs[-1][1] + 1:
+            runs[-1][1] = i
+        else:
+            runs.append([i, i])
+    return ",".join(str(a) if a == b else f"{a}-{b}" for a, b in runs)
+
+
+def _cpu_lines(node: Node) -> list[str]:
+    """The CPUs near each GPU (``cpu_affinity``), one line per set of GPUs sharing a list, under the matrix
+    (a column of them wrapped at 80 columns); none when the source gave no CPU lists."""
+    if not any(g.cpu_affinity for g in node.gpus):
+        return []
+    groups: dict[tuple[str, str], list[int]] = {}
+    for g in node.gpus:
+        numa = str(g.numa_node) if g.numa_node is not None else (g.numa_affinity or "-")
+        groups.setdefault((numa, g.cpu_affinity or "-"), []).append(g.index)
+    return [f"{node.name}: CPUs near each GPU (cpu_affinity)"] + [
+        f"  GPU{_index_ranges(indices)} (NUMA {numa}): {cpus}" for (numa, cpus), indices in groups.items()
+    ]
 
 
 def _p2p_line(node: Node) -> str | None:
@@ -205,6 +229,8 @@ def _render(cluster: Cluster, dmap: DomainMap, header: str) -> None:
     for node in cluster.nodes[:MAX_MATRIX_NODES]:
         console.print()
         console.print(_matrix(node, dmap))
+        for line in _cpu_lines(node):
+            console.print(line, markup=False, soft_wrap=True)
         if (line := _p2p_line(node)) is not None:
             console.print(line, markup=False, soft_wrap=True)
     if len(cluster.nodes) > MAX_MATRIX_NODES:
