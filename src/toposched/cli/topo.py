@@ -229,8 +229,8 @@ def _render(cluster: Cluster, dmap: DomainMap, header: str) -> None:
     for node in cluster.nodes[:MAX_MATRIX_NODES]:
         console.print()
         console.print(_matrix(node, dmap))
-        for line in _cpu_lines(node):
-            console.print(line, markup=False, soft_wrap=True)
+        for cpus in _cpu_lines(node):
+            console.print(cpus, markup=False, soft_wrap=True)
         if (line := _p2p_line(node)) is not None:
             console.print(line, markup=False, soft_wrap=True)
     if len(cluster.nodes) > MAX_MATRIX_NODES:
