@@ -56,7 +56,7 @@ def test_human_output(run_cli: RunCli) -> None:
     assert (
         "tp=4" in result.stdout
         and "domain-affinity" in result.stdout
-        and "predicted per request: TTFT" in result.stdout
+        and "predicted per request: ttft_ms" in result.stdout
     )
 
 
@@ -247,8 +247,8 @@ def test_a_disaggregated_plan_in_human_form_names_roles_nics_pairs_and_stores(ru
     assert result.exit_code == 0, result.stderr
     out = " ".join(result.stdout.split())
     assert "plan-prefill-0 (prefill)" in out and "plan-decode-2 (decode)" in out
-    assert "KV transfer over mlx5_" in out and "pair: decode plan-decode-0 <- prefill plan-prefill-0" in out
-    assert "mooncake store on h100-" in out
+    assert "kv_nics mlx5_" in out and "pair: decode plan-decode-0 <- prefill plan-prefill-0" in out
+    assert "store (mooncake): node h100-" in out
 
 
 def test_bad_disaggregation_flags_are_one_line(run_cli: RunCli) -> None:
@@ -448,3 +448,45 @@ def test_rate_and_length_mistakes_are_one_line_errors(run_cli: RunCli) -> None:
     assert long.exit_code == 2 and "is longer than --max-model-len 8192" in long.stderr
     prompt = run_cli(*base, "--input-len", "9000")  # a prompt longer than the context: refused, not cut
     assert prompt.exit_code == 2 and "--input-len 9000 + --output-len 256 is longer" in prompt.stderr
+
+
+def test_the_human_labels_are_the_json_field_names(run_cli: RunCli) -> None:
+    """One naming (issue 38 item 4b): each value the table shows is labelled as ``plan --json`` names it."""
+    args = ("plan", "--preset", "hgx-h100", "--model", "llama-3.1-70b", "--slo-tpot-ms", "40", "--replicas", "2")
+    human = run_cli(*args)
+    doc = json.loads(run_cli(*args, "--json").stdout)
+    assert human.exit_code == 0, human.stderr
+    out = " ".join(human.stdout.split())
+    p = doc["placements"][0]
+    hbm = p["hbm_per_gpu"]
+    gib = 2**30
+    for shown in (
+        "┃ rank ┃ node ┃ gpu ┃ stage ┃",
+        f"hbm_per_gpu: weights {hbm['weights'] / gib:.2f} GiB, kv {hbm['kv'] / gib:.2f} GiB",
+        f"total {hbm['total'] / gib:.2f} GiB",
+        f"kv_dtype {p['kv_dtype']}, kv_tokens_capacity {p['kv_tokens_capacity']:,}",
+        f"max_num_seqs {p['max_num_seqs']} (operating_limit {p['operating_limit']}:",
+        f"max_num_batched_tokens {p['max_num_batched_tokens']};",
+        f"input_len {doc['request']['input_len']}, output_len {doc['request']['output_len']}",
+        f"ttft_ms {p['ttft_ms']:.1f}, tpot_ms {p['tpot_ms']:.2f}, tpot_p95_ms {p['tpot_p95_ms']:.2f}",
+        f"goodput_tokens_per_s {p['goodput_tokens_per_s']:,.0f} meeting the SLO, served_rps {p['served_rps']:.2f}",
+        f"link {p['link']}, level {p['level']}, cross_domain_gbps {p['cross_domain_gbps']:.2f}",
+    ):
+        assert shown in out, shown
+    for old in (
+        "┃ GPU ┃",
+        "per GPU:",
+        "running sequences",
+        "tokens per pass",
+        "request: TTFT",
+        "output tok/s",
+        "over nvlink",
+    ):
+        assert old not in out, old
+    sized = ("plan", "--preset", "hgx-h100", "--model", "llama-3.1-8b", "--slo-tpot-ms", "40", "--request-rate", "20")
+    cap = json.loads(run_cli(*sized, "--json").stdout)["capacity"]
+    assert (
+        f"capacity: request_rate_rps {cap['request_rate_rps']:g}; replicas {cap['replicas']} x tp={cap['tp']} "
+        f"pp={cap['pp']} on gpu {cap['gpu']} (gpus {cap['gpus']}) at batch {cap['batch']} each: served_rps "
+        f"{cap['served_rps']:g} together"
+    ) in " ".join(run_cli(*sized).stdout.split())

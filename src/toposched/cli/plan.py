@@ -19,11 +19,13 @@ def register(app: typer.Typer) -> None:
 
 
 def _render(placements: list[Placement], unplaced: list[Unplaced], title: str, request: PlacementRequest) -> None:
+    """The plan for people. Its labels are the ``plan --json`` field names (``hbm_per_gpu``, ``ttft_ms``,
+    ``max_num_seqs`` ...), so a value read here is found under the same name in the JSON."""
     console.print(title, soft_wrap=True)
     for p in placements:
         role = f" ({p.role})" if p.role else ""
         table = Table(title=f"{p.id}{role}: {p.model} tp={p.tp} pp={p.pp}", title_justify="left")
-        for col in ("rank", "node", "GPU", "stage"):
+        for col in ("rank", "node", "gpu", "stage"):
             table.add_column(col)
         for r in p.ranks:
             table.add_row(str(r.rank), r.node, str(r.gpu), str(r.stage))
@@ -31,11 +33,12 @@ def _render(placements: list[Placement], unplaced: list[Unplaced], title: str, r
         gib = 2**30
         hbm = p.hbm_per_gpu
         console.print(
-            f"  per GPU: weights {hbm.weights / gib:.2f} GiB, KV {hbm.kv / gib:.2f} GiB ({p.kv_dtype}, "
-            f"{p.kv_tokens_capacity:,} tokens), activations {hbm.activations / gib:.2f} GiB, "
-            f"workspace {hbm.workspace / gib:.2f} GiB",
+            f"  hbm_per_gpu: weights {hbm.weights / gib:.2f} GiB, kv {hbm.kv / gib:.2f} GiB, activations "
+            f"{hbm.activations / gib:.2f} GiB, workspace {hbm.workspace / gib:.2f} GiB, "
+            f"total {hbm.total / gib:.2f} GiB",
             soft_wrap=True,
         )
+        console.print(f"  kv_dtype {p.kv_dtype}, kv_tokens_capacity {p.kv_tokens_capacity:,}", soft_wrap=True)
         _render_operating_point(p, request)
         for c in p.constraints:
             if c.name == "slo" and request.slo_tpot_ms is None and request.slo_ttft_ms is None:
@@ -43,51 +46,54 @@ def _render(placements: list[Placement], unplaced: list[Unplaced], title: str, r
             mark = "[green]ok[/]" if c.held else "[red]broken[/]"
             console.print(f"  {mark} {c.name}: {c.detail}", soft_wrap=True)
         if p.fallbacks:
-            console.print(f"  fallbacks used: {', '.join(p.fallbacks)}")
+            console.print(f"  fallbacks: {', '.join(p.fallbacks)}")
         if p.experts is not None:
             e = p.experts
             console.print(
-                f"  experts: ep={e.ep}, {e.replicas} hot copies, load imbalance {e.imbalance_before:.2f} -> "
-                f"{e.imbalance_after:.2f}, +{e.extra_bytes_per_gpu / gib:.2f} GiB per GPU",
+                f"  experts: ep={e.ep}, replicas {e.replicas} (hot copies), imbalance_before "
+                f"{e.imbalance_before:.2f} -> imbalance_after {e.imbalance_after:.2f}, extra_bytes_per_gpu "
+                f"{e.extra_bytes_per_gpu / gib:.2f} GiB",
                 soft_wrap=True,
             )
         if p.compression or p.overlap:
             console.print(f"  degradations: compression {p.compression or 'none'}, overlap {p.overlap:.0%}")
         if p.kv_nics:
             numa = ",".join("?" if n is None else str(n) for n in p.host_numa)
-            console.print(f"  KV transfer over {','.join(p.kv_nics)} (per rank); host memory on NUMA {numa}")
+            console.print(f"  kv_nics {','.join(p.kv_nics)} (KV transfer, per rank); host_numa {numa}")
     for u in unplaced:
-        console.print(f"[red]not placed[/] {u.request_id} replica {u.replica} ({u.status}):", soft_wrap=True)
+        console.print(f"[red]not placed[/] {u.request_id} replica {u.replica} (status {u.status}):", soft_wrap=True)
         for reason in u.reasons:
             console.print(f"  - {reason}", soft_wrap=True, markup=False)
 
 
 def _render_operating_point(p: Placement, request: PlacementRequest) -> None:
     """The running batch and what one request sees at it (``perf/serving.py``)."""
+    limit = p.operating_limit or ""
+    why = f" (operating_limit {limit}: {LIMITS[limit]})" if limit in LIMITS else ""
     if p.role == "prefill":
         console.print(
-            f"  operating point: up to {p.max_num_seqs} prompts per pass of {p.max_num_batched_tokens} tokens "
-            f"({LIMITS.get(p.operating_limit or '', '')}); a pass takes {p.tpot_ms:.1f} ms; predicted TTFT here "
-            f"{p.ttft_ms:.1f} ms at {p.served_rps or 0:.2f} req/s; over {p.link} (level {p.level})",
+            f"  operating point: max_num_seqs {p.max_num_seqs} prompts per pass, max_num_batched_tokens "
+            f"{p.max_num_batched_tokens}{why}; a pass takes tpot_ms {p.tpot_ms:.1f}; predicted ttft_ms "
+            f"{p.ttft_ms:.1f} at served_rps {p.served_rps or 0:.2f}; link {p.link}, level {p.level}",
             soft_wrap=True,
         )
         return
     batch = p.max_num_seqs or request.concurrent_seqs
-    why = LIMITS.get(p.operating_limit or "", "")
     console.print(
-        f"  operating point: {batch} running sequences{f' ({why})' if why else ''}, "
-        f"{p.max_num_batched_tokens or '?'} tokens per pass; {request.input_len} in / {request.output_len} out",
+        f"  operating point: max_num_seqs {batch}{why}, max_num_batched_tokens {p.max_num_batched_tokens or '?'}; "
+        f"input_len {request.input_len}, output_len {request.output_len}",
         soft_wrap=True,
     )
     meeting = " meeting the SLO" if request.slo_tpot_ms is not None or request.slo_ttft_ms is not None else ""
     served = (
-        f"; {p.goodput_tokens_per_s:,.0f} output tok/s{meeting}, {p.served_rps:.2f} req/s per instance"
+        f"; goodput_tokens_per_s {p.goodput_tokens_per_s:,.0f}{meeting}, served_rps {p.served_rps:.2f} per instance"
         if p.goodput_tokens_per_s is not None and p.served_rps is not None
         else ""
     )
+    p95 = f", tpot_p95_ms {p.tpot_p95_ms:.2f}" if p.tpot_p95_ms is not None else ""
     console.print(
-        f"  predicted per request: TTFT {p.ttft_ms:.1f} ms, TPOT {p.tpot_ms:.2f} ms{served}; over {p.link} "
-        f"(level {p.level}); cross-domain {p.cross_domain_gbps:.2f} GB/s",
+        f"  predicted per request: ttft_ms {p.ttft_ms:.1f}, tpot_ms {p.tpot_ms:.2f}{p95}{served}; link {p.link}, "
+        f"level {p.level}, cross_domain_gbps {p.cross_domain_gbps:.2f}",
         soft_wrap=True,
     )
 
@@ -113,7 +119,7 @@ def _render_pd(placed: Placed) -> None:
         console.print(f"pair: decode {decode} <- prefill {prefill}", soft_wrap=True, markup=False)
     for store in placed.stores:
         console.print(
-            f"{pd.kv_store} store on {store.node} (rack {store.rack}) over {','.join(store.nics)}",
+            f"store ({pd.kv_store}): node {store.node}, rack {store.rack}, nics {','.join(store.nics)}",
             soft_wrap=True,
             markup=False,
         )
@@ -151,13 +157,13 @@ def plan(
 
 def _render_capacity(placed: Placed) -> None:
     if placed.mode is not None:
-        console.print(f"mode: {placed.mode.chosen} ({placed.mode.why})", soft_wrap=True, markup=False)
+        console.print(f"mode: chosen {placed.mode.chosen} (why: {placed.mode.why})", soft_wrap=True, markup=False)
     cap = placed.capacity
     if cap is None:
         return
     console.print(
-        f"capacity: {cap.request_rate_rps:g} req/s asked; {cap.replicas} x tp={cap.tp} pp={cap.pp} on {cap.gpu} "
-        f"({cap.gpus} GPUs) at {cap.batch} running sequences each: {cap.served_rps:g} req/s together",
+        f"capacity: request_rate_rps {cap.request_rate_rps:g}; replicas {cap.replicas} x tp={cap.tp} pp={cap.pp} "
+        f"on gpu {cap.gpu} (gpus {cap.gpus}) at batch {cap.batch} each: served_rps {cap.served_rps:g} together",
         soft_wrap=True,
         markup=False,
     )
