@@ -9,7 +9,7 @@ const POLL_MS = 2000;
 const WINDOW_MS = 3600 * 1000; // the charts' span: the last hour
 const ZOOM = [0, 4, 6, 10, 16, 24, 40]; // tile edge in px, smallest first; 0: one cell per NVLink domain
 const AGGREGATE_ABOVE = 4096; // GPUs: a larger cluster opens on one cell per domain (tiles would be under 6 px)
-const CELL = 12; // edge of a domain's cell in that view (px)
+const CELL = 10; // edge of a domain's cell in that view (px)
 const LEGEND_MAX = 48; // placements listed in the colour legend (the table lists them all)
 const GIB = 1024 ** 3;
 const SVG = "http://www.w3.org/2000/svg";
@@ -307,10 +307,12 @@ function drawGrid(topo, alerts) {
 // The aggregated view: per rack, one cell per NVLink domain (or node, for GPUs outside any), its shade the
 // share of its GPUs held; the hover text gives the counts and the placements in it.
 function drawDomainCells(grid, racks, gpus) {
+  const perRow = racks.size > 1 ? 16 : 96; // racks side by side, or one wide block
   for (const [rack, boxes] of racks) {
     const row = el("div", { class: "rack" });
     if (rack) row.appendChild(rackHeading(rack, boxes.flatMap((b) => b.refs), gpus));
     const cells = el("div", { class: "dcells" });
+    cells.style.gridTemplateColumns = `repeat(${Math.min(perRow, boxes.length)}, ${CELL}px)`;
     for (const d of boxes) {
       const list = d.refs.map((ref) => gpus[ref]);
       const held = list.filter((g) => g.placement).length;
@@ -522,7 +524,7 @@ function sparkline(name, kind, thresholds, now) {
   const x = (i) => Math.max(0, w - ((now - view.history[i].t) / spanMs) * w);
   const y = (v) => h - 2 - (v / top) * (h - 4);
   const points = values.filter((v) => v !== null).length;
-  const chart = svg("svg", { class: "spark", width: w, height: h, viewBox: `0 0 ${w} ${h}`, "data-points": points });
+  const chart = svg("svg", { class: "spark", width: w, height: h, viewBox: `0 0 ${w} ${h}`, "data-points": points, "data-span-min": chartSpan(now) });
   for (const t of limits) chart.appendChild(svg("line", { class: "limit " + t.severity, x1: 0, x2: w, y1: y(t.value), y2: y(t.value) }));
   let run = [];
   const flush = () => {
@@ -541,12 +543,12 @@ function drawSignals(alerts) {
   const firing = new Set(alerts.firing.map((a) => a.signal));
   const now = Date.now();
   for (const [name, label, kind] of SIGNALS) {
-    const now = alerts.signals[name];
+    const value = alerts.signals[name];
     const card = el("div", { class: "signal" + (firing.has(name) ? " firing" : ""), "data-signal": name, "data-samples": String(view.history.length), "data-recorded": String(view.recorded) });
     card.appendChild(el("div", { class: "signal-name" }, label));
-    let text = formatValue(kind, scalar(now));
-    if (now && typeof now === "object") {
-      const parts = Object.entries(now).sort((a, b) => Number(a[0]) - Number(b[0])).map(([tp, n]) => `TP${tp}: ${n}`);
+    let text = formatValue(kind, scalar(value));
+    if (value && typeof value === "object") {
+      const parts = Object.entries(value).sort((a, b) => Number(a[0]) - Number(b[0])).map(([tp, n]) => `TP${tp}: ${n}`);
       if (parts.length) text += " (" + parts.join(", ") + ")";
     }
     card.appendChild(el("div", { class: "signal-value" }, text));
