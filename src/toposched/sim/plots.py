@@ -208,7 +208,7 @@ def domain_occupancy_figure(results: dict[str, PolicyResult]) -> Figure | None:
     import matplotlib.pyplot as plt
 
     rows = max(len(pooled(o)[0]) for o in runs.values())
-    height = max(1.7, 0.19 * rows + 0.9)
+    height = max(1.7, 0.15 * rows + 0.9)
     fig, axes = plt.subplots(
         len(runs), 1, figsize=(9, height * len(runs) + 0.4), sharex=True, squeeze=False, layout="constrained"
     )
@@ -226,7 +226,7 @@ def domain_occupancy_figure(results: dict[str, PolicyResult]) -> Figure | None:
         ax.set_ylabel("NVLink domain" if pooled_by == 1 else f"domains ({pooled_by} a row)", fontsize=8)
         ax.set_title(f"{name}: share of each NVLink domain's GPUs held", fontsize=9)
     axes[-1, 0].set_xlabel("simulated time (s)")
-    fig.colorbar(meshes[0], ax=axes[:, 0].tolist(), label="share of GPUs held", shrink=0.9)
+    fig.colorbar(meshes[0], ax=axes[:, 0].tolist(), label="share of the domain's GPUs held", shrink=0.5, aspect=30)
     return fig
 
 
@@ -251,9 +251,10 @@ def _over_time(results: dict[str, PolicyResult], which: str) -> Figure:
             times = [s[0] for s in series]
             ax.plot(times, [s[1] for s in series], drawstyle="steps-post", label="held by instances")
             ax.plot(times, [s[3] for s in series], drawstyle="steps-post", label="healthy", linestyle="--")
+            ax.set_ylim(0, max(max(s[3] for s in series), 1) * 1.3)  # room for the legend above the lines
             ax.set_ylabel("GPUs")
             ax.set_title(f"{name}: GPUs held", fontsize=9)
-            ax.legend(fontsize=8, loc="lower right")
+            ax.legend(fontsize=8, loc="upper right", ncol=2)
     axes[-1, 0].set_xlabel("simulated time (s)")
     fig.tight_layout()
     return fig
