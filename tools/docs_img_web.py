@@ -25,6 +25,7 @@ import httpx
 
 TOKEN = "docs-token-0123456789"
 HISTORY_STEP_S = 10.5  # a little over the service's sampling step (service/history.py STEP_S)
+SHORT = {"llama-3.1-8b": "chat8b", "llama-3.1-70b": "chat70b", "mixtral-8x7b": "moe"}
 MIX_8 = [("llama-3.1-8b", [2]), ("mixtral-8x7b", [4]), ("llama-3.1-8b", [1])]
 MIX_4096 = [("llama-3.1-70b", [8]), ("llama-3.1-8b", [1]), ("mixtral-8x7b", [4]), ("llama-3.1-70b", [4])]
 
@@ -114,7 +115,7 @@ def run(out: Path, rounds: int) -> None:
                         time.sleep(HISTORY_STEP_S)  # one history sample per round
                     for _ in range(per_round):
                         model, tp = mix[placed % len(mix)]
-                        service.place(f"{model.split('-')[0]}-{placed}", model, tp)
+                        service.place(f"{SHORT[model]}-{placed}", model, tp)
                         placed += 1
                 screenshot(service.url, out / name, where / "profile", size)
             finally:
