@@ -23,8 +23,9 @@ def test_every_launch_command_takes_every_plan_option() -> None:
     plan = load_command("plan")
     group = load_command("launch")
     assert plan is not None and group is not None
-    # a launch's engine is its own (launch vllm, launch k8s --engine ...): the plan is sized for it
-    planned = _options(plan) - {"--json", "--engine"}
+    # a launch's engine is its own (launch vllm, launch k8s --engine ...): the plan is sized for it; --quiet is
+    # plan's progress switch (cli/progress.py), not a plan option
+    planned = _options(plan) - {"--json", "--engine", "--quiet", "-q"}
     assert {"-m", "--model", "--weight-dtype", "--kv-dtype", "--policy", "--ep", "--busy", "--profile"} <= planned
     for name in LAUNCHES:
         command = group.get_command(None, name)  # type: ignore[attr-defined]
