@@ -12,6 +12,7 @@ GET    /v1/queue                    the admission queue in service order (the he
 POST   /v1/defrag                   plan the fewest moves that free room (dry run by default), or book them
 POST   /v1/defrag/finish            release a moved instance's old copy (its replacement is booked)
 GET    /v1/alerts                   the nine signals now, the thresholds, those crossed and the GPUs they point at
+GET    /v1/signals/history          the nine signals over the last hour (sampled every 10 s; service/history.py)
 POST   /v1/reports                  a sidecar report: mark degraded, propose a re-placement
 """
 
