@@ -21,6 +21,7 @@ from __future__ import annotations
 import asyncio
 import dataclasses
 import functools
+import logging
 import math
 import time
 from collections.abc import Callable
@@ -35,6 +36,7 @@ from toposched.names import ID_PATTERN
 from toposched.perf.profile import use_profile
 from toposched.service import defrag as service_defrag
 from toposched.service.guards import Receive
+from toposched.service.history import SignalHistory, take_sample
 from toposched.service.metrics import THRESHOLDS, breaches, signal_gpus, signals
 from toposched.service.records import Decision, Instance
 from toposched.service.replica import P, R
@@ -55,11 +57,14 @@ from toposched.service.schemas import (
     ReleasedOut,
     RenewBody,
     ReportBody,
+    SignalHistoryOut,
     TopologyOut,
 )
 from toposched.service.state import ServiceState
 from toposched.solver.pd import place_stores
 from toposched.topology.model import Cluster
+
+log = logging.getLogger("toposched.service")
 
 PlacementId = Annotated[str, Path(pattern=ID_PATTERN, description="placement (request) id")]
 Responses = dict[int | str, dict[str, Any]]
@@ -399,3 +404,32 @@ async def _wait_in_queue(
         await on_worker(state, state.release, rid)  # placed for a client that is gone: nobody holds it
         return Decision("no-capacity", rid, (), ("the client went away while waiting; what was placed is released",))
     return decision
+
+
+async def sample_forever(state: ServiceState, history: SignalHistory) -> None:
+    """Sample every ``history.step_s`` until cancelled; a failed sample is logged once and skipped."""
+    failed = False
+    while True:
+        try:
+            await on_worker(state, take_sample, state, history)
+            failed = False
+        except Exception as exc:
+            if not failed:
+                log.warning("signal history: a sample failed (%s); skipped until one works", exc, exc_info=exc)
+            failed = True
+        await asyncio.sleep(history.step_s)
+
+
+def add_history_route(router: APIRouter, history: SignalHistory) -> None:
+    """``GET /v1/signals/history`` on ``router`` (the app's own, as ``api.add_routes`` does)."""
+
+    @router.get(
+        V1 + "/signals/history",
+        responses=answers(*AUTH, ok=SignalHistoryOut),
+        summary="The nine placement-health signals over the last hour, one sample every 10 s (this replica's)",
+    )
+    async def get_signal_history() -> JSONResponse:
+        now = time.time()
+        samples = [{"t": s.t, "signals": s.signals} for s in history.samples(now)]
+        body = {"now": now, "step_s": history.step_s, "window_s": history.window_s, "samples": samples}
+        return JSONResponse(body)

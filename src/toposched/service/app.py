@@ -23,11 +23,11 @@ from starlette.routing import Match
 
 from toposched import __version__
 from toposched.errors import InputError, StateError, ToposchedError
-from toposched.service.api import ERRORS, add_routes, on_worker
+from toposched.service.api import ERRORS, add_history_route, add_routes, on_worker, sample_forever
 from toposched.service.config import ServiceConfig
 from toposched.service.extender import EXTENDER_PREFIX, build_extender, drop_validation_answer
 from toposched.service.guards import TOO_LARGE, BearerAuth, BodyLimit, BodyTooLarge, too_large
-from toposched.service.history import SignalHistory, add_history_route, sample_forever
+from toposched.service.history import SignalHistory
 from toposched.service.metrics import build_registry
 from toposched.service.schemas import ErrorOut, HealthOut, ReadyOut
 from toposched.service.state import ServiceState

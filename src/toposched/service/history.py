@@ -3,27 +3,21 @@
 ``SignalHistory`` is a ring buffer: one sample of ``metrics.signals`` every ``step_s`` seconds (10 by
 default), at most ``window_s / step_s`` samples (an hour: 360), and samples older than the window are
 dropped when one is added or read. Its memory is bounded whatever the uptime: a sample is nine values (the
-placements-by-TP one a small dict of TP degrees). ``sample_forever`` fills it from the service's lifespan;
-``GET /v1/signals/history`` (``add_history_route``) reads it, behind the same bearer token as ``/v1/alerts``.
+placements-by-TP one a small dict of TP degrees). ``api.sample_forever`` fills it from the service's lifespan;
+``GET /v1/signals/history`` (``api.add_history_route``) reads it, behind the same bearer token as ``/v1/alerts``.
+This module is the domain side (no HTTP library: tests/service/test_layers.py).
 
 The history lives in one replica's memory: a restart starts it empty, and each replica keeps its own.
 """
 
 from __future__ import annotations
 
-import asyncio
-import logging
 import threading
 import time
 from collections import deque
 from collections.abc import Callable
 from dataclasses import dataclass
 
-from fastapi import APIRouter
-from fastapi.responses import JSONResponse
-from pydantic import BaseModel, Field
-
-from toposched.service.api import AUTH, V1, answers, on_worker
 from toposched.service.metrics import signals
 from toposched.service.state import ServiceState
 
@@ -31,8 +25,6 @@ STEP_S = 10.0
 """Seconds between two samples."""
 WINDOW_S = 3600.0
 """How far back the history reaches (seconds)."""
-
-log = logging.getLogger("toposched.service")
 
 SignalValues = dict[str, float | dict[str, float] | None]
 
@@ -87,52 +79,9 @@ class SignalHistory:
             self._samples.popleft()
 
 
-class SignalSampleOut(BaseModel):
-    t: float = Field(description="unix time of the sample (seconds)")
-    signals: SignalValues = Field(description="the nine signals then, as /v1/alerts gives them; null: no source")
-
-
-class SignalHistoryOut(BaseModel):
-    """The signals sampled by this replica over the last hour, oldest first (empty after a restart)."""
-
-    now: float = Field(description="the replica's unix time when it answered (to place the samples on a clock)")
-    step_s: float = Field(description="seconds between samples")
-    window_s: float = Field(description="how far back samples are kept (seconds)")
-    samples: list[SignalSampleOut]
-
-
 def take_sample(state: ServiceState, history: SignalHistory, clock: Callable[[], float] = time.time) -> bool:
     """Sample the signals into ``history`` when one is due (runs where the state lives: ``on_worker``)."""
     now = clock()
     if not history.due(now):
         return False
     return history.add(now, signals(state.stats()))
-
-
-async def sample_forever(state: ServiceState, history: SignalHistory) -> None:
-    """Sample every ``history.step_s`` until cancelled; a failed sample is logged once and skipped."""
-    failed = False
-    while True:
-        try:
-            await on_worker(state, take_sample, state, history)
-            failed = False
-        except Exception as exc:
-            if not failed:
-                log.warning("signal history: a sample failed (%s); skipped until one works", exc, exc_info=exc)
-            failed = True
-        await asyncio.sleep(history.step_s)
-
-
-def add_history_route(router: APIRouter, history: SignalHistory) -> None:
-    """``GET /v1/signals/history`` on ``router`` (the app's own, as ``api.add_routes`` does)."""
-
-    @router.get(
-        V1 + "/signals/history",
-        responses=answers(*AUTH, ok=SignalHistoryOut),
-        summary="The nine placement-health signals over the last hour, one sample every 10 s (this replica's)",
-    )
-    async def get_signal_history() -> JSONResponse:
-        now = time.time()
-        samples = [{"t": s.t, "signals": s.signals} for s in history.samples(now)]
-        body = {"now": now, "step_s": history.step_s, "window_s": history.window_s, "samples": samples}
-        return JSONResponse(body)

@@ -297,7 +297,7 @@ class ThresholdOut(BaseModel):
 
 
 class AlertsOut(BaseModel):
-    signals: dict[str, float | dict[str, float] | None] = Field(description="the nine signals; null: no source")
+    signals: SignalValues = Field(description="the nine signals; null: no source")
     firing: list[FiringOut]
     thresholds: list[ThresholdOut] = Field(description="every alert rule (the same as deploy/prometheus's rules)")
 
@@ -337,3 +337,21 @@ class HealthOut(BaseModel):
 class ReadyOut(BaseModel):
     status: Literal["ready", "not ready"]
     detail: str | None = None
+
+
+SignalValues = dict[str, float | dict[str, float] | None]
+"""One sample of the nine signals (``metrics.signals``): the placements-by-TP one a dict of TP degrees."""
+
+
+class SignalSampleOut(BaseModel):
+    t: float = Field(description="unix time of the sample (seconds)")
+    signals: SignalValues = Field(description="the nine signals then, as /v1/alerts gives them; null: no source")
+
+
+class SignalHistoryOut(BaseModel):
+    """The signals sampled by this replica over the last hour, oldest first (empty after a restart)."""
+
+    now: float = Field(description="the replica's unix time when it answered (to place the samples on a clock)")
+    step_s: float = Field(description="seconds between samples")
+    window_s: float = Field(description="how far back samples are kept (seconds)")
+    samples: list[SignalSampleOut]
