@@ -13,7 +13,7 @@ from typing import Any
 from toposched.errors import InputError
 from toposched.perf.coefficients import PerfConfig
 from toposched.perf.engine_names import engine_of, known_engine
-from toposched.perf.fitting import DEFAULT_FIELDS, Fitter, fit_config, pooled_fitter
+from toposched.perf.fitting import CALIBRATION_FIELDS, Fitter, fit_config, pooled_fitter
 from toposched.perf.hardware import get_gpu
 from toposched.perf.profile import ANY, Profile, ProfileEntry
 from toposched.perf.sample_predict import relative_errors, spec_of
@@ -73,9 +73,10 @@ def fit_profile(
     name: str,
     source: str,
     base: PerfConfig | None = None,
-    fields: Sequence[str] = DEFAULT_FIELDS,
+    fields: Sequence[str] = CALIBRATION_FIELDS,
     progress: Callable[[str], None] | None = None,
     scoped: bool = True,
+    per_group: bool = True,
 ) -> Profile:
     """A profile: a shared configuration fitted on all samples, and one entry per (GPU, weight dtype,
     engine, model family) with at least ``MIN_SAMPLES_PER_FIELD`` samples per fitted field, fitted on those
@@ -85,7 +86,9 @@ def fit_profile(
     ``scoped`` (a user's calibration): the shared configuration is written once per (GPU, engine, model
     family) the samples ran, so the profile prices only what it saw and everything else falls back to
     the shipped profile (a sample without an engine matches any engine). Not scoped (the shipped profile,
-    fitted on the published anchors): one catch-all ``*`` entry."""
+    fitted on the published anchors): one catch-all ``*`` entry. ``per_group`` False: no entries of
+    their own for groups with enough samples (the shipped profile is the pooled fit its held-out figures
+    measure)."""
     if not samples:
         raise InputError("no samples to fit a profile on", fix="pass benchmark results with TTFT/TPOT/throughput")
     say = progress or (lambda _msg: None)
@@ -106,7 +109,7 @@ def fit_profile(
         gpu, wdt, engine, family = sample_scope(s)
         groups.setdefault((gpu, wdt, engine, family) if scoped else (gpu, wdt, ANY, ANY), []).append(s)
     for (gpu, wdt, engine, family), group in sorted(groups.items()):
-        if len(group) < MIN_SAMPLES_PER_FIELD * len(fields):
+        if not per_group or len(group) < MIN_SAMPLES_PER_FIELD * len(fields):
             continue
         say(f"fitting {gpu}/{wdt}/{engine}/{family} on {len(group)} samples")
         cfg = fit_config(group, base=base, fields=fields)

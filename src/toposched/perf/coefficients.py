@@ -20,24 +20,31 @@ class PerfConfig(BaseModel):
 
     model_config = ConfigDict(frozen=True, extra="forbid", allow_inf_nan=False)
 
-    eta_mem: float = Field(0.8, ge=0.3, le=1.0)
-    """Achievable HBM fraction: AIC ``mem_bw_empirical_scaling_factor: 0.8`` (perf-anchors §0)."""
-    eta_flops: float = Field(0.7, ge=0.1, le=1.0)
-    """Achievable BF16/FP16 dense GEMM fraction of BF16 peak: 0.7-0.75 (perf-anchors §4.1)."""
-    eta_flops_fp8: float = Field(0.6, ge=0.1, le=1.0)
-    """Achievable FP8 GEMM fraction of FP8 peak (lower than BF16's: scaling, smaller tiles)."""
+    eta_mem: float = Field(0.805, ge=0.3, le=1.0)
+    """Achievable HBM fraction of a GEMM's weight read (and of the KV read): measured on NVIDIA's GEMM
+    tables (aiconfigurator-core 0.12.0: 7,825 GEMMs inside vLLM, SGLang and TensorRT-LLM on A100, H100 and
+    H200; ``benchmarks/gemm_tables.py``), as are the five below. AIC's own constant is 0.8 (perf-anchors §0).
+    Not fitted on the serving anchors (``fitting.OPERATOR_FIELDS``); a user's ``calibrate`` may move it."""
+    eta_flops: float = Field(0.761, ge=0.1, le=1.0)
+    """Achievable BF16/FP16 dense GEMM fraction of BF16 peak (the GEMM tables; literature 0.7-0.75,
+    perf-anchors §4.1)."""
+    eta_flops_fp8: float = Field(0.491, ge=0.1, le=1.0)
+    """Achievable FP8 GEMM fraction of FP8 peak, per-tensor scaled, the activation's quantisation included
+    (the GEMM tables; block-scaled FP8 reaches about the same, 0.50, where SGLang or TensorRT-LLM run it)."""
     eta_attn: float = Field(0.5, ge=0.1, le=1.0)
     """Achievable fraction of BF16 peak of the attention kernels' FLOPs (FlashAttention-style fused
     softmax: FA2 reaches 50-73 % of A100 peak forward, FA3 up to 75 % of H100's; below the GEMMs'
     fraction at the head dims and prompt lengths of serving). Not fitted by default: only two
     published prompts are long enough to inform it (fitting.DEFAULT_FIELDS)."""
-    gemm_us: float = Field(5.1, ge=0.0, le=100.0)
-    """Fixed cost of one GEMM kernel beyond its roofline time, in µs (launch, the tail wave of a small
-    shard): four per layer and the lm_head. Not fitted on the serving anchors: measured on operator
-    profiles (Vidur's linear layers on A100 and H100 at TP 1-8, 1-2,048 tokens: 5.1 µs, which takes the
-    flat roofline's error on them from 12.6 % to 6.8 %; ``benchmarks/gemm_profile.py``)."""
-    roofline_p: float = Field(2.0, ge=1.0, le=16.0)
-    """Smooth-roofline exponent: 1 adds memory and compute time, large ``p`` takes their max."""
+    gemm_us: float = Field(4.3, ge=0.0, le=100.0)
+    """Fixed cost of one BF16 GEMM kernel beyond its roofline time, in µs (launch, the tail wave of a small
+    shard): four per layer and the lm_head. Measured on the GEMM tables (4.3 µs); Vidur's linear-layer
+    profiles give 5.1 µs with their flat efficiencies (``benchmarks/gemm_profile.py``)."""
+    gemm_us_fp8: float = Field(7.7, ge=0.0, le=100.0)
+    """The same for an FP8 GEMM (the tables: 7.7 µs; it quantises its activation first)."""
+    roofline_p: float = Field(2.2, ge=1.0, le=16.0)
+    """Smooth-roofline exponent: 1 adds memory and compute time, large ``p`` takes their max (the GEMM
+    tables: 2.2)."""
     moe_tile_m: float = Field(16.0, ge=1.0, le=256.0)
     """Token rows of one grouped-GEMM tile: an expert that gets fewer tokens still costs a tile."""
     moe_layer_us: float = Field(20.0, ge=0.0, le=2000.0)
@@ -68,6 +75,10 @@ class PerfConfig(BaseModel):
     unbounded it was fitted at 2.1-2.3 and stood for other terms' errors. With the bound the
     leave-one-publication-out errors did not get worse (TTFT 26.4 vs 26.6 %, TPOT 9.7 vs 10.2 %,
     throughput 14.7 vs 15.5 %; docs/cost-model.md)."""
+
+    def gemm_fixed_us(self, weight_dtype: str, gpu: GpuSpec) -> float:
+        """Fixed cost of one GEMM kernel for weights of ``weight_dtype`` on ``gpu``."""
+        return self.gemm_us_fp8 if weight_dtype == "fp8" and gpu.fp8_flops else self.gemm_us
 
     def gemm_eta(self, weight_dtype: str, gpu: GpuSpec) -> float:
         """GEMM efficiency for weights of ``weight_dtype`` on ``gpu`` (FP8 only where it runs FP8)."""

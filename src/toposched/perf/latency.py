@@ -218,8 +218,10 @@ class PassModel:
             self._decode_width = 2 * spec.attention_width
         self.layers = spec.num_layers
         # four GEMM kernels per layer (QKV, O, gate+up, down; an MoE layer's grouped GEMMs stand for its
-        # MLP pair) and the lm_head, each with its fixed cost (benchmarks/gemm_profile.py)
-        self._gemm_fixed_ms = (GEMMS_PER_LAYER * spec.num_layers + 1) * cfg.gemm_us * 1e-3
+        # MLP pair) and the lm_head (BF16), each with its fixed cost (benchmarks/gemm_tables.py)
+        self._gemm_fixed_ms = (
+            GEMMS_PER_LAYER * spec.num_layers * cfg.gemm_fixed_us(str(spec.weight_dtype), gpu) + cfg.gemm_us
+        ) * 1e-3
         self._small_ms = (
             spec.num_layers * cfg.kernels_per_layer * cfg.kernel_us
             + moe_layers * cfg.moe_layer_us
