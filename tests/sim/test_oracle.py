@@ -48,11 +48,12 @@ def test_oracle_repacks_keep_the_ledger_and_the_copies_in_step(monkeypatch: pyte
     assert checked["repacks"] == m["repacks"] >= 1
     assert m["repack_moves"] >= 1 and m["migrations"] == 0
     assert m["requests"] == m["completed"] + m["timed_out"] + m["rejected"]
-    # on this workload the reference does better than slo (seed 1: SLO met 0.900 vs 0.897, TTFT p99 31 s vs
-    # 37 s); it is not a proven bound (seed 2: 0.758 vs 0.764, docs/simulator.md)
+    # on this workload the reference meets the SLO more often than slo (seed 1: 0.909 vs 0.902 with the
+    # profile whose GEMM term is measured on operator tables); it is not a proven bound, and it repacks for
+    # the SLO, not for the TTFT tail (seed 1: TTFT p99 51 s vs 42 s; with the previous profile 31 vs 37 s;
+    # docs/simulator.md)
     slo = run_policy(TINY, "slo", seed=1).metrics
     assert m["slo_attainment"] >= slo["slo_attainment"]
-    assert m["ttft_p99_ms"] <= slo["ttft_p99_ms"]
     assert slo["repacks"] is None
 
 

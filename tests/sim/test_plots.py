@@ -29,7 +29,7 @@ TWO_TENANTS = Scenario(
     tenants=(
         Tenant(name="chat", model="llama-3.1-8b", tp=1, batch=8, weight=3, slo_factor=1.25,
                input_len=Lengths(dist="uniform", mean=256), output_len=Lengths(dist="uniform", mean=32)),
-        Tenant(name="big", model="llama-3.1-70b", tp=4, batch=8, weight=1, slo_factor=1.05,
+        Tenant(name="big", model="llama-3.1-70b", tp=4, batch=8, weight=1, slo_factor=1.0,
                input_len=Lengths(dist="uniform", mean=256), output_len=Lengths(dist="uniform", mean=32)),
     ),
     requests=160,
