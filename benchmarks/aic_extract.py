@@ -8,10 +8,10 @@ aiconfigurator-core ships per-GPU, per-engine tables of operator latencies measu
 (``aiconfigurator_core/systems/data/<gpu>/gemm/<engine>/<version>/gemm_perf.parquet``: one GEMM
 ``m x k`` by ``k x n`` per row, its dtype, the kernel the engine uses and the latency in ms). This
 script keeps a grid of them small enough to vendor (``tests/data/reference/data/aiconfigurator_gemm.csv``,
-which ``benchmarks/gemm_profile.py`` and its test read; nothing at test time needs the wheel or pyarrow):
+which ``benchmarks/gemm_tables.py`` and its test read; nothing at test time needs the wheel or pyarrow):
 
-* GPUs A100-SXM4-80GB, H100-SXM (80 GB HBM3), H200 (the GPUs of the serving anchors that have tables;
-  the wheel's L40S folder has no GEMM table);
+* GPUs A100-SXM4-80GB (``A100-SXM-80GB`` in the CSV), H100-SXM (80 GB HBM3), H200 (``H200-SXM``): the GPUs
+  of the serving anchors that have tables (the wheel's L40S folder has no GEMM table);
 * dtypes ``bfloat16``, ``fp8`` (per-tensor scaled) and ``fp8_block`` (128 x 128 block scales: DeepSeek,
   Qwen3 FP8 checkpoints);
 * every engine table present (vLLM, SGLang, TensorRT-LLM; one version each, the newest);

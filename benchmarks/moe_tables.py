@@ -40,6 +40,7 @@ from scipy.optimize import least_squares
 from toposched.perf import get_gpu
 from toposched.perf.coefficients import PerfConfig
 from toposched.perf.latency import roofline
+from toposched.perf.profile import active_config
 
 TABLE = Path(__file__).resolve().parents[1] / "tests" / "data" / "reference" / "data" / "aiconfigurator_moe.csv"
 WEIGHT_BYTES = {"bfloat16": 2.0, "fp8": 1.0, "fp8_block": 1.0}
@@ -135,9 +136,10 @@ def main(argv: list[str] | None = None) -> int:
         print(json.dumps(dict(zip(NAMES, x, strict=True))))
         return 0
     print(f"{len(rows)} fused-MoE rows ({TABLE.name}: aiconfigurator-core 0.12.0)\n")
-    c = PerfConfig()
-    print(f"the model's defaults (moe_tile_m {c.moe_tile_m:g}, moe_layer_us {c.moe_layer_us:g}):")
-    print("   " + summary("in sample", errors(rows, (c.moe_tile_m, c.moe_layer_us))))
+    baselines = (("PerfConfig's defaults", PerfConfig()), ("the shipped profile", active_config("H100-SXM", "fp8")))
+    for label, c in baselines:
+        print(f"{label} (moe_tile_m {c.moe_tile_m:.3g}, moe_layer_us {c.moe_layer_us:.3g}):")
+        print("   " + summary("in sample", errors(rows, (c.moe_tile_m, c.moe_layer_us))))
     for label, with_eta in (("moe_tile_m, moe_layer_us", False), ("+ eta_moe, eta_moe_fp8 (not in the model)", True)):
         xe = fit(rows, with_eta)
         names = NAMES_ETA if with_eta else NAMES

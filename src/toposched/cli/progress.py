@@ -157,7 +157,7 @@ class Reporter:
             self._shown = True
             if self._terminal():
                 self._bar = Progress(
-                    TextColumn("{task.description}"),
+                    TextColumn("{task.description}", markup=False),  # labels hold file names and URLs
                     BarColumn(),
                     TextColumn("{task.fields[count]}"),
                     TimeElapsedColumn(),

@@ -16,9 +16,9 @@ from toposched.sim.engine import Simulation
 from toposched.sim.loading import load_cluster, load_scenario
 from toposched.sim.oracle import ORACLE, check_sim_policy
 from toposched.sim.report import LATENCY, result_json, result_table, tenant_lines, write_report
-from toposched.sim.run import PolicyResult, check_scenario_fits
-from toposched.sim.run import simulate as run_simulation
-from toposched.sim.scenario import MAX_REQUESTS, Scenario
+from toposched.sim.run import PolicyResult, check_scenario_fits, run_policy
+from toposched.sim.scenario import MAX_REQUESTS, PdLayout, Scenario
+from toposched.sim.workload import make_arrivals
 from toposched.solver.policies import POLICIES
 
 
@@ -94,19 +94,22 @@ def simulate(
 
 
 def _run(sc: Scenario, names: list[str], seed: int, quiet: bool) -> dict[str, PolicyResult]:
-    """Each policy's run, one progress stage per policy (``cli/progress.py``; none with ``quiet``).
-
-    One ``simulate`` call per policy: each draws the same seeded arrivals, so the results are those of one
-    call with every policy, and a policy's start and end are known exactly."""
+    """Each run, one progress stage per policy (per policy and layout in a disaggregated scenario:
+    ``cli/progress.py``; none with ``quiet``). The arrivals are drawn once and every run serves them, as
+    ``sim.run.simulate`` does, so the results are those of one call with every policy."""
     churn = sc.churn
     total = churn.duration_s if churn is not None else float(sc.request_count)
+    arrivals = make_arrivals(sc, seed)
+    layouts: tuple[PdLayout | None, ...] = sc.pd.layouts if sc.pd is not None else (None,)
+    runs = [(name, layout) for name in names for layout in layouts]
     results: dict[str, PolicyResult] = {}
     with Reporter("simulate", quiet=quiet) as progress:
-        for i, name in enumerate(names, 1):
-            progress.stage(f"policy {name}", step=(i, len(names)), total=total)
+        for i, (name, layout) in enumerate(runs, 1):
+            key = name if layout is None else f"{name}/{layout}"
+            progress.stage(f"policy {key}", step=(i, len(runs)), total=total)
 
-            def hook(_name: str, sim: Simulation) -> None:
+            def hook(sim: Simulation) -> None:
                 progress.update(sim.now if churn is not None else len(sim.requests))  # simulated s, or arrivals
 
-            results.update(run_simulation(sc, [name], seed=seed, progress=hook))
+            results[key] = run_policy(sc, name, seed=seed, arrivals=arrivals, progress=hook, layout=layout)
     return results

@@ -26,11 +26,14 @@ from toposched.perf.sample_predict import MEASURED, predict_sample
 from toposched.perf.samples import Sample
 
 OPERATOR_FIELDS: tuple[str, ...] = ("eta_mem", "eta_flops", "eta_flops_fp8", "roofline_p")
-"""The GEMM term's coefficients, measured on operator tables (``PerfConfig``'s defaults, from NVIDIA's
-GEMM tables: ``benchmarks/gemm_tables.py``) and not fitted on the published serving rows: fitted there
-they stood for other terms (BF16 ``eta_flops`` 0.58 against 0.76 measured). Held out by publication,
+"""The GEMM term's efficiencies and roofline, measured on operator tables (``PerfConfig``'s defaults, from
+NVIDIA's GEMM tables: ``benchmarks/gemm_tables.py``) and not fitted on the published serving rows: fitted
+there they stood for other terms (BF16 ``eta_flops`` 0.58 against 0.76 measured). Held out by publication,
 the fit without them did as well (docs/cost-model.md). A user's ``calibrate`` fits them
-(``CALIBRATION_FIELDS``): its runs are on the GPU and engine it prices."""
+(``CALIBRATION_FIELDS``): its runs are on the GPU and engine it prices. The GEMMs' fixed costs
+(``gemm_us``, ``gemm_us_fp8``), measured on the same tables, are fitted by nobody: a few end-to-end runs
+cannot tell a kernel's fixed cost from the pass's overheads. A profile written before ``gemm_us_fp8``
+existed prices FP8 GEMMs with its default (7.7 us)."""
 
 DEFAULT_FIELDS: tuple[str, ...] = (
     "moe_tile_m",

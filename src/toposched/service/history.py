@@ -27,6 +27,7 @@ WINDOW_S = 3600.0
 """How far back the history reaches (seconds)."""
 
 SignalValues = dict[str, float | dict[str, float] | None]
+"""One sample of the nine signals (``metrics.signals``): the placements-by-TP one a dict of TP degrees."""
 
 
 @dataclass(frozen=True)
@@ -52,6 +53,10 @@ class SignalHistory:
 
     def due(self, now: float) -> bool:
         """A sample at ``now`` would be kept: none yet, or the last is ``step_s`` old (or from the future)."""
+        with self._lock:
+            return self._due(now)
+
+    def _due(self, now: float) -> bool:
         if not self._samples:
             return True
         last = self._samples[-1].t
@@ -60,7 +65,7 @@ class SignalHistory:
     def add(self, now: float, values: SignalValues) -> bool:
         """Keep ``values`` as the sample at ``now`` when one is due; False when it was skipped."""
         with self._lock:
-            if not self.due(now):
+            if not self._due(now):
                 return False
             if self._samples and now < self._samples[-1].t:
                 self._samples.clear()

@@ -8,6 +8,7 @@ from pydantic import BaseModel, ConfigDict, Field, field_validator, model_valida
 
 from toposched.errors import UnknownNameError
 from toposched.names import PlacementId
+from toposched.service.history import SignalValues
 from toposched.service.request import ServiceRequest
 from toposched.solver.request import PlacementRequest
 from toposched.workload.catalog import ENTRIES, catalog_entry
@@ -337,10 +338,6 @@ class HealthOut(BaseModel):
 class ReadyOut(BaseModel):
     status: Literal["ready", "not ready"]
     detail: str | None = None
-
-
-SignalValues = dict[str, float | dict[str, float] | None]
-"""One sample of the nine signals (``metrics.signals``): the placements-by-TP one a dict of TP degrees."""
 
 
 class SignalSampleOut(BaseModel):

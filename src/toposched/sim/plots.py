@@ -31,6 +31,9 @@ LATENCIES = (
 )
 """The CDF panels: ``PolicyResult`` field, x label, panel title."""
 
+LOG_FLOOR_MS = 1e-3
+"""Where a latency of 0 ms sits on the CDFs' log axis."""
+
 MARKS = ((0.50, "o", "p50"), (0.99, "^", "p99"))
 """Quantiles marked on each CDF: quantile, marker, name."""
 
@@ -96,7 +99,9 @@ def latency_cdf_figure(results: dict[str, PolicyResult]) -> Figure:
     colours = plt.rcParams["axes.prop_cycle"].by_key()["color"]
     for ax, (field, xlabel, title) in zip(axes[0], LATENCIES, strict=True):
         for k, (name, result) in enumerate(results.items()):
-            values = sorted(v for v in getattr(result, field) if v > 0)  # a log axis has no 0
+            # a log axis has no 0: a latency of 0 is drawn at 1 us (none is dropped, so the curve and its
+            # p50/p99 are those of --json)
+            values = sorted(max(v, LOG_FLOOR_MS) for v in getattr(result, field))
             if not values:
                 continue
             colour = colours[k % len(colours)]
@@ -251,7 +256,7 @@ def _over_time(results: dict[str, PolicyResult], which: str) -> Figure:
             times = [s[0] for s in series]
             ax.plot(times, [s[1] for s in series], drawstyle="steps-post", label="held by instances")
             ax.plot(times, [s[3] for s in series], drawstyle="steps-post", label="healthy", linestyle="--")
-            ax.set_ylim(0, max(max(s[3] for s in series), 1) * 1.3)  # room for the legend above the lines
+            ax.set_ylim(0, max(max((s[3] for s in series), default=1), 1) * 1.3)  # room for the legend above the lines
             ax.set_ylabel("GPUs")
             ax.set_title(f"{name}: GPUs held", fontsize=9)
             ax.legend(fontsize=8, loc="upper right", ncol=2)

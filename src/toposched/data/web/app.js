@@ -282,8 +282,8 @@ function drawGrid(topo, alerts) {
   document.getElementById("share-legend").hidden = px !== 0;
   grid.replaceChildren();
   const racks = domainGroups(topo, gpus);
-  if (!px) return drawDomainCells(grid, racks, gpus);
   const alerted = alertedGpus(alerts);
+  if (!px) return drawDomainCells(grid, racks, gpus, alerted);
   for (const [rack, boxes] of racks) {
     const row = el("div", { class: "rack" });
     if (rack) row.appendChild(rackHeading(rack, boxes.flatMap((b) => b.refs), gpus));
@@ -305,8 +305,9 @@ function drawGrid(topo, alerts) {
 }
 
 // The aggregated view: per rack, one cell per NVLink domain (or node, for GPUs outside any), its shade the
-// share of its GPUs held; the hover text gives the counts and the placements in it.
-function drawDomainCells(grid, racks, gpus) {
+// share of its GPUs held; the hover text gives the counts and the placements in it. A cell with unavailable
+// GPUs is hatched grey over that shade, one with a GPU a firing alert names is ringed as an alerted tile is.
+function drawDomainCells(grid, racks, gpus, alerted) {
   const perRow = racks.size > 1 ? 16 : 96; // racks side by side, or one wide block
   for (const [rack, boxes] of racks) {
     const row = el("div", { class: "rack" });
@@ -322,10 +323,11 @@ function drawDomainCells(grid, racks, gpus) {
       const more = holders.length > 6 ? ` and ${holders.length - 6} more` : "";
       const lines = [`${d.id}: ${list.length} GPUs, ${held} held, ${free} free, ${down} unavailable`];
       if (holders.length) lines.push(`placements: ${holders.slice(0, 6).join(", ")}${more}`);
+      const cls = "dcell" + (list.some((g) => view.marked.has(g.ref)) ? " marked" : "")
+        + (list.some((g) => alerted.has(g.ref)) ? " alerted" : "") + (down ? " down" : "");
       const cell = el("span", {
-        class: "dcell" + (list.some((g) => view.marked.has(g.ref)) ? " marked" : ""),
-        "data-domain": d.id, "data-node": nodeOf(d.refs[0]), "data-gpus": String(list.length),
-        "data-held": String(held), "data-free": String(free), title: lines.join("\n"),
+        class: cls, "data-domain": d.id, "data-node": nodeOf(d.refs[0]), "data-gpus": String(list.length),
+        "data-held": String(held), "data-free": String(free), "data-down": String(down), title: lines.join("\n"),
       });
       cell.style.backgroundColor = shareColour(held / Math.max(list.length, 1));
       cells.appendChild(cell);
@@ -508,6 +510,9 @@ function scalar(value) {
   return value;
 }
 
+// Samples further apart than this are not joined by a line (three of the service's 10 s steps).
+const GAP_MS = 30000;
+
 // Minutes a chart spans: what the history covers, from 5 minutes to the hour.
 function chartSpan(now) {
   const oldest = view.history.length ? view.history[0].t : now;
@@ -532,7 +537,11 @@ function sparkline(name, kind, thresholds, now) {
     if (run.length > 1) chart.appendChild(svg("polyline", { points: run.map((p) => p.join(",")).join(" ") }));
     run = [];
   };
-  values.forEach((v, i) => (v === null ? flush() : run.push([x(i).toFixed(1), y(v).toFixed(1)])));
+  values.forEach((v, i) => {
+    // no value, or no sample for three of the service's steps (it was down, or the tab was throttled): a gap
+    if (v === null || (i > 0 && view.history[i].t - view.history[i - 1].t > GAP_MS)) flush();
+    if (v !== null) run.push([x(i).toFixed(1), y(v).toFixed(1)]);
+  });
   flush();
   return chart;
 }
@@ -654,9 +663,10 @@ document.getElementById("grid").addEventListener("click", (ev) => {
   const g = ref && view.gpus[ref];
   if (g && g.request) return pin(g.request, nodeOf(ref));
   view.node = ref ? nodeOf(ref) : target.dataset.node;
-  view.mark = null;
+  if (view.mark && view.mark.placement) view.mark = null; // an alert's marks stay: its GPUs show on the node
   draw();
   writeLink();
+  document.getElementById("node").scrollIntoView({ block: "start" }); // below thousands of tiles, or off screen
 });
 
 for (const id of ["grid", "placement-legend"]) {
@@ -675,7 +685,8 @@ document.getElementById("placement-legend").addEventListener("click", (ev) => {
 
 document.addEventListener("click", (ev) => {
   const control = ev.target.closest("button, a, input, form, [data-gpu], [data-node], [data-request], [data-alert]");
-  if (!control && view.mark) mark(null);
+  const selecting = String(window.getSelection() || "") !== ""; // the end of a text selection is not a click away
+  if (!control && !selecting && view.mark) mark(null);
 });
 
 document.getElementById("node-body").addEventListener("click", (ev) => {
