@@ -177,6 +177,15 @@ def test_on_a_terminal_console_it_is_a_bar_not_lines() -> None:
     assert "done in" not in text and "demo: counting ..." not in text
 
 
+def test_a_label_is_text_not_rich_markup() -> None:
+    """Labels hold file names and URLs: ``run[/x].csv`` is drawn as it is (as markup it raised MarkupError)."""
+    out = io.StringIO()
+    with Reporter("demo", console=Console(file=out, force_terminal=True, width=100), after=0) as progress:
+        progress.stage("reading run[/x].csv [bold]", total=1)
+        progress.update(1)
+    assert "reading run[/x].csv [bold]" in out.getvalue()
+
+
 # ------------------------------------------------------------------------------------------ (b) a real terminal
 
 
