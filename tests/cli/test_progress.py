@@ -95,6 +95,22 @@ def test_plan_stages_on_a_cluster_spec(run_cli: RunCli, tmp_path: Path) -> None:
 
 
 @pytest.mark.usefixtures("at_once")
+@pytest.mark.parametrize("launch", [("launch", "vllm", "--format", "json"), ("launch", "k8s"), ("launch", "ray")])
+def test_launch_shows_the_planning_stages(run_cli: RunCli, tmp_path: Path, launch: tuple[str, ...]) -> None:
+    """A launch that plans (--model with a topology) shows plan's stages under its own name; one that reads
+    --plan has nothing to show."""
+    spec = tmp_path / "four.yaml"
+    spec.write_text(SPEC)
+    args = (*launch, "--cluster", str(spec), "--model", "llama-3.1-8b", "--replicas", "2")
+    _stdout, labels = check_plain_and_quiet(run_cli, *args)
+    assert labels == [f"reading the topology (cluster:{spec})", "indexing 32 GPUs", "placing"]
+    plan = tmp_path / "plan.json"
+    plan.write_text(run_cli("plan", "--cluster", str(spec), "--model", "llama-3.1-8b", "--json", "-q").stdout)
+    from_file = run_cli(*launch, "--plan", str(plan))
+    assert from_file.exit_code == 0 and "launch: " not in from_file.stderr
+
+
+@pytest.mark.usefixtures("at_once")
 def test_calibrate_stages(run_cli: RunCli, tmp_path: Path) -> None:
     csv = tmp_path / "bench.csv"
     csv.write_text(CSV)

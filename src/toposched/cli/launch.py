@@ -39,6 +39,7 @@ from toposched.cli import launch_k8s
 from toposched.cli._common import console, err_console, print_json
 from toposched.cli.plan_options import plan_options
 from toposched.cli.plan_source import PlanSource, note_base_checkpoint
+from toposched.cli.progress import QUIET
 from toposched.errors import InputError
 from toposched.names import node_name_problem, placement_id_problem
 
@@ -148,6 +149,7 @@ def _engine_command(engine: Engine) -> None:
             None, "--out", help="Write one script per node and instance into this folder (needed for several)."
         ),
         json_out: bool = typer.Option(False, "--json", help="Same as --format json."),
+        quiet: bool = QUIET,
         *,
         source: PlanSource,
     ) -> None:
@@ -158,7 +160,7 @@ def _engine_command(engine: Engine) -> None:
                 "--master-addr is the vLLM/SGLang rendezvous; TensorRT-LLM's ranks meet through MPI (mpirun/srun)",
                 fix="leave out --master-addr",
             )
-        doc = source.resolve(engine)
+        doc = source.resolve(engine, quiet=quiet)
         launches = build_launches(
             doc.placements, doc.request, doc.cluster, engine,
             model_path=model_path, master_addr=master_addr, base_port=port, disaggregation=doc.disaggregation,

@@ -21,6 +21,7 @@ from toposched.binding.ray import check_ray_engine, ray_document, ray_warnings
 from toposched.cli._common import console, err_console, print_json
 from toposched.cli.plan_options import plan_options
 from toposched.cli.plan_source import PlanSource, note_base_checkpoint
+from toposched.cli.progress import QUIET
 from toposched.errors import InputError
 from toposched.inputs import load_json, read_text
 
@@ -148,6 +149,7 @@ def register_launch(launch_app: typer.Typer) -> None:
             help="Topology Manager policy (with --kubelet); auto: single-numa-node only where no pod spans NUMA nodes.",
         ),
         fmt: str = typer.Option("yaml", "--format", help="yaml or json."),
+        quiet: bool = QUIET,
         *,
         source: PlanSource,
     ) -> None:
@@ -173,7 +175,7 @@ def register_launch(launch_app: typer.Typer) -> None:
                 raise InputError("--roles takes the plans itself; leave out --plan/--model")
             output = render_roles(_roles(roles), group, opts)
         else:
-            doc = source.resolve(opts.engine)
+            doc = source.resolve(opts.engine, quiet=quiet)
             if kubelet:
                 # Node names and the reason travel in fields, never in a YAML comment: only the serialiser writes.
                 configs = [k.document() for k in kubelet_configs(doc, policy=topology_policy)]
@@ -198,11 +200,12 @@ def register_launch(launch_app: typer.Typer) -> None:
         nodes: Path = typer.Option(..., "--nodes", help="Output of `kubectl get nodes -o json`.", metavar="NODES.json"),
         rack_label: str = RACK_LABEL,
         json_out: bool = typer.Option(False, "--json", help="Print one JSON object."),
+        quiet: bool = QUIET,
         *,
         source: PlanSource,
     ) -> None:
         """Check real nodes against the plan: every planned node present, with every label its affinity uses."""
-        doc = source.resolve()
+        doc = source.resolve(quiet=quiet)
         data = load_json(read_text(nodes, what="nodes file"), source=str(nodes))
         findings = lint_nodes(doc, data, K8sOptions(rack_label=rack_label))
         if json_out:
@@ -230,6 +233,7 @@ def register_launch(launch_app: typer.Typer) -> None:
         model_path: str | None = typer.Option(None, "--model-path", help="Model path/id vLLM loads."),
         engine: str = typer.Option("vllm", "--engine", help="vllm (the one engine with a Ray executor here)."),
         fmt: str = typer.Option("json", "--format", help="json or yaml."),
+        quiet: bool = QUIET,
         *,
         source: PlanSource,
     ) -> None:
@@ -238,7 +242,7 @@ def register_launch(launch_app: typer.Typer) -> None:
             raise InputError(f"--format {fmt!r} is not one of json, yaml for Ray placement groups")
         ray_engine = _engine(engine)
         check_ray_engine(ray_engine)  # before planning: the answer does not depend on the plan
-        doc = source.resolve(ray_engine)
+        doc = source.resolve(ray_engine, quiet=quiet)
         document = ray_document(doc, model_path=model_path, engine=ray_engine)
         _warn(ray_warnings(doc))
         if fmt == "json":

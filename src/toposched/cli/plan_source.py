@@ -272,9 +272,10 @@ class PlanSource:
             shortfall=short, mode=choice,
         )  # fmt: skip
 
-    def resolve(self, engine: str | None = None) -> PlanDoc:
+    def resolve(self, engine: str | None = None, *, quiet: bool = True) -> PlanDoc:
         """The plan to launch with ``engine``: read from ``--plan`` (as it is: ``request.engine`` says what it
-        was sized for), or made now from ``--model`` and a topology source, sized for ``engine``."""
+        was sized for), or made now from ``--model`` and a topology source, sized for ``engine``; planning
+        shows its stages as ``plan`` does unless ``quiet`` (``cli/progress.py``)."""
         if self.plan is not None:
             if self.model is not None or self.topology() is not None:
                 raise InputError("give --plan, or --model with a topology source, not both")
@@ -283,12 +284,13 @@ class PlanSource:
         if engine is not None and self.engine not in (None, engine):
             raise InputError(f"the plan is sized for {self.engine} but launched with {engine}", fix="use one engine")
         if engine is not None:
-            return replace(self, engine=engine).resolve()
+            return replace(self, engine=engine).resolve(quiet=quiet)
         if self.model is None or self.topology() is None:
             raise InputError(
                 "launch needs a plan", fix="pass --plan PLAN.json, or --model NAME with --preset/--smi/--cluster/--live"
             )
-        placed = self.place()
+        with Reporter("launch", quiet=quiet) as progress:
+            placed = self.place(progress)
         for u in placed.outcome.unplaced:
             reason = u.reasons[0] if u.reasons else ""
             err_console.print(f"warning: replica {u.replica} not placed: {reason}", markup=False, soft_wrap=True)
