@@ -32,8 +32,10 @@ import argparse
 import csv
 import json
 import sys
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any, TypeVar
 
 import numpy as np
 from scipy.optimize import least_squares
@@ -42,6 +44,7 @@ from toposched.perf import get_gpu
 from toposched.perf.coefficients import PerfConfig
 from toposched.perf.latency import roofline
 
+T = TypeVar("T")
 TABLE = Path(__file__).resolve().parents[1] / "tests" / "data" / "reference" / "data" / "aiconfigurator_gemm.csv"
 NAMES = ("eta_mem", "eta_flops", "eta_flops_fp8", "eta_fp8_block", "roofline_p", "gemm_us", "gemm_us_fp8")
 X0 = (0.8, 0.7, 0.6, 0.5, 2.0, 5.0, 5.0)
@@ -101,13 +104,16 @@ def fit(rows: list[Row]) -> tuple[float, ...]:
     return tuple(float(v) for v in least_squares(resid, X0, bounds=(LO, HI)).x)
 
 
-def summary(label: str, e: np.ndarray) -> str:
+def summary(label: str, e: np.ndarray, width: int = 40) -> str:
     a = np.abs(e) * 100
     p90 = np.percentile(a, 90)
-    return f"{label:<40} mean {a.mean():5.1f} %  median {np.median(a):5.1f} %  p90 {p90:5.1f} %  (n={len(a)})"
+    return f"{label:<{width}} mean {a.mean():5.1f} %  median {np.median(a):5.1f} %  p90 {p90:5.1f} %  (n={len(a)})"
 
 
-def _held_out(rows: list[Row], key: str) -> np.ndarray:
+def held_out(
+    rows: list[T], key: str, fit: Callable[[list[T]], Any], errors: Callable[[list[T], Any], np.ndarray]
+) -> np.ndarray:
+    """Each group of ``key`` predicted by a fit on the other groups (``benchmarks/moe_tables.py`` too)."""
     out = []
     for value in sorted({getattr(r, key) for r in rows}):
         x = fit([r for r in rows if getattr(r, key) != value])
@@ -129,7 +135,7 @@ def main(argv: list[str] | None = None) -> int:
     print("fitted on all rows: " + ", ".join(f"{n} {v:.3f}" for n, v in zip(NAMES, x, strict=True)))
     print("   " + summary("in sample", errors(rows, x)))
     for key in ("gpu", "engine"):
-        print("   " + summary(f"leave-one-{key}-out", _held_out(rows, key)))
+        print("   " + summary(f"leave-one-{key}-out", held_out(rows, key, fit, errors)))
     print("\nin sample, by group:")
     for key in ("gpu", "engine", "dtype"):
         for value in sorted({getattr(r, key) for r in rows}):

@@ -34,6 +34,7 @@ import sys
 from dataclasses import dataclass
 from pathlib import Path
 
+import gemm_tables  # the benchmark next to this one
 import numpy as np
 from scipy.optimize import least_squares
 
@@ -113,17 +114,11 @@ def fit(rows: list[Row], with_eta: bool = False) -> tuple[float, ...]:
 
 
 def summary(label: str, e: np.ndarray) -> str:
-    a = np.abs(e) * 100
-    p90 = np.percentile(a, 90)
-    return f"{label:<44} mean {a.mean():5.1f} %  median {np.median(a):5.1f} %  p90 {p90:5.1f} %  (n={len(a)})"
+    return gemm_tables.summary(label, e, width=44)
 
 
 def _held_out(rows: list[Row], key: str, with_eta: bool) -> np.ndarray:
-    out = []
-    for value in sorted({getattr(r, key) for r in rows}):
-        x = fit([r for r in rows if getattr(r, key) != value], with_eta)
-        out.append(errors([r for r in rows if getattr(r, key) == value], x))
-    return np.concatenate(out)
+    return gemm_tables.held_out(rows, key, lambda part: fit(part, with_eta), errors)
 
 
 def main(argv: list[str] | None = None) -> int:

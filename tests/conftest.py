@@ -9,10 +9,27 @@ from __future__ import annotations
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 import pytest
 
 REPO = Path(__file__).resolve().parents[1]
+
+
+def load_benchmark(name: str) -> Any:
+    """``benchmarks/NAME.py`` as a module (its dataclasses look their module up in ``sys.modules``)."""
+    import importlib.util
+    import sys
+
+    bench = REPO / "benchmarks"
+    if str(bench) not in sys.path:
+        sys.path.insert(0, str(bench))  # a benchmark may import the one next to it
+    spec = importlib.util.spec_from_file_location(name, bench / f"{name}.py")
+    assert spec is not None and spec.loader is not None
+    module = importlib.util.module_from_spec(spec)
+    sys.modules[spec.name] = module
+    spec.loader.exec_module(module)
+    return module
 
 
 DATA = REPO / "tests" / "data"

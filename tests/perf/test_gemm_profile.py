@@ -2,13 +2,10 @@
 
 from __future__ import annotations
 
-import importlib.util
-import sys
-from pathlib import Path
-
 import numpy as np
 import pytest
 
+from tests.conftest import load_benchmark
 from toposched.perf import get_gpu
 from toposched.perf.coefficients import PerfConfig
 from toposched.perf.latency import GEMMS_PER_LAYER, predict_latency
@@ -17,13 +14,7 @@ from toposched.workload.catalog import resolve_model
 
 
 def _bench():  # type: ignore[no-untyped-def]
-    path = Path(__file__).resolve().parents[2] / "benchmarks" / "gemm_profile.py"
-    spec = importlib.util.spec_from_file_location("gemm_profile", path)
-    assert spec is not None and spec.loader is not None
-    module = importlib.util.module_from_spec(spec)
-    sys.modules[spec.name] = module  # its dataclasses look their module up
-    spec.loader.exec_module(module)
-    return module
+    return load_benchmark("gemm_profile")
 
 
 def test_the_fixed_cost_per_gemm_is_what_the_operator_profiles_say() -> None:

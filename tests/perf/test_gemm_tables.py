@@ -3,13 +3,10 @@
 
 from __future__ import annotations
 
-import importlib.util
-import sys
-from pathlib import Path
-
 import numpy as np
 import pytest
 
+from tests.conftest import load_benchmark
 from toposched.perf import get_gpu
 from toposched.perf.coefficients import PerfConfig
 from toposched.perf.fitting import CALIBRATION_FIELDS, DEFAULT_FIELDS, OPERATOR_FIELDS
@@ -20,13 +17,7 @@ from toposched.workload.catalog import resolve_model
 
 
 def _bench():  # type: ignore[no-untyped-def]
-    path = Path(__file__).resolve().parents[2] / "benchmarks" / "gemm_tables.py"
-    spec = importlib.util.spec_from_file_location("gemm_tables", path)
-    assert spec is not None and spec.loader is not None
-    module = importlib.util.module_from_spec(spec)
-    sys.modules[spec.name] = module  # its dataclasses look their module up
-    spec.loader.exec_module(module)
-    return module
+    return load_benchmark("gemm_tables")
 
 
 @pytest.fixture(scope="module")
