@@ -170,10 +170,10 @@ def test_the_queue_head_gets_a_plan_rate_limited_and_never_run(tmp_path: Path, c
 def test_the_head_uses_the_cross_domain_fallback_after_its_class_wait(tmp_path: Path, clock: Clock) -> None:
     state = make_state(tmp_path, clock, (*FRAGMENTED, "n1i1"), budget_gbps=100_000)  # h1 and h2: 4 free each
     got: list[Decision] = []
-    body = {"model": "llama-3.1-70b", "id": "big", "allowed_tp": [8], "slo_class": "batch", "wait_s": 60}
+    body = {"model": "llama-3.1-70b", "id": "big", "allowed_tp": [8], "slo_class": "interactive", "wait_s": 60}
     state.enqueue(PlaceBody.model_validate(body), got.append)
     assert not got and state.queue_view()[0]["defrag"] is not None
-    clock.now += 4.9  # batch waits 5 s for a whole NVLink domain
+    clock.now += 4.9  # interactive waits 5 s for a whole NVLink domain (batch and standard: none)
     state.drain()
     assert not got
     clock.now += 0.2

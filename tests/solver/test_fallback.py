@@ -169,4 +169,5 @@ def test_pipeline_stages_across_nodes_keep_a_launchable_layout() -> None:
 
 def test_class_waits_never_shorter_for_stricter_classes() -> None:
     waits = [SLO_CLASSES[c].cross_domain_after_s for c in ("realtime", "interactive", "standard", "batch")]
-    assert waits == [60, 5, 5, 5]  # measured on churn-128 (docs/simulator.md)
+    assert waits == [60, 5, 0, 0]  # interactive measured on churn-128, standard on churn-tiny (docs/simulator.md)
+    assert waits == sorted(waits, reverse=True)
