@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.conftest import RunCli
+from tests.conftest import RunCli, load_benchmark
 from toposched.cli.plan_source import PlanSource
 from toposched.perf.coefficients import PerfConfig
 from toposched.perf.engine_names import engine_of
@@ -160,13 +160,7 @@ def test_estimate_and_calibrate_share_one_ttft_definition(run_cli: RunCli) -> No
 def test_the_engine_rows_are_set_up_from_their_setups_not_their_outputs(tmp_path: Path) -> None:
     """benchmarks/engines_eval.py: a row's setup (batch, lengths) never comes from its measured latencies or
     throughput; rows it cannot express are left out with a reason."""
-    import importlib.util
-
-    bench = Path(__file__).resolve().parents[2] / "benchmarks" / "engines_eval.py"
-    spec = importlib.util.spec_from_file_location("engines_eval", bench)
-    assert spec is not None and spec.loader is not None
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
+    module = load_benchmark("engines_eval")
     rows = json.loads(module.ROWS.read_text())
     samples, left = module.load()
     assert len(samples) + len(left) == len(rows) == 42

@@ -453,14 +453,20 @@ def test_a_damaged_sqlite_row_fails_the_background_sync_until_it_is_repaired(tmp
     asyncio.run(scenario())
 
 
-def test_a_row_damaged_in_place_is_found_by_the_next_full_resync(tmp_path: Path) -> None:
-    """Damage leaves no audit entry, so a tick that only follows the log cannot see it; the full resync
-    every ``resync_interval_s`` does, and every sync after it resyncs in full until the row is repaired."""
+def _sqlite_state_on_a_clock(tmp_path: Path) -> tuple[ServiceState, Path, list[float]]:
+    """An open SQLite-backed state whose clock is ``now[0]`` (a full resync every 10 s of it)."""
     path = tmp_path / "state.sqlite3"
     now = [0.0]
     config = ServiceConfig(state=f"sqlite:{path}", source=HGX, auth=False, resync_interval_s=10)
     state = ServiceState(config, clock=lambda: now[0])
     state.open()
+    return state, path, now
+
+
+def test_a_row_damaged_in_place_is_found_by_the_next_full_resync(tmp_path: Path) -> None:
+    """Damage leaves no audit entry, so a tick that only follows the log cannot see it; the full resync
+    every ``resync_interval_s`` does, and every sync after it resyncs in full until the row is repaired."""
+    state, path, now = _sqlite_state_on_a_clock(tmp_path)
     try:
         assert state.place(body("a", allowed_tp=[2])).status == "placed"
         with sqlite3.connect(path) as db:
@@ -524,11 +530,7 @@ def test_readyz_says_not_ready_while_writes_fail_and_ready_once_one_works(monkey
 def test_a_damaged_row_no_read_touches_is_found_by_the_periodic_check(tmp_path: Path) -> None:
     """Issue 37: a damaged row the service never reads again (a hold, the commit count) left it booking with
     /readyz 200 while every new process refused the file; the check of the open runs every resync_interval_s."""
-    path = tmp_path / "state.sqlite3"
-    now = [0.0]
-    config = ServiceConfig(state=f"sqlite:{path}", source=HGX, auth=False, resync_interval_s=10)
-    state = ServiceState(config, clock=lambda: now[0])
-    state.open()
+    state, path, now = _sqlite_state_on_a_clock(tmp_path)
     try:
         assert state.place(body("a", allowed_tp=[2])).status == "placed"
         assert state.sync()

@@ -16,8 +16,8 @@ from toposched.sim.engine import Simulation
 from toposched.sim.loading import load_cluster, load_scenario
 from toposched.sim.oracle import ORACLE, check_sim_policy
 from toposched.sim.report import LATENCY, result_json, result_table, tenant_lines, write_report
-from toposched.sim.run import PolicyResult, check_scenario_fits, run_policy
-from toposched.sim.scenario import MAX_REQUESTS, PdLayout, Scenario
+from toposched.sim.run import PolicyResult, check_scenario_fits, planned_runs, run_policy
+from toposched.sim.scenario import MAX_REQUESTS, Scenario
 from toposched.sim.workload import make_arrivals
 from toposched.solver.policies import POLICIES
 
@@ -100,12 +100,10 @@ def _run(sc: Scenario, names: list[str], seed: int, quiet: bool) -> dict[str, Po
     churn = sc.churn
     total = churn.duration_s if churn is not None else float(sc.request_count)
     arrivals = make_arrivals(sc, seed)
-    layouts: tuple[PdLayout | None, ...] = sc.pd.layouts if sc.pd is not None else (None,)
-    runs = [(name, layout) for name in names for layout in layouts]
+    runs = planned_runs(sc, names)
     results: dict[str, PolicyResult] = {}
     with Reporter("simulate", quiet=quiet) as progress:
-        for i, (name, layout) in enumerate(runs, 1):
-            key = name if layout is None else f"{name}/{layout}"
+        for i, (key, name, layout) in enumerate(runs, 1):
             progress.stage(f"policy {key}", step=(i, len(runs)), total=total)
 
             def hook(sim: Simulation) -> None:

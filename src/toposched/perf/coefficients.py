@@ -78,8 +78,13 @@ class PerfConfig(BaseModel):
 
     def gemm_fixed_us(self, weight_dtype: str, gpu: GpuSpec) -> float:
         """Fixed cost of one GEMM kernel for weights of ``weight_dtype`` on ``gpu``."""
-        return self.gemm_us_fp8 if weight_dtype == "fp8" and gpu.fp8_flops else self.gemm_us
+        return self.gemm_us_fp8 if _fp8_gemms(weight_dtype, gpu) else self.gemm_us
 
     def gemm_eta(self, weight_dtype: str, gpu: GpuSpec) -> float:
         """GEMM efficiency for weights of ``weight_dtype`` on ``gpu`` (FP8 only where it runs FP8)."""
-        return self.eta_flops_fp8 if weight_dtype == "fp8" and gpu.fp8_flops else self.eta_flops
+        return self.eta_flops_fp8 if _fp8_gemms(weight_dtype, gpu) else self.eta_flops
+
+
+def _fp8_gemms(weight_dtype: str, gpu: GpuSpec) -> bool:
+    """FP8 weights run FP8 GEMMs where the GPU has them (``GpuSpec.gemm_flops``), else BF16 ones."""
+    return weight_dtype == "fp8" and bool(gpu.fp8_flops)

@@ -338,10 +338,13 @@ class GuardedHttpProtocol(HttpToolsProtocol):
 def refusal_bytes(status: int, body: dict[str, str]) -> bytes:
     """A whole ``status`` response with a JSON ``body`` and ``connection: close``, framed by h11 (the HTTP/1.1
     library uvicorn itself depends on), not by hand. h11 answers only a request it has read, and a refusal
-    comes before one was whole (headers too slow or too large), so it is given a minimal request line first."""
+    comes before one was whole (headers too slow or too large), so it reads a minimal request that h11's
+    client side writes."""
     data = json.dumps(body).encode()
+    client = h11.Connection(our_role=h11.CLIENT)
+    request = client.send(h11.Request(method="GET", target="/", headers=[("host", "toposched")])) or b""
     conn = h11.Connection(our_role=h11.SERVER)
-    conn.receive_data(b"GET / HTTP/1.1\r\nhost: toposched\r\n\r\n")
+    conn.receive_data(request + (client.send(h11.EndOfMessage()) or b""))
     conn.next_event()
     headers = [("content-type", "application/json"), ("content-length", str(len(data))), ("connection", "close")]
     out = conn.send(h11.Response(status_code=status, headers=headers, reason=HTTPStatus(status).phrase.encode()))

@@ -160,13 +160,17 @@ def simulate(
     """The same seeded workload under each policy."""
     arrivals = make_arrivals(scenario, seed)
     results: dict[str, PolicyResult] = {}
-    layouts: tuple[PdLayout | None, ...] = scenario.pd.layouts if scenario.pd is not None else (None,)
-    for policy in policies:
+    for name, policy, layout in planned_runs(scenario, policies):
         hook = (lambda s, p=policy: progress(p, s)) if progress is not None else None
-        for layout in layouts:
-            name = policy if layout is None else f"{policy}/{layout}"
-            results[name] = run_policy(scenario, policy, seed=seed, arrivals=arrivals, progress=hook, layout=layout)
+        results[name] = run_policy(scenario, policy, seed=seed, arrivals=arrivals, progress=hook, layout=layout)
     return results
+
+
+def planned_runs(scenario: Scenario, policies: list[str]) -> list[tuple[str, str, PdLayout | None]]:
+    """(result name, policy, layout) of each run ``simulate`` makes: one per policy, one per policy and
+    layout in a disaggregated scenario (``policy/layout``)."""
+    layouts: tuple[PdLayout | None, ...] = scenario.pd.layouts if scenario.pd is not None else (None,)
+    return [(p if lay is None else f"{p}/{lay}", p, lay) for p in policies for lay in layouts]
 
 
 __all__ = [
@@ -176,6 +180,7 @@ __all__ = [
     "check_scenario_fits",
     "deployments_for",
     "make_arrivals",
+    "planned_runs",
     "read_trace",
     "run_policy",
     "simulate",
