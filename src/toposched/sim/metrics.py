@@ -16,7 +16,8 @@ Definitions (docs/simulator.md has the full list):
 * ``queued_for_nvlink_rate`` = instances that waited for NVLink room (a topology-aware policy could
   not place them although enough GPUs were free in all) / instance arrivals; ``migrations`` = moves
   started by defragmentation; ``repacks`` / ``repack_moves`` = the ``oracle``'s free repacks taken and
-  the instances whose GPUs they changed (None under other policies); ``held_for_headroom_rate`` =
+  the instances whose GPUs they changed, ``repacks_tried`` = repacks it tried (a try that is not taken
+  found no layout with room for everyone; None under other policies); ``held_for_headroom_rate`` =
   instances that waited only because they would have broken one of the last ``keep_whole_domains``
   wholly free domains / instance arrivals;
   ``requeued_requests`` = requests restarted after a failure; ``drain_aborted_requests`` = requests a
@@ -172,6 +173,7 @@ def compute(sim: Simulation) -> dict[str, Any]:
         "defrag_plans": adm.plans,
         "repacks": adm.repacker.repacks if adm.repacker is not None else None,
         "repack_moves": adm.repacker.moved if adm.repacker is not None else None,
+        "repacks_tried": adm.repacker.tried if adm.repacker is not None else None,
         "replacements": sim.replacements,
         "requeued_requests": sim.requeued_requests,
         "drain_aborted_requests": sim.drain_aborted,
