@@ -26,6 +26,36 @@ GEMMs with their routing permutes, one MoE layer per row) into ``aiconfigurator_
 Qwen3-235B-A22B, DeepSeek-V3/R1), expert TP 1-8 without expert parallelism, tokens spread evenly over
 the experts (``balanced``), the same GPUs and dtypes, for each engine the newest version whose table
 has those shapes, the fastest kernel per row.
+
+and the attention kernels' tables (``.../attention/<engine>/<version>/context_attention_perf.parquet`` and
+``generation_attention_perf.parquet``; one version each on these GPUs) into ``aiconfigurator_attention.csv``
+(``benchmarks/attention_tables.py``). What a row is, from the wheel's own code (``sdk/models/llama.py``,
+``sdk/operations/attention.py``) and its engine (``sdk/engine.py``'s single-op evaluation):
+
+* one attention kernel call of one layer: the models build ``ContextAttention``/``GenerationAttention``
+  with ``scale_factor = num_layers`` and the heads one GPU holds after TP (``num_heads // tp_size`` query
+  heads, ``num_kv_heads_per_gpu`` KV heads), so ``num_heads``/``num_key_value_heads`` are per GPU;
+* ``context``: ``batch_size`` prompts of ``isl`` tokens each, causal, nothing cached before (``step``
+  0), in the engine's own attention kernel (``kernel``: ``vllm_flash_attn_fa3`` and SGLang's ``fa3`` on
+  Hopper, ``vllm_flash_attn`` and SGLang's ``flash_attention`` on A100, TensorRT-LLM's attention op through
+  its PyTorch flow, ``torch_flow``). The wheel's engine charges 13.2 us on top of every context row
+  (queried on A100, H100 and H200, every engine, 32/8 and 8/1 heads, 1-16 prompts of 16-4,096 tokens: the
+  same each time; 39.6 us with QK-norm on H100), its RoPE and KV-cache-write memory ops (``operations/attention.py``:
+  "QK-norm, apply-RoPE, KV-write"): for the wheel a row is the attention kernel without them. Its SOL for
+  a context row (H100, vLLM) is ``2 b isl^2 (q heads x head_dim)`` FLOPs and ``b isl (2 q + 2 kv heads) head_dim x 2``
+  bytes (Q, K, V read, O written);
+* ``generation``: ``batch_size`` sequences decoding one token (``isl`` 1) over ``step`` tokens already
+  cached, i.e. attending to ``step + 1`` tokens (``step`` is 2^k - 1; the engine's query at context ``s``
+  is within 2.5 % of the ``step = s - 1`` row); no memory op is added; its SOL is the KV read,
+  ``b (step + 1) kv heads head_dim x 2 x bytes``, and ``4 b (step + 1) (q heads x head_dim)`` FLOPs;
+* kept: head_dim 128, no sliding window, beam 1, BF16 attention math (``attn_dtype``), KV cache BF16 or
+  FP8 where the table has it (TensorRT-LLM and vLLM context on Hopper, every Hopper generation table);
+  the (q heads, kv heads) per GPU of the catalog's non-MLA models at TP 1, 2, 4, 8 (``ATTN_HEADS``) that
+  the table has: none has 7/1, 14/2, 20/5, 28/4 or 40/10 (Qwen2.5-7B at TP 1-4, Phi-4 at TP 1-2), no
+  context table and no vLLM generation table 128/8 (Llama-3.1-405B at TP 1), A100's none of 5/1, 6/1,
+  10/2, 20/4 and A100 SGLang's and TensorRT-LLM's generation tables none of 12/2, 24/4, 40/8, 48/8;
+  batch 1-256 (context) and 1-1,024 (generation) at powers of four, prompts of 16-16,384 tokens
+  (``ISLS``), contexts of 16-65,536 tokens (``STEPS``); one kernel per table and shape.
 """
 
 from __future__ import annotations
@@ -41,6 +71,17 @@ from typing import Any
 DATA = Path(__file__).resolve().parents[1] / "tests" / "data" / "reference" / "data"
 OUT = DATA / "aiconfigurator_gemm.csv"
 MOE_OUT = DATA / "aiconfigurator_moe.csv"
+ATTN_OUT = DATA / "aiconfigurator_attention.csv"
+ATTN_PATH = re.compile(
+    r"aiconfigurator_core/systems/data/([^/]+)/attention/([^/]+)/([^/]+)/(context|generation)_attention_perf\.parquet$"
+)
+ATTN_HEADS = {(4, 1), (5, 1), (6, 1), (7, 1), (8, 1), (8, 2), (10, 2), (12, 2), (14, 2), (16, 1), (16, 2), (16, 4)}
+ATTN_HEADS |= {(20, 4), (20, 5), (24, 4), (28, 4), (32, 2), (32, 4), (32, 8), (40, 8), (40, 10), (48, 8), (64, 4)}
+ATTN_HEADS |= {(64, 8), (128, 8)}
+"""(q heads, kv heads) per GPU of the catalog's non-MLA models at TP 1, 2, 4, 8 (head_dim 128)."""
+BATCHES = {1, 4, 16, 64, 256, 1024}
+ISLS = {16, 64, 256, 512, 1024, 2048, 4096, 8192, 16384}
+STEPS = {4**i - 1 for i in range(2, 9)}
 MOE_SHAPES = {(4096, 14336, 8, 2), (6144, 16384, 8, 2), (4096, 1536, 128, 8), (7168, 2048, 256, 8)}
 """(hidden, expert intermediate, experts, experts per token) of the catalog's MoE models."""
 MOE_PATH = re.compile(r"aiconfigurator_core/systems/data/([^/]+)/moe/([^/]+)/([^/]+)/moe_perf\.parquet$")
@@ -84,6 +125,7 @@ def main(argv: list[str]) -> int:
             w.writerow([*row[:7], f"{row[7]:.6g}"])
     print(f"wrote {OUT} ({len(rows)} rows)", file=sys.stderr)
     _moe(wheel, pd)
+    _attention(wheel, pd)
     return 0
 
 
@@ -121,6 +163,46 @@ def _moe(wheel: zipfile.ZipFile, pd: Any) -> None:
         for row in sorted(rows):
             w.writerow([*row[:10], f"{row[10]:.6g}"])
     print(f"wrote {MOE_OUT} ({len(rows)} rows)", file=sys.stderr)
+
+
+def _attention(wheel: zipfile.ZipFile, pd: Any) -> None:
+    newest: dict[tuple[str, str, str], tuple[str, str]] = {}
+    for name in wheel.namelist():
+        m = ATTN_PATH.search(name)
+        if m and m.group(1) in GPUS:
+            table = (m.group(1), m.group(2), m.group(4))
+            if table not in newest or _version_key(m.group(3)) > _version_key(newest[table][0]):
+                newest[table] = (m.group(3), name)
+    rows: list[tuple[Any, ...]] = []
+    for (gpu, engine, phase), (version, name) in sorted(newest.items()):
+        t = pd.read_parquet(io.BytesIO(wheel.read(name)))
+        window = t.window_size == 0 if "window_size" in t else True
+        heads = pd.Series(
+            [h in ATTN_HEADS for h in zip(t.num_heads, t.num_key_value_heads, strict=True)], index=t.index
+        )
+        lengths = t.isl.isin(ISLS) if phase == "context" else (t.isl == 1) & t.step.isin(STEPS)
+        t = t[
+            window
+            & heads
+            & lengths
+            & (t.head_dim == 128)
+            & (t.beam_width == 1)
+            & (t.attn_dtype == "bfloat16")
+            & t.kv_cache_dtype.isin(["bfloat16", "fp8"])
+            & t.batch_size.isin(BATCHES)
+        ]
+        for r in t.itertuples(index=False):
+            shape = (int(r.num_heads), int(r.num_key_value_heads), int(r.head_dim), int(r.batch_size), int(r.isl))
+            rows.append((GPUS[gpu], engine, version, phase, str(r.kernel_source), str(r.kv_cache_dtype), *shape,
+                         int(r.step), float(r.latency)))  # fmt: skip
+        print(f"{gpu} {engine} {version} {phase}: {len(t)} attention rows", file=sys.stderr)
+    header = ["gpu", "engine", "version", "phase", "kernel", "kv_dtype", "q_heads", "kv_heads", "head_dim"]
+    with ATTN_OUT.open("w", newline="") as f:
+        w = csv.writer(f)
+        w.writerow([*header, "batch", "isl", "step", "latency_ms"])
+        for row in sorted(rows):
+            w.writerow([*row[:12], f"{row[12]:.6g}"])
+    print(f"wrote {ATTN_OUT} ({len(rows)} rows)", file=sys.stderr)
 
 
 if __name__ == "__main__":
