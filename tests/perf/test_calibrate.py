@@ -99,7 +99,7 @@ def test_mla_has_its_own_term() -> None:
     per_token = (long.decode.attention_ms - short.decode.attention_ms) * 1e-3 / (64 * 7000)
     flops = 2 * (2 * 512 + 64) * 128 * 61 / 8
     kv_bytes = kv_bytes_per_token_per_layer(ds, 8) * 61
-    expect = flops / (h200.bf16_flops * a.eta_attn) + kv_bytes / (h200.hbm_bandwidth * a.eta_mem)
+    expect = flops / (h200.bf16_flops * a.eta_attn) + kv_bytes / (h200.hbm_bandwidth * a.eta_kv)
     assert per_token == pytest.approx(expect, rel=0.01)
     assert long.decode.compute_ms == short.decode.compute_ms  # attention is its own kernel, not a GEMM
 
@@ -145,7 +145,9 @@ def test_leave_group_out_holds_out_a_whole_group() -> None:
     samples = _synthetic(truth)
     by_gpu = leave_group_out(samples, lambda s: s.gpu, fields=("eta_mem", "step_overhead_ms"))
     assert [s.source for s, _ in by_gpu] == [s.source for s in samples]  # every GPU has others to fit on
-    assert max(abs(e) for _, errs in by_gpu for e in errs.values()) < 0.05  # one truth: any group predicts it
+    # one truth: any group predicts it (within 10 %: without the H100 rows, two samples are left, on which
+    # eta_mem and step_overhead_ms trade against each other and the fit's weak pull to the defaults; 8 %)
+    assert max(abs(e) for _, errs in by_gpu for e in errs.values()) < 0.10
     # a held-out group is not in its own fit: samples 4 times slower on one GPU come out about 4x too fast
     slow = [s.model_copy(update={"tpot_ms": s.tpot_ms * 4}) if s.gpu == "H200" else s for s in samples]
     errors = dict((s.source, e) for s, e in leave_group_out(slow, lambda s: s.gpu, fields=("step_overhead_ms",)))
@@ -288,9 +290,9 @@ def test_throughput_of_a_finite_run_counts_its_waves_and_its_arrival_rate() -> N
     # 101 requests: a full wave and a wave of one, which takes nearly as long as a decode-bound full one
     ragged = predict_sample(_probe(batch=100, num_requests=101, tokens_per_s=1.0), cfg)["tokens_per_s"]
     assert 0.5 * steady < ragged < 0.8 * steady
-    # open loop well under capacity: the run serves its arrivals, 500 over 250 s, plus the last one's latency
-    offered = predict_sample(_probe(batch=4, request_rate=2.0, num_requests=500, tokens_per_s=1.0), cfg)
-    assert 0.99 * 2.0 * 200 < offered["tokens_per_s"] < 2.0 * 200
+    # open loop well under capacity: the run serves its arrivals, 250 over 250 s, plus the last one's latency
+    offered = predict_sample(_probe(batch=4, request_rate=1.0, num_requests=250, tokens_per_s=1.0), cfg)
+    assert 0.99 * 1.0 * 200 < offered["tokens_per_s"] < 1.0 * 200
     # an endless run under capacity serves what arrives (2 requests/s is at batch 4's capacity since the
     # GEMM kernels' fixed cost, PerfConfig.gemm_us: 1.5)
     endless = predict_sample(_probe(batch=4, request_rate=1.5, tokens_per_s=1.0), cfg)["tokens_per_s"]
@@ -338,9 +340,12 @@ def test_mla_prefill_attention_uses_the_mean_of_its_qk_and_v_head_dims() -> None
     model = PassModel(ds, h200, tp=8, pp=1, link=NV4, pp_link=NV4, cfg=cfg)
     step = model.step(chunks=[(0, 4096)])
     assert step is not None
-    # a whole prompt reads no earlier KV; causal QK (192 per head) + PV (128 per head) = 2 S^2 x 160 per head
-    flops = 2 * 4096**2 * 128 * (128 + 64 + 128) / 2 * 61 / 8
-    assert step.attention_ms == pytest.approx(flops / (h200.bf16_flops * cfg.eta_attn) * 1e3, rel=1e-9)
+    # a whole prompt reads no earlier KV; causal QK (192 per head) + PV (128 per head) = 2 S^2 x 160 per head,
+    # at the efficiency of a 4,096-token prompt (attn_s_half more keys per query token), and one kernel's
+    # fixed cost per layer
+    flops = 2 * 4096 * (4096 + cfg.attn_s_half) * 128 * (128 + 64 + 128) / 2 * 61 / 8
+    expect = flops / (h200.bf16_flops * cfg.eta_attn) + 61 * cfg.attn_us * 1e-6
+    assert step.attention_ms == pytest.approx(expect * 1e3, rel=1e-9)
 
 
 def test_a_rate_above_what_the_concurrency_cap_serves_runs_as_the_closed_loop() -> None:

@@ -26,8 +26,8 @@ from toposched.perf.profile import (
 )
 from toposched.service.config import ServiceConfig
 
-SLOW = Profile(name="slow-hbm", entries=(ProfileEntry(config=PerfConfig(eta_mem=0.3)),))
-FAST = Profile(name="fast-hbm", entries=(ProfileEntry(config=PerfConfig(eta_mem=1.0)),))
+SLOW = Profile(name="slow-hbm", entries=(ProfileEntry(config=PerfConfig(eta_mem=0.3, eta_kv=0.3)),))
+FAST = Profile(name="fast-hbm", entries=(ProfileEntry(config=PerfConfig(eta_mem=1.0, eta_kv=1.0)),))
 
 
 @pytest.fixture
@@ -97,7 +97,7 @@ def test_plan_profile_changes_the_predicted_tpot(run_cli: RunCli, profiles: dict
     before = _plan_tpot(run_cli)
     slow = _plan_tpot(run_cli, "--profile", str(profiles["slow-hbm"]))
     fast = _plan_tpot(run_cli, "--profile", str(profiles["fast-hbm"]))
-    assert slow > 2 * fast  # decode reads the weights: 1/0.3 vs 1/1.0 of the HBM bandwidth
+    assert slow > 2 * fast  # decode reads the weights and the KV cache: 1/0.3 vs 1/1.0 of the HBM bandwidth
     assert _plan_tpot(run_cli) == before  # nothing leaks into a later run without --profile
     assert active_profile() is default_profile()
 

@@ -31,11 +31,28 @@ class PerfConfig(BaseModel):
     eta_flops_fp8: float = Field(0.491, ge=0.1, le=1.0)
     """Achievable FP8 GEMM fraction of FP8 peak, per-tensor scaled, the activation's quantisation included
     (the GEMM tables; block-scaled FP8 reaches about the same, 0.50, where SGLang or TensorRT-LLM run it)."""
-    eta_attn: float = Field(0.5, ge=0.1, le=1.0)
-    """Achievable fraction of BF16 peak of the attention kernels' FLOPs (FlashAttention-style fused
-    softmax: FA2 reaches 50-73 % of A100 peak forward, FA3 up to 75 % of H100's; below the GEMMs'
-    fraction at the head dims and prompt lengths of serving). Not fitted by default: only two
-    published prompts are long enough to inform it (fitting.DEFAULT_FIELDS)."""
+    eta_attn: float = Field(0.653, ge=0.1, le=1.0)
+    """Attention kernels' (FlashAttention-style fused softmax) FLOP efficiency for long prompts, a fraction
+    of BF16 peak: a prefill of ``s`` tokens runs at ``eta_attn x s / (s + attn_s_half)``. Measured on
+    NVIDIA's attention tables (aiconfigurator-core 0.12.0: 8,460 context and 8,479 generation attention
+    kernels inside vLLM, SGLang and TensorRT-LLM on A100, H100 and H200; ``benchmarks/attention_tables.py``),
+    as are the five below. Fitted by nobody on serving runs: few published prompts are long enough to inform
+    it (a flat 0.5 had been assumed; FA2/FA3 publish 50-75 %)."""
+    attn_s_half: float = Field(1113.0, ge=0.0, le=100_000.0)
+    """Prompt length (tokens) at which a prefill's attention reaches half of ``eta_attn``: the same as
+    charging every query token ``attn_s_half`` extra keys (the tables: efficiency rises 3-7x from 256 to
+    8,192 tokens; one flat efficiency left 43.5 % error on them, this curve 19.8 %)."""
+    attn_us: float = Field(14.85, ge=0.0, le=100.0)
+    """Fixed cost of one prefill attention kernel (one per layer in a pass with prefill work), in µs."""
+    eta_kv: float = Field(0.775, ge=0.3, le=1.0)
+    """Achievable HBM fraction of the decode attention kernels' KV-cache read (the tables: 0.775; a GEMM's
+    weight read reaches ``eta_mem``)."""
+    attn_us_decode: float = Field(11.1, ge=0.0, le=100.0)
+    """Fixed cost of one decode attention kernel (one per layer in a pass with decodes), in µs; a pass with
+    both prefill and decode work pays the larger of the two (vLLM and SGLang run one kernel over both)."""
+    attn_seq_ns: float = Field(17.7, ge=0.0, le=1000.0)
+    """Decode attention cost per sequence, KV head on the GPU and layer, in ns (the kernel's work split per
+    sequence and head: 29.2 -> 23.0 % error on the generation tables)."""
     gemm_us: float = Field(4.3, ge=0.0, le=100.0)
     """Fixed cost of one BF16 GEMM kernel beyond its roofline time, in µs (launch, the tail wave of a small
     shard): four per layer and the lm_head. Measured on the GEMM tables (4.3 µs); Vidur's linear-layer

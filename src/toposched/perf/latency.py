@@ -7,7 +7,9 @@ One forward pass over ``T`` new tokens of ``S`` sequences, summed over the pipel
     T_cmp   = dense GEMM FLOPs / (eta(dtype) x peak(dtype))
             + grouped expert GEMM FLOPs (tile-padded rows) / (eta(dtype) x peak(dtype))
             + lm_head FLOPs / (eta_flops x BF16 peak)
-    T_attn  = KV bytes read / (eta_mem x HBM bandwidth) + attention FLOPs / (eta_attn x BF16 peak)
+    T_attn  = KV bytes read / (eta_kv x HBM bandwidth) + attention FLOPs / (eta_attn x BF16 peak)
+              (+ attn_s_half keys per prefill query token) + layers x attn_us (prefill) or attn_us_decode
+              + decode sequences x KV heads x layers x attn_seq_ns    (NVIDIA's attention tables)
     T_comm  = 2 x layers x all-reduce(T x hidden x 2 B, tp)         (two per layer, Megatron TP;
               x comm_scale, except over PCIe)
     T_small = layers x kernels_per_layer x kernel_us + MoE layers x moe_layer_us + MLA layers x mla_layer_us
@@ -200,7 +202,12 @@ class PassModel:
         # memory seconds = _mem_fixed + _mem_per_expert x experts touched + _mem_per_kv x KV tokens read
         self._mem_fixed = (fixed * wb + head * ab) / bw
         self._mem_per_expert = moe_layers * spec.expert_params() / tp * wb / bw
-        self._mem_per_kv = kv_bytes_per_token_per_layer(spec, tp) * spec.num_layers / bw
+        self._mem_per_kv = kv_bytes_per_token_per_layer(spec, tp) * spec.num_layers / (gpu.hbm_bandwidth * cfg.eta_kv)
+        # the attention kernels' fixed costs (benchmarks/attention_tables.py): per layer and pass, and per
+        # decode sequence, KV head on this GPU (MLA: its one latent head) and layer
+        self._attn_prefill_s = spec.num_layers * cfg.attn_us * 1e-6
+        self._attn_decode_s = spec.num_layers * cfg.attn_us_decode * 1e-6
+        self._attn_seq_s = kv_heads * spec.num_layers * cfg.attn_seq_ns * 1e-9
         self._dense = fixed
         self._head = head
         self._moe = spec.moe
@@ -255,7 +262,8 @@ class PassModel:
         for done, n in chunks:
             tokens += n
             kv_read += done  # the chunk's attention reads its earlier tokens' KV once
-            prefill_attn += 2.0 * ((done + n) * (done + n) - done * done)
+            # the causal square, and attn_s_half extra keys per query token (the efficiency curve)
+            prefill_attn += 2.0 * ((done + n) * (done + n) - done * done + n * self.cfg.attn_s_half)
         if tokens <= 0:
             return None
         seqs = decode_seqs + len(chunks)
@@ -263,7 +271,8 @@ class PassModel:
         mem = self._mem_fixed + self._mem_per_expert * touched
         cmp = (2.0 * tokens * self._dense) / self._flops_w + 2.0 * seqs * self._head / self._flops_a
         attn_flops = (2.0 * decode_context * self._decode_width + prefill_attn * self._width) * self.layers / self.tp
-        attention = self._mem_per_kv * kv_read + attn_flops / self._flops_attn
+        attention = self._mem_per_kv * kv_read + attn_flops / self._flops_attn + self._attn_seq_s * decode_seqs
+        attention += max(self._attn_prefill_s if chunks else 0.0, self._attn_decode_s if decode_seqs else 0.0)
         if self._moe is not None and touched > 0:
             # grouped GEMM: each touched expert runs max(tokens it got, one tile) rows
             per_expert = tokens * self._moe.experts_per_token / touched

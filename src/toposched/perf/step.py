@@ -12,7 +12,7 @@ For a step with ``T`` new tokens (decode tokens plus prefill chunk tokens) of ``
 
     memory    = weights read(T) / (eta_mem x HBM bandwidth)
     compute   = dense, grouped-expert and lm_head GEMM FLOPs at their efficiencies (latency.py)
-    attention = KV read / (eta_mem x HBM bandwidth) + attention FLOPs / (eta_attn x BF16 peak)
+    attention = KV read / (eta_kv x HBM bandwidth) + attention FLOPs / (eta_attn x BF16 peak) + fixed costs
     comm      = 2 x layers x all-reduce(T x hidden x 2 B, tp) x comm_scale (not over PCIe)
                 (x compression, - overlap when the class allows)
     step      = (memory^p + compute^p)^(1/p) + attention + comm + small kernels + (pp - 1) P2P + overhead
