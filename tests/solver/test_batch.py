@@ -128,6 +128,12 @@ def _gb200_trays(count: int) -> Cluster:
             ["l1/7"],
             [("four", "llama-3.1-70b", 4), ("eight", "mixtral-8x22b", 8)],
         ),
+        (  # solver_bench gap's batch 427 of 1,000: nine GPUs free on four trays (1, 3, 2, 3); the first TP4
+            # on 2 + 2 trays leaves no equal split for the second, which fits only if the first spreads 1+1+1+1
+            _gb200_trays(4),
+            ["g-tray00/0", "g-tray00/1", "g-tray00/2", "g-tray01/0", "g-tray02/2", "g-tray02/3", "g-tray03/2"],
+            [("four-a", "llama-3.1-70b", 4), ("four-b", "llama-3.1-70b", 4)],
+        ),
     ],
 )
 def test_a_batch_that_fits_is_placed_whatever_order_first_failed(

@@ -189,6 +189,9 @@ class ClusterIndex:
     def __init__(self, cluster: Cluster, domain_map: DomainMap | None = None, *, busy: Iterable[str] = ()) -> None:
         self.cluster = cluster
         self.dmap = domain_map or build_domain_map(cluster)
+        self.spread = False
+        """A group over several nodes takes the most nodes its launch rule allows, not the fewest
+        (``picking.pick_in_group``; ``spreading``)."""
         self.domains: dict[str, NVLinkDomain] = {d.id: d for d in self.dmap.domains}
         """NVLink domains by id (``tp_link`` looks one up per decision; a scan of every domain was
         60 % of decision time at 65,536 GPUs, issue 17)."""
@@ -244,6 +247,16 @@ class ClusterIndex:
         finally:
             for name, level in self.levels.items():
                 level.keep_whole = before[name]
+
+    @contextmanager
+    def spreading(self, on: bool) -> Iterator[None]:
+        """Within the block, a TP group over several nodes of one NVLink domain takes the smallest equal
+        share per node (the most trays), leaving larger shares for the instances after it."""
+        before, self.spread = self.spread, on
+        try:
+            yield
+        finally:
+            self.spread = before
 
     def gpu(self, ref: str) -> GPU:
         info = self.info[ref]

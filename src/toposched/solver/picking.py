@@ -98,10 +98,11 @@ def pick_in_group(index: ClusterIndex, candidates: Sequence[str], size: int) -> 
     """``size`` of the free GPU refs ``candidates`` (one group) in rank order, or None if no launchable set.
 
     The set uses the fewest nodes with the same number ``g`` of GPUs on each (``g`` divides ``size``,
-    see ``layout.per_node_choices``). Nodes are chosen by best fit: the fewest candidates that still
-    hold ``g``, then cluster order. On each node the ``g`` GPUs minimise ``set_key`` among that node's
-    candidates, exactly as ``toposched allocate`` answers with those candidates available. The result
-    lists the nodes in cluster order, each node's GPUs together in index order.
+    see ``layout.per_node_choices``; the most nodes inside ``ClusterIndex.spreading``). Nodes are chosen
+    by best fit: the fewest candidates that still hold ``g``, then cluster order. On each node the ``g``
+    GPUs minimise ``set_key`` among that node's candidates, exactly as ``toposched allocate`` answers
+    with those candidates available. The result lists the nodes in cluster order, each node's GPUs
+    together in index order.
     """
     if size < 1 or len(candidates) < size:
         return None
@@ -115,7 +116,8 @@ def pick_in_group(index: ClusterIndex, candidates: Sequence[str], size: int) -> 
     if len(by_node) == 1:  # a group inside one node (the usual case): that node holds every GPU
         ((node, available),) = by_node.items()
         return [gpu_ref(node, i) for i in _choice(node_topology(index, node), available, size)]
-    for share in per_node_choices(size, 1, [len(v) for v in by_node.values()]):
+    shares = per_node_choices(size, 1, [len(v) for v in by_node.values()])
+    for share in reversed(shares) if index.spread else shares:  # most GPUs per node first, unless spreading
         fits = [(len(v), node_order[n], n) for n, v in by_node.items() if len(v) >= share]
         count = size // share
         if len(fits) < count:
