@@ -343,6 +343,20 @@ def test_a_departing_copy_aborts_what_it_has_not_finished_when_its_grace_runs_ou
     assert sim.drain_aborted == 8 and all(r.state == "timed_out" and r.started for r in sim.requests)
     m = compute(sim)
     assert m["drain_aborted_requests"] == 8 and m["timed_out"] == 8 and m["completed"] == 0
+    assert m["ttft_p99_ms"] is None and m["ttft_p99_all_ms"] is None  # nothing served: no tail to report
+
+
+def test_the_ttft_tail_over_all_requests_counts_the_timed_out_ones_as_never_served() -> None:
+    """A policy that lets requests time out must not get a better TTFT p99 by leaving them out (issue 35:
+    churn-mixed seed 7, index-order timed out 1.5 % of its requests)."""
+    from toposched.sim.metrics import pct, pct_unserved
+
+    served = [float(i) for i in range(1, 100)]  # 99 served, 1 .. 99 ms
+    assert pct_unserved(served, 0, 0.99) == pct(served, 0.99) == 99.0
+    assert pct_unserved(served, 1, 0.99) == 99.0  # 1 of 100 never served: the p99 is the last served
+    assert pct_unserved(served, 2, 0.99) is None  # 2 of 101 (over 1 %): the p99 is a request never served
+    assert pct_unserved(served[:98], 1, 0.99) is None  # 1 of 99 is over 1 %
+    assert pct_unserved([], 0, 0.99) is None
 
 
 def test_without_a_grace_a_departing_copy_finishes_every_started_request() -> None:

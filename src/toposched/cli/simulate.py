@@ -15,7 +15,7 @@ from toposched.sim.builtin_scenarios import SCENARIOS
 from toposched.sim.engine import Simulation
 from toposched.sim.loading import load_cluster, load_scenario
 from toposched.sim.oracle import ORACLE, check_sim_policy
-from toposched.sim.report import LATENCY, result_json, result_table, tenant_lines, write_report
+from toposched.sim.report import LATENCY, TTFT_ALL, result_json, result_table, tenant_lines, write_report
 from toposched.sim.run import PolicyResult, check_scenario_fits, planned_runs, run_policy
 from toposched.sim.scenario import MAX_REQUESTS, Scenario
 from toposched.sim.workload import make_arrivals
@@ -86,6 +86,7 @@ def simulate(
         else:
             console.print(result_table(sc, results, console.width))
             console.print(f"latency = {LATENCY}")
+            console.print(TTFT_ALL, markup=False)
             for line in tenant_lines(results):
                 console.print(line, markup=False, soft_wrap=True)
         if out is not None:
