@@ -150,3 +150,19 @@ def test_a_batch_that_fits_is_placed_whatever_order_first_failed(
     assert not out.unplaced
     assert sorted(p.request_id for p in out.placements) == sorted(i for i, _, _ in batch)
     assert not place_exact(Scheduler(cluster, busy=busy), reqs).unplaced  # what the exact baseline places
+
+
+def test_a_batch_retries_the_largest_first_when_its_order_forced_a_capacity_fallback() -> None:
+    """solver_bench gap's batch 2694 of 3,000: two L40S boxes, one GPU busy on each. Fewest GPUs first puts
+    the TP1 on the socket the TP4 x PP2 stage needed, and the TP4 then takes FP8 KV on four GPUs; the
+    largest first places it as asked (the objective: a capacity fallback costs more than four GPUs)."""
+    cluster = Cluster(nodes=(l40s_pcie("l0"), l40s_pcie("l1")))
+    busy = ["l0/6", "l1/6"]
+    reqs = [
+        PlacementRequest(id=i, model=m, allowed_tp=(tp,), max_model_len=8192, concurrent_seqs=8)
+        for i, m, tp in (("four", "llama-3.1-70b", 4), ("one", "llama-3.1-8b", 1))
+    ]
+    out = Scheduler(cluster, busy=busy).place_batch(reqs)
+    assert not out.unplaced
+    four = next(p for p in out.placements if p.request_id == "four")
+    assert (four.tp, four.pp, four.fallbacks) == (4, 2, ())
