@@ -217,6 +217,9 @@ def test_estimate_prints_latency_with_its_batch_and_lengths(run_cli: Run, tmp_pa
     assert res.exit_code == 0, res.stderr
     assert "Serving 4 requests at once" in res.stdout and "The prefill of all 4 prompts at once" in res.stdout
     assert "context 544, 512 in + 64 out / 2" in res.stdout
+    assert "prefill of all 4 prompts" in res.stdout.splitlines()[2]  # 2,048 tokens: one pass, the table's column
+    chunked = run_cli(*args, "--max-num-batched-tokens", "1024")  # two passes: the column is the first one
+    assert chunked.exit_code == 0 and "prefill pass 1 of 2" in chunked.stdout.splitlines()[2]
     path = tmp_path / "mine.json"
     path.write_text(json.dumps({"version": 1, "name": "mine", "entries": []}))
     doc = json.loads(run_cli(*args, "--profile", str(path), "--max-num-batched-tokens", "1024", "--json").stdout)

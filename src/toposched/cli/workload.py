@@ -397,7 +397,8 @@ def estimate(
         f"batch {batch}, {input_len} in / {output_len} out",
         soft_wrap=True,
     )
-    table = Table("ms", f"prefill of all {batch} prompts", "decode step", box=box.SIMPLE_HEAD, pad_edge=False)
+    first = f"prefill of all {batch} prompts" if r.prefill_passes == 1 else f"prefill pass 1 of {r.prefill_passes}"
+    table = Table("ms", first, "decode step", box=box.SIMPLE_HEAD, pad_edge=False)
     for label, attr in (("  HBM reads", "memory_ms"), ("  compute", "compute_ms"),
                         ("GEMMs (roofline of the two)", "roofline_ms"), ("attention", "attention_ms"),
                         ("all-reduce", "comm_ms"), ("small kernels", "small_kernels_ms"), ("pp hand-off", "p2p_ms"),
