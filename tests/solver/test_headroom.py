@@ -44,3 +44,40 @@ def test_the_headroom_does_not_hold_back_an_instance_that_needs_a_whole_domain()
 def test_keep_whole_domains_is_bounded() -> None:
     with pytest.raises(ValueError, match="keep_whole_domains"):
         make_request("llama-3.1-8b", keep_whole_domains=-1)
+
+
+def test_a_sized_headroom_counts_places_for_that_many_gpus_in_domains_of_any_size() -> None:
+    """``Scheduler.headroom_size`` (a mixed cluster: an 8-GPU HGX domain beside a 16-GPU domain of four GB200 trays):
+    the headroom keeps places for 8 GPUs (``free // 8`` per domain), not wholly free domains of the largest
+    size, which an 8-GPU instance does not need."""
+    from toposched.solver.scheduler import Scheduler
+    from toposched.solver.stages import breaks_reserve
+    from toposched.topology.model import Cluster, NVLinkClique
+    from toposched.topology.presets import gb200_nvl72, hgx
+
+    rack = gb200_nvl72("g")
+    trays = rack.nodes[:4]
+    clique = NVLinkClique(id="g/clique0", nodes=tuple(t.name for t in trays), bandwidth_gbps=900.0)
+    cluster = Cluster(name="mix", nodes=(hgx("h0", "NVIDIA H100 80GB HBM3", 79.65), *trays), fabric=rack.fabric,
+                      cliques=(clique,))  # fmt: skip
+    hgx_pair, gb_pair = [["h0/0", "h0/1"]], [["g-tray00/0", "g-tray00/1"]]
+    # 16 GB200 GPUs free: two places for 8 there and the HGX domain a third; a TP2 anywhere leaves two
+    idle = Scheduler(cluster).index
+    assert not breaks_reserve(idle, hgx_pair, 2, 8) and not breaks_reserve(idle, gb_pair, 2, 8)
+    assert breaks_reserve(idle, hgx_pair, 3, 8) and breaks_reserve(idle, gb_pair, 3, 8)
+    # nine GB200 GPUs busy (seven free: no place for 8): the HGX domain is the last place, a TP2 in the
+    # GB200 domain takes none
+    busy = [f"g-tray0{t}/{i}" for t in range(2) for i in range(4)] + ["g-tray02/0"]
+    index = Scheduler(cluster, busy=busy).index
+    assert breaks_reserve(index, hgx_pair, 1, 8) and not breaks_reserve(index, [["g-tray02/1", "g-tray02/2"]], 1, 8)
+    # unsized, the reserve is wholly free domains of the largest size (the GB200 one): the HGX is not kept
+    assert not breaks_reserve(index, hgx_pair, 1)
+    # the scheduler's policies ask it with Scheduler.headroom_size. 14 GB200 GPUs free (one place for 8, two
+    # GPUs to spare) and the whole HGX: best fit puts a TP2 on the HGX (8 free before 14), which takes a
+    # place; keeping two places, it goes to the GB200 trays' spare room instead
+    two = [f"g-tray00/{i}" for i in range(2)]
+    for size, where in ((None, {"h0"}), (8, {t.name for t in trays})):
+        s = Scheduler(cluster, busy=two)
+        s.headroom_size = size
+        (p,) = s.place(make_request("llama-3.1-8b", id="two", allowed_tp=(2,), keep_whole_domains=2)).placements
+        assert {r.node for r in p.ranks} <= where

@@ -84,7 +84,14 @@ class Admission:
         self.pending: dict[str, Unit] = {}
         self.limiter = DefragLimiter(self.cfg.defrag_moves_per_window, self.cfg.defrag_window_s)
         self.defrag: DefragRun | None = None
-        self.domain_size = sim.scheduler.index.levels["nvlink"].max_size
+        level = sim.scheduler.index.levels["nvlink"]
+        # the NVLink room the largest instances need: the smallest domain size that holds the largest TP
+        # (on one kind of node, the domain; on a mixed cluster, an 8-GPU HGX domain for TP=8, not the
+        # 36-GPU GB200 one, whose 8 free GPUs serve as well: there headroom counts such places)
+        big = max((d.ref_tp for d in sim.deployments), default=1)
+        self.domain_size = min((n for n in set(level.size) if n >= big), default=level.max_size)
+        self.whole_size = None if self.domain_size == level.max_size else self.domain_size
+        sim.scheduler.headroom_size = self.whole_size  # what keep_whole_domains keeps (stages.breaks_reserve)
         # headroom is kept for instances that need a whole NVLink domain: none of the scenario's tenants
         # does, none is kept (churn-tiny's TP=4 tenant waited 30 s per instance for a TP=8 that never came)
         # (and none under the oracle, which repacks to make room instead)

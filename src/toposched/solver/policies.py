@@ -121,7 +121,7 @@ def _search(
 def _headroom_refusal(s: Scheduler, request: PlacementRequest, stages: Sequence[Sequence[str]]) -> str | None:
     """Why ``stages`` break the request's ``keep_whole_domains`` headroom, or None when they do not."""
     keep = request.keep_whole_domains
-    if not keep or not breaks_reserve(s.index, stages, keep):
+    if not keep or not breaks_reserve(s.index, stages, keep, s.headroom_size):
         return None
     return (
         f"{HEADROOM_REASON} {keep}: it would break one of the last {keep} wholly free NVLink domain(s) kept "

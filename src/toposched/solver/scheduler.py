@@ -78,6 +78,10 @@ class Scheduler:
         self.index = ClusterIndex(cluster, busy=busy | held)
         warm_node_topologies(self.index)
         self.budget_gbps = budget_gbps
+        self.headroom_size: int | None = None
+        """The room a request's ``keep_whole_domains`` keeps, in GPUs: None counts wholly free NVLink domains
+        of the cluster's largest size; a size counts places for that many GPUs in domains of any size at least
+        as large (``stages.breaks_reserve``; the simulator sets 8 on a mixed GB200/HGX cluster)."""
         self.cross_used: dict[str, float] = {}
         self.placements: dict[str, Placement] = {}
         self.rng = random.Random(seed)

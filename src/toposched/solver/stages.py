@@ -200,15 +200,28 @@ def fragmentation(index: ClusterIndex, stages: Sequence[Sequence[str]]) -> tuple
     return broken, sum(level.free_count[g] for g in touched)
 
 
-def breaks_reserve(index: ClusterIndex, stages: Sequence[Sequence[str]], keep: int) -> bool:
+def breaks_reserve(index: ClusterIndex, stages: Sequence[Sequence[str]], keep: int, size: int | None = None) -> bool:
     """Whether the stages leave a wholly free NVLink domain of the cluster's largest size partly used
-    while fewer than ``keep`` others would stay wholly free (a group that fills a domain breaks none)."""
+    while fewer than ``keep`` others would stay wholly free (a group that fills a domain breaks none).
+
+    ``size`` (``Scheduler.headroom_size``): count places for ``size`` GPUs instead, ``free //
+    size`` in each domain of at least that size; the stages break the reserve when they take one of them
+    and fewer than ``keep`` would be left."""
     level = index.levels["nvlink"]
     used: dict[int, int] = {}
     for stage in stages:
         for ref in stage:
             for g in level.of_gpu.get(ref, ()):
                 used[g] = used.get(g, 0) + 1
+    if size is not None:
+        free = level.free_count
+        lost = sum(free[g] // size - (free[g] - n) // size for g, n in used.items() if level.size[g] >= size)
+        if not lost:
+            return False
+        # a group with c >= size free GPUs is at least that large: the places, from the free-count buckets
+        top = level.max_size + 1
+        slots = sum((c // size) * (len(level.buckets[c]) + len(level.whole[c])) for c in range(size, top))
+        return slots - lost < keep
     whole = [g for g in used if level.size[g] == level.max_size and level.free_count[g] == level.size[g]]
     broken = sum(1 for g in whole if used[g] < level.size[g])
     return broken > 0 and len(level.whole[level.max_size]) - len(whole) < keep
