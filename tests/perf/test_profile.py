@@ -150,3 +150,25 @@ def test_serve_keeps_the_profile_on_the_loop_and_the_worker(monkeypatch: pytest.
 def test_serve_help_lists_profile(run_cli: RunCli) -> None:
     for command in ("serve", "plan", "simulate"):
         assert "--profile" in run_cli(command, "--help").stdout
+
+
+def test_a_profile_written_before_the_attention_tables_prices_attention_as_it_was_fitted(tmp_path: Path) -> None:
+    """An entry without ``attn_s_half`` (every saved profile lists every field it had) keeps its flat
+    ``eta_attn``, reads the KV cache at its ``eta_mem`` and has no kernel floors: the tables' curve and floors
+    on top of an ``eta_attn`` fitted without them would price prefill attention up to 5x slower."""
+    old = PerfConfig().model_dump(exclude={"attn_s_half", "attn_us", "eta_kv", "attn_us_decode", "attn_seq_ns"})
+    old.update(eta_attn=0.5, eta_mem=0.7)
+    path = tmp_path / "old.json"
+    path.write_text(json.dumps({"version": 1, "name": "old", "entries": [{"config": old}]}))
+    cfg = load_profile(path).entries[0].config
+    assert (cfg.eta_attn, cfg.eta_kv, cfg.attn_s_half, cfg.attn_us, cfg.attn_us_decode, cfg.attn_seq_ns) == (
+        0.5, 0.7, 0.0, 0.0, 0.0, 0.0
+    )  # fmt: skip
+    new = load_profile(_written(tmp_path, PerfConfig(eta_mem=0.7)))
+    assert new.entries[0].config.eta_kv == PerfConfig().eta_kv  # a current profile keeps what it says
+
+
+def _written(tmp_path: Path, cfg: PerfConfig) -> Path:
+    path = tmp_path / "new.json"
+    path.write_text(json.dumps({"version": 1, "name": "new", "entries": [{"config": cfg.model_dump()}]}))
+    return path

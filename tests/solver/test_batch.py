@@ -166,3 +166,22 @@ def test_a_batch_retries_the_largest_first_when_its_order_forced_a_capacity_fall
     assert not out.unplaced
     four = next(p for p in out.placements if p.request_id == "four")
     assert (four.tp, four.pp, four.fallbacks) == (4, 2, ())
+
+
+def test_a_batch_without_fallbacks_or_misses_is_not_retried(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Seven TP8 on ten HGX nodes (56 GPUs: a large objective cost, no capacity fallback, no SLO miss): two
+    trials (best fit both ways), not the largest-first retry, which the oracle's whole-cluster repacks would
+    pay for nothing."""
+    calls = []
+    original = Scheduler._trial
+
+    def counting(self, *args, **kwargs):  # type: ignore[no-untyped-def]
+        calls.append(1)
+        return original(self, *args, **kwargs)
+
+    monkeypatch.setattr(Scheduler, "_trial", counting)
+    s = make_scheduler(nodes=10)
+    reqs = [PlacementRequest(id=f"r{i}", model="llama-3.1-70b", allowed_tp=(8,)) for i in range(7)]
+    out = s.place_batch(reqs)
+    assert len(out.placements) == 7 and not out.unplaced
+    assert all(not p.fallbacks for p in out.placements) and len(calls) == 2

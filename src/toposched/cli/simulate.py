@@ -86,7 +86,8 @@ def simulate(
         else:
             console.print(result_table(sc, results, console.width))
             console.print(f"latency = {LATENCY}")
-            console.print(TTFT_ALL, markup=False)
+            if sc.pd is None:  # the disaggregated table has no such row
+                console.print(TTFT_ALL, markup=False)
             for line in tenant_lines(results):
                 console.print(line, markup=False, soft_wrap=True)
         if out is not None:

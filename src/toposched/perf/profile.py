@@ -46,6 +46,17 @@ class ProfileEntry(BaseModel):
     config: PerfConfig
     samples: int = Field(default=0, ge=0, description="samples the entry was fitted on")
 
+    @field_validator("config", mode="before")
+    @classmethod
+    def _before_attention_tables(cls, value: object) -> object:
+        """A profile written before the attention term was measured (no ``attn_s_half``) prices attention
+        as it was fitted with: a flat ``eta_attn``, the KV read at ``eta_mem``, no kernel floors (else its
+        ``eta_attn`` would meet the tables' curve and floors and price prefill attention up to 5x slower)."""
+        if isinstance(value, dict) and "eta_attn" in value and "attn_s_half" not in value:
+            old = {"attn_s_half": 0.0, "attn_us": 0.0, "attn_us_decode": 0.0, "attn_seq_ns": 0.0}
+            return {**old, "eta_kv": value.get("eta_mem", PerfConfig().eta_mem), **value}
+        return value
+
     @field_validator("engine")
     @classmethod
     def _cost_engine(cls, value: str) -> str:

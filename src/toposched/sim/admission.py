@@ -159,10 +159,13 @@ class Admission:
 
     def _only_whole_room(self, tp: int) -> bool:
         """Whether ``tp`` GPUs fit in no partly used NVLink domain, only in a wholly free one (so the
-        headroom is what made the instance wait, not a lack of NVLink room)."""
+        headroom is what made the instance wait, not a lack of NVLink room); with places counted
+        (``whole_size``) whether they fit in any domain: a domain with room refused only for the headroom."""
         level = self.sim.scheduler.index.levels["nvlink"]
         partly = any(level.buckets[c] for c in range(max(tp, 1), level.max_size + 1))
         whole = any(level.whole[c] for c in range(max(tp, 1), level.max_size + 1))
+        if self.whole_size is not None:  # places are counted (Scheduler.headroom_size): any room refused was it
+            return whole or partly
         return whole and not partly
 
     def place_now(

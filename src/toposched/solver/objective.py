@@ -4,7 +4,13 @@ module without OR-Tools so the fast path does not import CP-SAT."""
 
 from __future__ import annotations
 
+from collections.abc import Sequence
+from typing import TYPE_CHECKING
+
 from toposched.solver.request import PlacementRequest
+
+if TYPE_CHECKING:
+    from toposched.solver.place import Assessment
 
 # the weights, largest first (the table in ``solver/exact.py``)
 W_UNPLACED = 10**9
@@ -28,6 +34,12 @@ def layout_cost(request: PlacementRequest, fallbacks: int, pp: int) -> int:
     return W_FALLBACK * fallbacks + (W_STAGE_SLO if has_slo else W_STAGE) * (pp - 1)
 
 
+def flagged(chosen: Sequence[tuple[object, Assessment]]) -> int:
+    """Capacity fallbacks and SLO misses among a batch trial's choices (``Scheduler.place_batch`` retries
+    other orders when there are any)."""
+    return sum(len([f for f in a.placement.fallbacks if f != "cross-domain"]) + (not a.meets_slo) for _, a in chosen)
+
+
 __all__ = [
     "W_BREAK",
     "W_FALLBACK",
@@ -38,5 +50,6 @@ __all__ = [
     "W_STAGE",
     "W_STAGE_SLO",
     "W_UNPLACED",
+    "flagged",
     "layout_cost",
 ]

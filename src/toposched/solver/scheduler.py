@@ -23,7 +23,7 @@ from toposched.perf.hardware import GpuSpec
 from toposched.solver.candidates import Candidate, option_order, options_key
 from toposched.solver.constraints import FilterContext, first_failure, node_filters
 from toposched.solver.index import LEVELS, ClusterIndex, Group
-from toposched.solver.objective import W_BREAK, W_FALLBACK, W_FIT, W_GPU, W_SLO, layout_cost
+from toposched.solver.objective import W_BREAK, W_FIT, W_GPU, W_SLO, flagged, layout_cost
 from toposched.solver.options import Prediction, build_options, gpu_type_for
 from toposched.solver.outcome import Outcome
 from toposched.solver.picking import warm_node_topologies
@@ -297,7 +297,7 @@ class Scheduler:
         plain = self._trial(ordered, choose, keep_whole=False)
         whole = self._trial(ordered, choose, keep_whole=True)
         best = whole if whole[0] < plain[0] else plain
-        if best[0][0] > 0 or best[0][1] >= W_FALLBACK:
+        if best[0][0] > 0 or flagged(best[2]):
             # an instance left unplaced, or one placed with a capacity fallback or an SLO miss: the order
             # may be why (a small one took a GPU a large one needed: issue 35's GB200 trays with {TP1,
             # TP8}, two L40S boxes with {TP4, TP8}; a TP1 on the socket a TP4 x PP2 stage needed, which
