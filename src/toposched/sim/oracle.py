@@ -3,8 +3,8 @@
 A real scheduler cannot move a running instance without starting a copy, loading weights and
 draining the old one (``sim/admission.py``'s defragmentation pays all of that). The oracle can: when
 an instance finds no room although enough GPUs are free in all, it takes every running instance off
-the cluster and places them all again together with the newcomer (``Scheduler.place_batch``: fewest
-GPUs first and largest first, both with and without keeping whole NVLink domains, the best kept),
+the cluster and places them all again together with the newcomer (``Scheduler.place_batch`` with
+``thorough``: every order it knows, with and without keeping whole NVLink domains, the best kept),
 each running instance pinned to its own TP and PP degrees. If every one of them finds
 room, the new layout is taken at once: the running instances keep their queues, KV and in-flight
 steps and carry on from their new GPUs at those GPUs' speed (zero migration cost; on a cluster of
@@ -82,7 +82,7 @@ class Repacker:
         self.tried += 1
         for c in running:
             scheduler.release(c.id)
-        out = scheduler.place_batch([self._pinned(c) for c in running] + [request], "slo")
+        out = scheduler.place_batch([self._pinned(c) for c in running] + [request], "slo", thorough=True)
         placed = {p.id: p for p in out.placements}
         ok = not out.unplaced and all(
             c.id in placed

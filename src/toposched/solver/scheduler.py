@@ -270,12 +270,13 @@ class Scheduler:
         *,
         ttl_s: float | None = None,
         meta: Mapping[str, dict[str, str]] | None = None,
+        thorough: bool = False,
     ) -> Outcome:
         """Place several requests together; ``meta`` maps a request id to its booking record.
 
         Fast policies place in ``batch_order``; ``exact`` solves the whole batch as one CP-SAT model.
-        Placements and unplaced entries come back in the order they were decided.
-        """
+        Placements and unplaced entries come back in the order they were decided. ``thorough``: run
+        every retry below whatever the first trials scored (the simulator's oracle, a reference)."""
         POLICIES.get(policy)
         if policy == "exact":
             from toposched.solver.exact import place_exact
@@ -297,7 +298,7 @@ class Scheduler:
         plain = self._trial(ordered, choose, keep_whole=False)
         whole = self._trial(ordered, choose, keep_whole=True)
         best = whole if whole[0] < plain[0] else plain
-        if best[0][0] > 0 or flagged(best[2]):
+        if best[0][0] > 0 or flagged(best[2]) or thorough:
             # an instance left unplaced, or one placed with a capacity fallback or an SLO miss: the order
             # may be why (a small one took a GPU a large one needed: issue 35's GB200 trays with {TP1,
             # TP8}, two L40S boxes with {TP4, TP8}; a TP1 on the socket a TP4 x PP2 stage needed, which
@@ -307,7 +308,7 @@ class Scheduler:
                 trial = self._trial(largest, choose, keep_whole=keep)
                 if trial[0] < best[0]:
                     best = trial
-        if best[0][0] > 0:
+        if best[0][0] > 0 or thorough:
             # still one left: the policy may have given an instance more GPUs than it needs (pipeline
             # stages for KV room); each at its fewest GPUs, as the exact baseline counts them
             fewest = [self._at_fewest_gpus(r) for r in requests]
@@ -316,7 +317,7 @@ class Scheduler:
                     trial = self._trial(order, choose, keep_whole=keep)
                     if trial[0] < best[0]:
                         best = trial
-        if best[0][0] > 0 and self.index.levels["nvlink"].spans_nodes:
+        if (best[0][0] > 0 or thorough) and self.index.levels["nvlink"].spans_nodes:
             # a TP group over several trays of one NVLink domain took the fewest trays and left no
             # equal split for the next (1-in-1,000 in solver_bench gap): the same orders, groups spread
             for order in (ordered, self.batch_order(requests, largest_first=True)):
