@@ -31,6 +31,7 @@ from typing import Any, ClassVar
 
 import h11
 from starlette.exceptions import HTTPException
+from starlette.responses import JSONResponse
 from uvicorn.protocols.http.httptools_impl import HttpToolsProtocol
 
 from toposched.errors import InputError
@@ -47,16 +48,11 @@ OPEN_PREFIXES = ("/ui/", "/favicon.ico")
 log = logging.getLogger("toposched.service")
 
 
-async def _reply(send: Send, status: int, body: dict[str, Any], headers: tuple[tuple[bytes, bytes], ...] = ()) -> None:
-    data = json.dumps(body).encode()
-    await send(
-        {
-            "type": "http.response.start",
-            "status": status,
-            "headers": [(b"content-type", b"application/json"), (b"content-length", str(len(data)).encode()), *headers],
-        }
-    )
-    await send({"type": "http.response.body", "body": data})
+async def _reply(
+    scope: Scope, receive: Receive, send: Send, status: int, body: dict[str, Any], headers: dict[str, str] | None = None
+) -> None:
+    """A JSON answer from the middleware, framed by Starlette's ``JSONResponse`` (content type and length)."""
+    await JSONResponse(body, status_code=status, headers=headers)(scope, receive, send)
 
 
 READ_METHODS = frozenset({"GET"})  # (no route answers HEAD: 405 whatever the token)
@@ -108,13 +104,15 @@ class BearerAuth:
                 return
             allowed = f"POST {REPORTS_PATH} (sidecar reports)" if report else "GET (it reads)"
             detail = f"this token may only {allowed}; {method} {path} needs the API token"
-            await _reply(send, 403, {"error": "forbidden", "detail": detail})
+            await _reply(scope, receive, send, 403, {"error": "forbidden", "detail": detail})
             return
         await _reply(
+            scope,
+            receive,
             send,
             401,
             {"error": "unauthorized", "detail": "send the header Authorization: Bearer TOKEN"},
-            ((b"www-authenticate", b'Bearer realm="toposched"'),),
+            {"www-authenticate": 'Bearer realm="toposched"'},
         )
 
 
@@ -169,7 +167,7 @@ class BodyLimit:
         length = next((v for k, v in headers if k == b"content-length"), None)
         if length is not None and (not length.isdigit() or int(length) > limit):
             body = {"error": TOO_LARGE, "detail": BodyTooLarge(limit).message}
-            await _reply(send, 413, body, ((b"connection", b"close"),))
+            await _reply(scope, receive, send, 413, body, {"connection": "close"})
             return
         seen = 0
 
