@@ -45,7 +45,6 @@ most 0.68.
 
 from __future__ import annotations
 
-import argparse
 import csv
 import json
 import sys
@@ -217,14 +216,11 @@ def _print_groups(rows: list[Row], x: tuple[float, ...]) -> None:
     for phase, bands in (("context", CONTEXT_BANDS), ("generation", DECODE_BANDS)):
         part = [r for r in rows if r.phase == phase]
         print(f"\nin sample, {phase} rows, by group (recommended fit):")
-        for key in ("gpu", "engine", "kv_dtype"):
-            for value in sorted({getattr(r, key) for r in part}):
-                print("   " + summary(f"{key} {value}", errors([r for r in part if getattr(r, key) == value], x)))
+        gemm_tables.print_by_group(part, ("gpu", "engine", "kv_dtype"), lambda sub: errors(sub, x), 44)
         for engine, kv in sorted({(r.engine, r.kv_dtype) for r in part}):
             sub = [r for r in part if r.engine == engine and r.kv_dtype == kv]
             print("   " + summary(f"{engine}, KV {kv}", errors(sub, x)))
-        for band, lo, hi in bands:
-            print("   " + summary(band, errors([r for r in part if lo <= r.tokens <= hi], x)))
+        gemm_tables.print_bands(part, "tokens", bands, lambda sub: errors(sub, x), 44)
 
 
 def _own_fits(rows: list[Row]) -> None:
@@ -244,13 +240,11 @@ def _own_fits(rows: list[Row]) -> None:
 
 
 def main(argv: list[str] | None = None) -> int:
-    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--json", action="store_true", help="print the recommended coefficients as JSON")
-    args = ap.parse_args(argv)
+    as_json = gemm_tables.wants_json(argv, __doc__, "the recommended coefficients")
     every = load()
     rows = fitted_rows(every)
     x = fit(rows)
-    if args.json:
+    if as_json:
         print(json.dumps(dict(zip(NAMES, x, strict=True))))
         return 0
     n_ctx = sum(r.phase == "context" for r in rows)

@@ -32,7 +32,7 @@ import argparse
 import csv
 import json
 import sys
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, TypeVar
@@ -121,14 +121,39 @@ def held_out(
     return np.concatenate(out)
 
 
+def print_by_group(rows: list[T], keys: Sequence[str], errs: Callable[[list[T]], np.ndarray], width: int = 40) -> None:
+    """One summary line per value of each of ``keys`` (``moe_tables.py`` and ``attention_tables.py`` too)."""
+    for key in keys:
+        for value in sorted({getattr(r, key) for r in rows}):
+            part = [r for r in rows if getattr(r, key) == value]
+            print("   " + summary(f"{key} {value}", errs(part), width))
+
+
+def print_bands(
+    rows: list[T],
+    attr: str,
+    bands: Sequence[tuple[str, int, int]],
+    errs: Callable[[list[T]], np.ndarray],
+    width: int = 40,
+) -> None:
+    """One summary line per band ``(label, lo, hi)`` of ``attr`` (tokens)."""
+    for band, lo, hi in bands:
+        print("   " + summary(band, errs([r for r in rows if lo <= getattr(r, attr) <= hi]), width))
+
+
+def wants_json(argv: list[str] | None, doc: str | None, what: str) -> bool:
+    """The table benchmarks' one option: ``--json`` prints ``what`` as one JSON object instead of the report."""
+    ap = argparse.ArgumentParser(description=doc, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--json", action="store_true", help=f"print {what} as JSON")
+    return bool(ap.parse_args(argv).json)
+
+
 def main(argv: list[str] | None = None) -> int:
-    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--json", action="store_true", help="print the fitted coefficients as JSON")
-    args = ap.parse_args(argv)
+    as_json = wants_json(argv, __doc__, "the fitted coefficients")
     every = load()
     rows = fitted_rows(every)
     x = fit(rows)
-    if args.json:
+    if as_json:
         print(json.dumps(dict(zip(NAMES, x, strict=True))))
         return 0
     print(f"{len(every)} GEMM rows ({TABLE.name}: aiconfigurator-core 0.12.0), {len(rows)} fitted\n")
@@ -137,15 +162,9 @@ def main(argv: list[str] | None = None) -> int:
     for key in ("gpu", "engine"):
         print("   " + summary(f"leave-one-{key}-out", held_out(rows, key, fit, errors)))
     print("\nin sample, by group:")
-    for key in ("gpu", "engine", "dtype"):
-        for value in sorted({getattr(r, key) for r in rows}):
-            print("   " + summary(f"{key} {value}", errors([r for r in rows if getattr(r, key) == value], x)))
-    for band, lo, hi in (
-        ("m <= 32 (decode)", 1, 32),
-        ("64 <= m <= 512", 64, 512),
-        ("m >= 1024 (prefill)", 1024, 1 << 30),
-    ):
-        print("   " + summary(band, errors([r for r in rows if lo <= r.m <= hi], x)))
+    print_by_group(rows, ("gpu", "engine", "dtype"), lambda part: errors(part, x))
+    bands = (("m <= 32 (decode)", 1, 32), ("64 <= m <= 512", 64, 512), ("m >= 1024 (prefill)", 1024, 1 << 30))
+    print_bands(rows, "m", bands, lambda part: errors(part, x))
     left = [r for r in every if r not in set(rows)]
     print("   " + summary("left out: vLLM block FP8, m <= 512", errors([r for r in left if r.m <= 512], x)))
     print("   " + summary("left out: vLLM block FP8, m >= 1024", errors([r for r in left if r.m >= 1024], x)))

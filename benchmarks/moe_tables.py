@@ -446,15 +446,9 @@ def main(argv: list[str] | None = None) -> int:
         for key in ("gpu", "engine"):
             print("   " + summary(f"leave-one-{key}-out", _held_out(rows, key, with_eta)))
     print("\nin sample, by group (moe_tile_m, moe_layer_us fitted):")
-    for key in ("gpu", "engine", "dtype"):
-        for value in sorted({getattr(r, key) for r in rows}):
-            print("   " + summary(f"{key} {value}", errors([r for r in rows if getattr(r, key) == value], x)))
-    for band, lo, hi in (
-        ("T <= 32 (decode)", 1, 32),
-        ("64 <= T <= 512", 64, 512),
-        ("T >= 1024 (prefill)", 1024, 1 << 30),
-    ):
-        print("   " + summary(band, errors([r for r in rows if lo <= r.tokens <= hi], x)))
+    gemm_tables.print_by_group(rows, ("gpu", "engine", "dtype"), lambda part: errors(part, x), 44)
+    bands = (("T <= 32 (decode)", 1, 32), ("64 <= T <= 512", 64, 512), ("T >= 1024 (prefill)", 1024, 1 << 30))
+    gemm_tables.print_bands(rows, "tokens", bands, lambda part: errors(part, x), 44)
     for experts in sorted({r.experts for r in rows}):
         print("   " + summary(f"{experts} experts", errors([r for r in rows if r.experts == experts], x)))
     print()
