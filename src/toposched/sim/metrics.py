@@ -64,11 +64,7 @@ TP_KEYS = ("1", "2", "4", "8")
 
 def pct(values: list[float], q: float) -> float | None:
     """The ``q`` quantile (nearest rank), rounded to 3 places; None for no values."""
-    if not values:
-        return None
-    ordered = sorted(values)
-    k = max(0, min(len(ordered) - 1, math.ceil(q * len(ordered)) - 1))
-    return round(ordered[k], 3)
+    return pct_unserved(values, 0, q)
 
 
 def pct_unserved(served: list[float], unserved: int, q: float) -> float | None:
