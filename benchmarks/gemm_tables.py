@@ -12,18 +12,22 @@ instead of being fitted on the 53 serving rows (issue 34: "operator-level effici
 flat efficiencies"). The model's form, per GEMM (``perf/latency.py``):
 
     T = (T_mem^p + T_cmp^p)^(1/p) + gemm_us(dtype),
-    T_mem = weight bytes / (eta_mem x BW),   T_cmp = 2 m n k / (eta(dtype) x peak(dtype))
+    T_mem = weight bytes / (eta_mem x BW),   T_cmp = 2 m (n + n_half(dtype)) k / (eta(dtype) x peak(dtype))
 
-with ``eta(bfloat16) = eta_flops``, ``eta(fp8) = eta_flops_fp8`` (FP8 peak on H100/H200; A100 has no
-FP8 rows) and a fixed cost per kernel for BF16 (``gemm_us``) and FP8 (``gemm_us_fp8``: the FP8 op
-quantises its activation first). Block-scaled FP8 is fitted as its own efficiency (``eta_fp8_block``)
-and reported: the model has one FP8 efficiency. vLLM's block-scaled FP8 rows are left out of the fit
-and reported beside it: at up to 512 tokens even the fastest of its three kernels takes about three
-times what SGLang's and TensorRT-LLM's take on the same shapes, which no efficiency shared with them
-describes. The fit is log-ratio least squares over the other rows, all engines pooled;
-leave-one-GPU-out and leave-one-engine-out refit without the held-out group. Only weight bytes count in
-``T_mem``, as in the model (activations are small beside the weights at the token counts where memory
-bounds a GEMM). ``PerfConfig``'s defaults are this fit (``tests/perf/test_gemm_tables.py``).
+i.e. an efficiency ``eta x n / (n + n_half)`` over the GEMM's output columns ``n`` (on one GPU: a TP
+shard's width), ``n_half`` = ``gemm_n_half`` (BF16) or ``gemm_n_half_fp8`` (both FP8 kinds): a flat FP8
+efficiency left 23 % error on the FP8 rows, over-pricing wide GEMMs and under-pricing narrow ones by
+20-30 % (the report prints the flat fit beside it). ``eta(bfloat16) = eta_flops``, ``eta(fp8) =
+eta_flops_fp8`` (FP8 peak on H100/H200; A100 has no FP8 rows) and a fixed cost per kernel for BF16
+(``gemm_us``) and FP8 (``gemm_us_fp8``: the FP8 op quantises its activation first). Block-scaled FP8 is
+fitted as its own efficiency (``eta_fp8_block``) and reported: the model has one FP8 efficiency. vLLM's
+block-scaled FP8 rows are left out of the fit and reported beside it: at up to 512 tokens even the
+fastest of its three kernels takes about three times what SGLang's and TensorRT-LLM's take on the same
+shapes, which no efficiency shared with them describes.
+The fit is log-ratio least squares over the other rows, all engines pooled; leave-one-GPU-out and
+leave-one-engine-out refit without the held-out group. Only weight bytes count in ``T_mem``, as in the
+model (activations are small beside the weights at the token counts where memory bounds a GEMM).
+``PerfConfig``'s defaults are this fit (``tests/perf/test_gemm_tables.py``).
 """
 
 from __future__ import annotations
@@ -46,10 +50,15 @@ from toposched.perf.latency import roofline
 
 T = TypeVar("T")
 TABLE = Path(__file__).resolve().parents[1] / "tests" / "data" / "reference" / "data" / "aiconfigurator_gemm.csv"
-NAMES = ("eta_mem", "eta_flops", "eta_flops_fp8", "eta_fp8_block", "roofline_p", "gemm_us", "gemm_us_fp8")
-X0 = (0.8, 0.7, 0.6, 0.5, 2.0, 5.0, 5.0)
-LO = (0.3, 0.1, 0.1, 0.1, 1.0, 0.0, 0.0)
-HI = (1.0, 1.0, 1.0, 1.0, 16.0, 100.0, 100.0)
+NAMES = (
+    "eta_mem", "eta_flops", "eta_flops_fp8", "eta_fp8_block", "roofline_p", "gemm_us", "gemm_us_fp8",
+    "gemm_n_half", "gemm_n_half_fp8",
+)  # fmt: skip
+X0 = (0.8, 0.7, 0.6, 0.5, 2.0, 5.0, 5.0, 500.0, 500.0)
+LO = (0.3, 0.1, 0.1, 0.1, 1.0, 0.0, 0.0, 0.0, 0.0)
+HI = (1.0, 1.0, 1.0, 1.0, 16.0, 100.0, 100.0, 100_000.0, 100_000.0)
+FLAT = NAMES.index("gemm_n_half")
+"""``NAMES[:FLAT]`` is the form without the width curve (flat efficiencies), fitted beside it."""
 WEIGHT_BYTES = {"bfloat16": 2.0, "fp8": 1.0, "fp8_block": 1.0}
 
 
@@ -81,15 +90,18 @@ def load(path: Path = TABLE) -> list[Row]:
 
 
 def predict_us(row: Row, x: tuple[float, ...] | np.ndarray) -> float:
-    eta_mem, eta_bf16, eta_fp8, eta_fp8b, p, gemm_us, gemm_us_fp8 = x
+    """The model's time of one GEMM; ``x`` as ``NAMES`` (or ``NAMES[:FLAT]``: no width curve)."""
+    eta_mem, eta_bf16, eta_fp8, eta_fp8b, p, gemm_us, gemm_us_fp8 = x[:FLAT]
+    n_half, n_half_fp8 = (x[FLAT], x[FLAT + 1]) if len(x) > FLAT else (0.0, 0.0)
     g = get_gpu(row.gpu)
     if row.dtype == "bfloat16":
         peak, eta = g.bf16_flops, eta_bf16
     else:
         peak, eta = (g.fp8_flops or g.bf16_flops), (eta_fp8 if row.dtype == "fp8" else eta_fp8b)
-        gemm_us = gemm_us_fp8
+        gemm_us, n_half = gemm_us_fp8, n_half_fp8
     mem = row.n * row.k * WEIGHT_BYTES[row.dtype] / (g.hbm_bandwidth * eta_mem)
-    cmp = 2.0 * row.m * row.n * row.k / (peak * eta)
+    # efficiency eta x n / (n + n_half): the same as charging n_half more output columns
+    cmp = 2.0 * row.m * (row.n + n_half) * row.k / (peak * eta)
     return roofline(mem, cmp, p) * 1e6 + gemm_us
 
 
@@ -97,11 +109,14 @@ def errors(rows: list[Row], x: tuple[float, ...] | np.ndarray) -> np.ndarray:
     return np.array([predict_us(r, x) / r.measured_us - 1 for r in rows])
 
 
-def fit(rows: list[Row]) -> tuple[float, ...]:
+def fit(rows: list[Row], curve: bool = True) -> tuple[float, ...]:
+    """Log-ratio least squares of the model's form; ``curve=False`` fits flat efficiencies (``NAMES[:FLAT]``)."""
+    size = len(NAMES) if curve else FLAT
+
     def resid(x: np.ndarray) -> np.ndarray:
         return np.log1p(errors(rows, x))
 
-    return tuple(float(v) for v in least_squares(resid, X0, bounds=(LO, HI)).x)
+    return tuple(float(v) for v in least_squares(resid, X0[:size], bounds=(LO[:size], HI[:size])).x)
 
 
 def summary(label: str, e: np.ndarray, width: int = 40) -> str:
@@ -161,6 +176,17 @@ def main(argv: list[str] | None = None) -> int:
     print("   " + summary("in sample", errors(rows, x)))
     for key in ("gpu", "engine"):
         print("   " + summary(f"leave-one-{key}-out", held_out(rows, key, fit, errors)))
+    flat = fit(rows, curve=False)
+    named = ", ".join(f"{n} {v:.3f}" for n, v in zip(NAMES[:FLAT], flat, strict=True))
+    print(f"flat efficiencies (no width curve): {named}")
+    print("   " + summary("in sample", errors(rows, flat)))
+    for key in ("gpu", "engine"):
+        held = held_out(rows, key, lambda part: fit(part, curve=False), errors)
+        print("   " + summary(f"leave-one-{key}-out", held))
+    for dtype in ("bfloat16", "fp8", "fp8_block"):
+        part = [r for r in rows if r.dtype == dtype]
+        both = summary(f"dtype {dtype}: flat / curve", errors(part, flat)) + " / " + summary("", errors(part, x), 0)
+        print("   " + both)
     print("\nin sample, by group:")
     print_by_group(rows, ("gpu", "engine", "dtype"), lambda part: errors(part, x))
     bands = (("m <= 32 (decode)", 1, 32), ("64 <= m <= 512", 64, 512), ("m >= 1024 (prefill)", 1024, 1 << 30))
@@ -170,7 +196,8 @@ def main(argv: list[str] | None = None) -> int:
     print("   " + summary("left out: vLLM block FP8, m >= 1024", errors([r for r in left if r.m >= 1024], x)))
     print("\nthe model's defaults (PerfConfig; eta_fp8_block = its FP8 efficiency) on the fitted rows:")
     c = PerfConfig()
-    model = (c.eta_mem, c.eta_flops, c.eta_flops_fp8, c.eta_flops_fp8, c.roofline_p, c.gemm_us, c.gemm_us_fp8)
+    model = (c.eta_mem, c.eta_flops, c.eta_flops_fp8, c.eta_flops_fp8, c.roofline_p, c.gemm_us, c.gemm_us_fp8,
+             c.gemm_n_half, c.gemm_n_half_fp8)  # fmt: skip
     for gpu in sorted({r.gpu for r in rows}):
         print("   " + summary(gpu, errors([r for r in rows if r.gpu == gpu], model)))
     return 0

@@ -15,7 +15,8 @@ costs for the MLP pair) held:
 
     touched = E (1 - (1 - k/E)^T)                 experts a pass of T tokens routes to
     rows    = touched x max(T k / touched, moe_tile_m)
-    T_mem   = touched x 3 h I / tp x bytes / (eta_mem x BW),   T_cmp = rows x 2 x 3 h I / tp / (eta x peak)
+    T_mem   = touched x 3 h I / tp x bytes / (eta_mem x BW)
+    T_cmp   = rows x 2 x (3 h I / tp + n_half (h + I / tp)) / (eta x peak)     (the GEMMs' width curve)
     T       = (T_mem^p + T_cmp^p)^(1/p) + 2 gemm_us(dtype) + moe_layer_us
 
 Fitted: ``moe_tile_m`` (token rows a touched expert costs at least: a grouped-GEMM tile) and
@@ -114,11 +115,13 @@ def predict_us(row: Row, x: tuple[float, ...] | np.ndarray, c: PerfConfig | None
     fp8 = row.dtype != "bfloat16" and g.fp8_flops is not None
     peak = g.fp8_flops if fp8 and g.fp8_flops else g.bf16_flops
     eta = (c.eta_flops_fp8 if fp8 else c.eta_flops) * scale
+    n_half = c.gemm_n_half_fp8 if fp8 else c.gemm_n_half
     touched = row.experts * (1.0 - (1.0 - row.topk / row.experts) ** row.tokens)
     params = 3.0 * row.hidden * row.inter / row.tp
     mem = touched * params * WEIGHT_BYTES[row.dtype] / (g.hbm_bandwidth * c.eta_mem)
     rows = touched * max(row.tokens * row.topk / touched, tile)
-    cmp = rows * 2.0 * params / (peak * eta)
+    # the GEMMs' width curve, as the model charges it: n_half more columns on gate+up (k = hidden) and down
+    cmp = rows * 2.0 * (params + n_half * (row.hidden + row.inter / row.tp)) / (peak * eta)
     fixed = 2 * (c.gemm_us_fp8 if fp8 else c.gemm_us)
     return roofline(mem, cmp, c.roofline_p) * 1e6 + fixed + layer_us
 
@@ -215,6 +218,8 @@ def arrays(rows: list[Row], c: PerfConfig | None = None) -> dict[str, np.ndarray
         "t": tokens * topk / touched,
         "n": np.array([r.inter / r.tp for r in rows]),
         "params": np.array([3.0 * r.hidden * r.inter / r.tp for r in rows]),
+        # the GEMMs' width curve (PerfConfig.gemm_n_half*): n_half more columns on gate+up and down
+        "curve": np.array([r.hidden + r.inter / r.tp for r in rows]) * np.where(fp8, c.gemm_n_half_fp8, c.gemm_n_half),
         "bytes": np.array([WEIGHT_BYTES[r.dtype] for r in rows]),
         "bw": np.array([x.hbm_bandwidth * c.eta_mem for x in g]),
         "flops": np.array([(x.fp8_flops or 0.0) if f else x.bf16_flops for x, f in zip(g, fp8, strict=True)])
@@ -231,7 +236,7 @@ def engine_predict_us(a: dict[str, np.ndarray], f: EngineFit) -> np.ndarray:
     mem_s = np.array([f.mem_moe.get(d, np.nan) for d in DTYPES])[a["dtype"]]
     mem = a["touched"] * a["params"] * a["bytes"] / (a["bw"] * mem_s)
     eta = eta * a["n"] / (a["n"] + f.moe_n_half) * a["t"] / (a["t"] + f.t_half)
-    cmp = a["touched"] * np.maximum(a["t"], f.moe_tile_m) * 2.0 * a["params"] / (a["flops"] * eta)
+    cmp = a["touched"] * np.maximum(a["t"], f.moe_tile_m) * 2.0 * (a["params"] + a["curve"]) / (a["flops"] * eta)
     top = np.maximum(mem, cmp)
     p = a["p"]
     return top * ((mem / top) ** p + (cmp / top) ** p) ** (1.0 / p) * 1e6 + a["fixed"] + f.moe_layer_us

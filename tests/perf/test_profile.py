@@ -168,6 +168,19 @@ def test_a_profile_written_before_the_attention_tables_prices_attention_as_it_wa
     assert new.entries[0].config.eta_kv == PerfConfig().eta_kv  # a current profile keeps what it says
 
 
+def test_a_profile_written_before_the_gemm_width_curve_keeps_its_flat_gemm_efficiencies(tmp_path: Path) -> None:
+    """Its ``eta_flops`` was fitted as a flat efficiency: the width curve on top would price every GEMM
+    slower than it was fitted."""
+    old = PerfConfig().model_dump(exclude={"gemm_n_half", "gemm_n_half_fp8"})
+    old.update(eta_flops=0.6)
+    path = tmp_path / "old.json"
+    path.write_text(json.dumps({"version": 1, "name": "old", "entries": [{"config": old}]}))
+    cfg = load_profile(path).entries[0].config
+    assert (cfg.eta_flops, cfg.gemm_n_half, cfg.gemm_n_half_fp8) == (0.6, 0.0, 0.0)
+    new = load_profile(_written(tmp_path, PerfConfig(eta_flops=0.6))).entries[0].config
+    assert (new.gemm_n_half, new.gemm_n_half_fp8) == (PerfConfig().gemm_n_half, PerfConfig().gemm_n_half_fp8)
+
+
 def _written(tmp_path: Path, cfg: PerfConfig) -> Path:
     path = tmp_path / "new.json"
     path.write_text(json.dumps({"version": 1, "name": "new", "entries": [{"config": cfg.model_dump()}]}))

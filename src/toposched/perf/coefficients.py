@@ -20,17 +20,26 @@ class PerfConfig(BaseModel):
 
     model_config = ConfigDict(frozen=True, extra="forbid", allow_inf_nan=False)
 
-    eta_mem: float = Field(0.805, ge=0.3, le=1.0)
+    eta_mem: float = Field(0.799, ge=0.3, le=1.0)
     """Achievable HBM fraction of a GEMM's weight read (and of the KV read): measured on NVIDIA's GEMM
     tables (aiconfigurator-core 0.12.0: 7,825 GEMMs inside vLLM, SGLang and TensorRT-LLM on A100, H100 and
-    H200; ``benchmarks/gemm_tables.py``), as are the five below. AIC's own constant is 0.8 (perf-anchors §0).
+    H200; ``benchmarks/gemm_tables.py``), as are the eight below. AIC's own constant is 0.8 (perf-anchors §0).
     Not fitted on the serving anchors (``fitting.OPERATOR_FIELDS``); a user's ``calibrate`` may move it."""
-    eta_flops: float = Field(0.761, ge=0.1, le=1.0)
-    """Achievable BF16/FP16 dense GEMM fraction of BF16 peak (the GEMM tables; literature 0.7-0.75,
-    perf-anchors §4.1)."""
-    eta_flops_fp8: float = Field(0.491, ge=0.1, le=1.0)
-    """Achievable FP8 GEMM fraction of FP8 peak, per-tensor scaled, the activation's quantisation included
-    (the GEMM tables; block-scaled FP8 reaches about the same, 0.50, where SGLang or TensorRT-LLM run it)."""
+    eta_flops: float = Field(0.792, ge=0.1, le=1.0)
+    """Achievable BF16/FP16 dense GEMM fraction of BF16 peak for a wide GEMM (the GEMM tables; literature
+    0.7-0.75, perf-anchors §4.1): a GEMM with ``n`` output columns per GPU reaches
+    ``eta_flops x n / (n + gemm_n_half)``."""
+    eta_flops_fp8: float = Field(0.680, ge=0.1, le=1.0)
+    """Achievable FP8 GEMM fraction of FP8 peak for a wide GEMM, per-tensor scaled, the activation's
+    quantisation included (the GEMM tables; block-scaled FP8 reaches about the same, 0.70, where SGLang or
+    TensorRT-LLM run it): ``eta_flops_fp8 x n / (n + gemm_n_half_fp8)``."""
+    gemm_n_half: float = Field(91.0, ge=0.0, le=100_000.0)
+    """Output columns per GPU at which a BF16 GEMM reaches half of ``eta_flops``: the same as charging every
+    GEMM ``gemm_n_half`` more columns (issue 34, "efficiency as a function of the GPU shard and TP
+    degree": a TP shard is narrower, so its GEMMs run further below peak)."""
+    gemm_n_half_fp8: float = Field(1412.0, ge=0.0, le=100_000.0)
+    """The same for FP8 GEMMs (the tables: 1,412 columns; a flat FP8 efficiency left 23.0 % error on the
+    FP8 rows, over-pricing wide GEMMs and under-pricing narrow ones by 20-30 %; with the curve 17.9 %)."""
     eta_attn: float = Field(0.653, ge=0.1, le=1.0)
     """Attention kernels' (FlashAttention-style fused softmax) FLOP efficiency for long prompts, a fraction
     of BF16 peak: a prefill of ``s`` tokens runs at ``eta_attn x s / (s + attn_s_half)``. Measured on
@@ -53,15 +62,15 @@ class PerfConfig(BaseModel):
     attn_seq_ns: float = Field(17.7, ge=0.0, le=1000.0)
     """Decode attention cost per sequence, KV head on the GPU and layer, in ns (the kernel's work split per
     sequence and head: 29.2 -> 23.0 % error on the generation tables)."""
-    gemm_us: float = Field(4.3, ge=0.0, le=100.0)
+    gemm_us: float = Field(4.18, ge=0.0, le=100.0)
     """Fixed cost of one BF16 GEMM kernel beyond its roofline time, in µs (launch, the tail wave of a small
-    shard): four per layer and the lm_head. Measured on the GEMM tables (4.3 µs); Vidur's linear-layer
+    shard): four per layer and the lm_head. Measured on the GEMM tables (4.2 µs); Vidur's linear-layer
     profiles give 5.1 µs with their flat efficiencies (``benchmarks/gemm_profile.py``)."""
-    gemm_us_fp8: float = Field(7.7, ge=0.0, le=100.0)
-    """The same for an FP8 GEMM (the tables: 7.7 µs; it quantises its activation first)."""
-    roofline_p: float = Field(2.2, ge=1.0, le=16.0)
+    gemm_us_fp8: float = Field(7.33, ge=0.0, le=100.0)
+    """The same for an FP8 GEMM (the tables: 7.3 µs; it quantises its activation first)."""
+    roofline_p: float = Field(1.92, ge=1.0, le=16.0)
     """Smooth-roofline exponent: 1 adds memory and compute time, large ``p`` takes their max (the GEMM
-    tables: 2.2)."""
+    tables: 1.9)."""
     moe_tile_m: float = Field(16.0, ge=1.0, le=256.0)
     """Token rows of one grouped-GEMM tile: an expert that gets fewer tokens still costs a tile."""
     moe_layer_us: float = Field(20.0, ge=0.0, le=2000.0)
@@ -98,8 +107,13 @@ class PerfConfig(BaseModel):
         return self.gemm_us_fp8 if _fp8_gemms(weight_dtype, gpu) else self.gemm_us
 
     def gemm_eta(self, weight_dtype: str, gpu: GpuSpec) -> float:
-        """GEMM efficiency for weights of ``weight_dtype`` on ``gpu`` (FP8 only where it runs FP8)."""
+        """GEMM efficiency of a wide GEMM for weights of ``weight_dtype`` on ``gpu`` (FP8 only where it
+        runs FP8)."""
         return self.eta_flops_fp8 if _fp8_gemms(weight_dtype, gpu) else self.eta_flops
+
+    def gemm_n_half_for(self, weight_dtype: str, gpu: GpuSpec) -> float:
+        """The width curve's half point (output columns) for weights of ``weight_dtype`` on ``gpu``."""
+        return self.gemm_n_half_fp8 if _fp8_gemms(weight_dtype, gpu) else self.gemm_n_half
 
 
 def _fp8_gemms(weight_dtype: str, gpu: GpuSpec) -> bool:

@@ -33,7 +33,8 @@ the fit without them did as well (docs/cost-model.md). A user's ``calibrate`` fi
 (``CALIBRATION_FIELDS``): its runs are on the GPU and engine it prices. The GEMMs' fixed costs
 (``gemm_us``, ``gemm_us_fp8``), measured on the same tables, are fitted by nobody: a few end-to-end runs
 cannot tell a kernel's fixed cost from the pass's overheads. A profile written before ``gemm_us_fp8``
-existed prices FP8 GEMMs with its default (7.7 us)."""
+existed prices FP8 GEMMs with its default (7.3 us); one written before the width curve
+(``gemm_n_half``) keeps its flat GEMM efficiencies (``perf/profile.py``)."""
 
 DEFAULT_FIELDS: tuple[str, ...] = (
     "moe_tile_m",

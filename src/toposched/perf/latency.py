@@ -185,15 +185,20 @@ class PassModel:
         kv_share = kv_heads / spec.num_kv_heads if spec.num_kv_heads else 0.0
         attn = a.q_and_o / tp + a.kv * kv_share + a.replicated
         fixed = 0.0  # parameters read whatever the batch = dense parameters each token multiplies with
+        widths = 0.0  # input widths (k) of the GEMMs those parameters form, summed: the width curve's charge
         moe_layers = 0
+        attn_k, mlp_k, shared_k, expert_k = gemm_input_widths(spec, tp)
         for layers in stage_layers(spec.num_layers, pp):
             for layer in layers:
                 fixed += attn
+                widths += attn_k
                 if spec.moe is not None and spec.is_moe_layer(layer):
                     moe_layers += 1
                     fixed += spec.shared_expert_params() / tp + spec.router_params()
+                    widths += shared_k
                 else:
                     fixed += spec.dense_mlp_params() / tp
+                    widths += mlp_k
         head = padded_vocab(spec.vocab_size) * spec.hidden_size / tp  # on the last stage only
         bw = gpu.hbm_bandwidth * cfg.eta_mem
         self._flops_w = gpu.gemm_flops(spec.weight_dtype) * cfg.gemm_eta(str(spec.weight_dtype), gpu)
@@ -208,10 +213,14 @@ class PassModel:
         self._attn_prefill_s = spec.num_layers * cfg.attn_us * 1e-6
         self._attn_decode_s = spec.num_layers * cfg.attn_us_decode * 1e-6
         self._attn_seq_s = kv_heads * spec.num_layers * cfg.attn_seq_ns * 1e-9
-        self._dense = fixed
-        self._head = head
+        # GEMM efficiency eta x n / (n + n_half) over each GEMM's output columns n per GPU = charging every
+        # GEMM n_half more columns: FLOPs per token 2 x sum k (n + n_half) = 2 (parameters + n_half x sum k)
+        n_half = cfg.gemm_n_half_for(str(spec.weight_dtype), gpu)
+        self._dense = fixed + n_half * widths
+        self._head = head + cfg.gemm_n_half * spec.hidden_size  # BF16, k = hidden
         self._moe = spec.moe
-        self._expert_flops_per_row = 2.0 * spec.expert_params() / tp * moe_layers  # one token through one expert
+        # one token through one expert (its gate+up and down GEMMs)
+        self._expert_flops_per_row = 2.0 * (spec.expert_params() / tp + n_half * expert_k) * moe_layers
         self._ar_bytes_per_token = spec.hidden_size * ab
         if spec.mla is not None:  # MLA prefill: QK over nope + rope dims, PV over v_head_dim
             m = spec.mla
@@ -291,6 +300,24 @@ class PassModel:
             roofline_p=self.cfg.roofline_p,
             gemm_fixed_ms=self._gemm_fixed_ms,
         )
+
+
+def gemm_input_widths(spec: ModelSpec, tp: int) -> tuple[float, float, float, float]:
+    """Summed input widths ``k`` per GPU of one layer's GEMMs: (attention projections, dense MLP, shared
+    experts of an MoE layer, one routed expert). A fused QKV or gate+up GEMM counts once; the router is
+    left out (a narrow BF16 GEMM the width curve was not measured on)."""
+    h = spec.hidden_size
+    if spec.mla is not None:  # q_a, q_b, kv_a, kv_b, o (q_b reads the hidden state without a q LoRA)
+        m = spec.mla
+        attn = h + (m.q_lora_rank + h if m.q_lora_rank else h) + m.kv_lora_rank + spec.num_heads * m.v_head_dim / tp
+    else:  # QKV, O
+        attn = h + spec.num_heads * spec.head_dim / tp
+    mlp = h + spec.intermediate_size / tp  # gate+up, down
+    if spec.moe is None:
+        return attn, mlp, 0.0, 0.0
+    m2 = spec.moe
+    shared = h + m2.shared_intermediate_size / tp if m2.shared_intermediate_size else 0.0  # all shared, fused
+    return attn, mlp, shared, h + m2.expert_intermediate_size / tp
 
 
 def resolve_config(spec: ModelSpec, gpu: GpuSpec, config: PerfConfig | None, engine: str | None = None) -> PerfConfig:

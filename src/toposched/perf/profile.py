@@ -48,13 +48,17 @@ class ProfileEntry(BaseModel):
 
     @field_validator("config", mode="before")
     @classmethod
-    def _before_attention_tables(cls, value: object) -> object:
+    def _older_profiles(cls, value: object) -> object:
         """A profile written before the attention term was measured (no ``attn_s_half``) prices attention
         as it was fitted with: a flat ``eta_attn``, the KV read at ``eta_mem``, no kernel floors (else its
-        ``eta_attn`` would meet the tables' curve and floors and price prefill attention up to 5x slower)."""
+        ``eta_attn`` would meet the tables' curve and floors and price prefill attention up to 5x slower); one
+        written before the GEMM width curve (no ``gemm_n_half``) keeps its flat GEMM efficiencies."""
         if isinstance(value, dict) and "eta_attn" in value and "attn_s_half" not in value:
             old = {"attn_s_half": 0.0, "attn_us": 0.0, "attn_us_decode": 0.0, "attn_seq_ns": 0.0}
-            return {**old, "eta_kv": value.get("eta_mem", PerfConfig().eta_mem), **value}
+            value = {**old, "eta_kv": value.get("eta_mem", PerfConfig().eta_mem), **value}
+        if isinstance(value, dict) and "eta_flops" in value and "gemm_n_half" not in value:
+            # written before the GEMM width curve: its flat efficiencies were fitted without it
+            value = {"gemm_n_half": 0.0, "gemm_n_half_fp8": 0.0, **value}
         return value
 
     @field_validator("engine")
