@@ -72,13 +72,20 @@ def samples_json(samples: list[Sample]) -> list[dict[str, Any]]:
     return [s.model_dump(mode="json", exclude_none=True) for s in samples]
 
 
+def _engine_label(s: Sample) -> str:
+    """`` (vllm 0.11.0)``, `` (vllm)`` or nothing."""
+    if not s.engine:
+        return ""
+    return f" ({s.engine}{' ' + s.engine_version if s.engine_version else ''})"
+
+
 def _print_samples(samples: list[Sample]) -> None:
     console.print(f"[bold]{len(samples)} sample{'s' if len(samples) != 1 else ''}[/]")
     for s in samples:
         degrees = f"tp={s.tp} pp={s.pp}" + (f" ep={s.ep}" if s.ep > 1 else "")
         console.print(
             f"  {s.source}: {s.model} on {s.gpu} {degrees} {s.weight_dtype or 'model dtype'}"
-            f"{' (' + s.engine + ')' if s.engine else ''}, batch {s.batch}, {s.input_len} in / {s.output_len} out: "
+            f"{_engine_label(s)}, batch {s.batch}, {s.input_len} in / {s.output_len} out: "
             f"TTFT {_fmt(s.ttft_ms, '.1f')} ms, TPOT {_fmt(s.tpot_ms, '.2f')} ms, "
             f"{_fmt(s.tokens_per_s, ',.0f')} tok/s",
             soft_wrap=True,
@@ -95,7 +102,8 @@ def _print_profile(profile: Profile) -> None:
     )
     for entry in profile.entries:
         loo = ", ".join(f"{k} {v:.1%}" for k, v in entry.loo_mean_abs_error.items()) or "n/a"
-        scope = f"{entry.gpu} / {entry.weight_dtype} / {entry.engine} / {entry.model_family}"
+        engine = entry.engine + ("" if entry.engine_version == "*" else f" {entry.engine_version}")
+        scope = f"{entry.gpu} / {entry.weight_dtype} / {engine} / {entry.model_family}"
         console.print(
             f"[bold]{escape(scope)}[/]: {entry.samples} samples; leave-one-out mean |error|: {loo}", soft_wrap=True
         )
@@ -113,6 +121,9 @@ def calibrate(
     model: str | None = typer.Option(None, "--model", "-m", help="Model (catalog name, HF id, config.json path)."),
     gpu: str | None = typer.Option(None, "--gpu", help="GPU type the samples ran on (e.g. H100-SXM)."),
     engine: str | None = typer.Option(None, "--engine", help="Engine (vllm, sglang, ...)."),
+    engine_version: str | None = typer.Option(
+        None, "--engine-version", help="The engine's version (e.g. 0.11.0): the profile prices only that version."
+    ),
     tp: int | None = typer.Option(None, "--tp", help="Tensor-parallel degree."),
     pp: int | None = typer.Option(None, "--pp", help="Pipeline-parallel degree."),
     ep: int | None = typer.Option(None, "--ep", help="Expert-parallel degree."),
@@ -131,8 +142,8 @@ def calibrate(
     """Fit the cost model to your benchmark results; print leave-one-out errors; write a profile."""
     setup = _setup(
         {
-            "model": model, "gpu": gpu, "engine": engine, "tp": tp, "pp": pp, "ep": ep,
-            "weight_dtype": weight_dtype, "kv_dtype": kv_dtype, "link": link, "batch": batch,
+            "model": model, "gpu": gpu, "engine": engine, "engine_version": engine_version, "tp": tp, "pp": pp,
+            "ep": ep, "weight_dtype": weight_dtype, "kv_dtype": kv_dtype, "link": link, "batch": batch,
             "input_len": input_len, "output_len": output_len,
         }
     )  # fmt: skip

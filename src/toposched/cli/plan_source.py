@@ -85,6 +85,8 @@ class PlanSource:
     pd_mode: str | None = None
     engine: str | None = None
     """The engine the plan is sized for (``plan --engine``; a launch command's own engine); None: vllm."""
+    engine_version: str | None = None
+    """Its version (``plan --engine-version``): a calibration profile entry fitted on it prices the plan."""
 
     def topology(self) -> SourceRef | None:
         """The one topology source the flags name (None when none is given)."""
@@ -180,6 +182,7 @@ class PlanSource:
                 kv_dtype=self.kv_dtype,
                 affinity=self.affinity,
                 engine=self.engine or "vllm",
+                engine_version=self.engine_version,
             )
         except ValidationError as exc:
             bad = first_problem(exc)

@@ -15,7 +15,7 @@ from rich.table import Table
 
 from toposched.cli._common import console, err_console, print_json
 from toposched.errors import InfeasibleError, InputError
-from toposched.perf.engine_names import engine_of
+from toposched.perf.engine_names import checked_version, cost_engine, engine_of
 from toposched.perf.hardware import GpuSpec, get_gpu, variant_note
 from toposched.perf.latency import LatencyEstimate, PassModel, StepTime, predict_latency
 from toposched.perf.links import get_link
@@ -347,6 +347,9 @@ def estimate(
     input_len: int = typer.Option(..., "--input-len", min=1, max=MAX_TOKENS, help="Prompt tokens per sequence."),
     output_len: int = typer.Option(..., "--output-len", min=1, max=MAX_TOKENS, help="Generated tokens per sequence."),
     engine: str = ENGINE,
+    engine_version: str | None = typer.Option(
+        None, "--engine-version", help="The engine's version (e.g. 0.11.0): picks a profile entry fitted on it."
+    ),
     max_num_seqs: int | None = MAX_NUM_SEQS,
     max_num_batched_tokens: int | None = MAX_NUM_BATCHED_TOKENS,
     gpu_memory_utilization: float | None = GPU_MEMORY_UTILIZATION,
@@ -367,15 +370,18 @@ def estimate(
                          mem_fraction_static=mem_fraction_static, kv_free_fraction=kv_free_fraction,
                          max_num_seqs=max_num_seqs,
                          max_num_batched_tokens=max_num_batched_tokens)  # fmt: skip
+    version = checked_version(engine_version)
+    priced_engine = cost_engine(cfg.engine, version)
     loaded = load_profile(profile) if profile else None
     with use_profile(loaded):
-        coefficients, priced = active_entry(g.name, str(spec.weight_dtype), engine=engine_of(cfg.engine),
+        coefficients, priced = active_entry(g.name, str(spec.weight_dtype), engine=priced_engine,
                                             family=spec.model_type or None)  # fmt: skip
         r = predict_latency(spec, g, tp=tp, pp=pp, link=tp_link, pp_link=between, batch=batch,
                             input_len=input_len, output_len=output_len,
                             max_batched_tokens=cfg.max_num_batched_tokens, config=coefficients,
-                            engine=cfg.engine)  # fmt: skip
-        passes = PassModel(spec, g, tp=tp, pp=pp, link=tp_link, pp_link=between, cfg=coefficients, engine=cfg.engine)
+                            engine=priced_engine)  # fmt: skip
+        passes = PassModel(spec, g, tp=tp, pp=pp, link=tp_link, pp_link=between, cfg=coefficients,
+                           engine=priced_engine)  # fmt: skip
         point = evaluate(passes, batch, isl=input_len, osl=output_len, budget=cfg.max_num_batched_tokens)
     mem = estimate_memory(spec, gpu_memory_bytes=memory_bytes, tp=tp, pp=pp,
                           max_model_len=input_len + output_len, num_seqs=batch, config=cfg)  # fmt: skip
@@ -384,7 +390,7 @@ def estimate(
         "model": spec.name, "gpu": g.name, "tp": tp, "pp": pp, "link": tp_link.name,
         "weight_dtype": spec.weight_dtype, "batch": batch, "input_len": input_len, "output_len": output_len,
         "tpot_context_len": context, "profile": loaded.name if loaded is not None else None,
-        "cost_engine": engine_of(cfg.engine), "priced_by": priced.model_dump(),
+        "cost_engine": engine_of(cfg.engine), "engine_version": version, "priced_by": priced.model_dump(),
         "client_overhead_ms": coefficients.client_overhead_ms,
         **_engine_json(cfg, memory_bytes), "fits_memory": mem.fits,
         "kv_tokens_capacity": mem.kv_tokens_capacity,
@@ -405,7 +411,8 @@ def estimate(
                         ("engine overhead", "overhead_ms"), ("total", "total_ms")):  # fmt: skip
         table.add_row(label, f"{getattr(r.prefill, attr):.2f}", f"{getattr(r.decode, attr):.2f}")
     console.print(table)
-    console.print(f"Priced for {engine_of(cfg.engine)} by {priced.describe()}.", soft_wrap=True, markup=False)
+    at = f"{engine_of(cfg.engine)}" + (f" {version}" if version else "")
+    console.print(f"Priced for {at} by {priced.describe()}.", soft_wrap=True, markup=False)
     e2e = point.ttft_ms + (output_len - 1) * point.tpot_ms
     console.print(
         f"Serving {batch} requests at once (continuous batching, chunks of {cfg.max_num_batched_tokens} tokens): "

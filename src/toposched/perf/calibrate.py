@@ -79,13 +79,14 @@ def fit_profile(
     per_group: bool = True,
 ) -> Profile:
     """A profile: a shared configuration fitted on all samples, and one entry per (GPU, weight dtype,
-    engine, model family) with at least ``MIN_SAMPLES_PER_FIELD`` samples per fitted field, fitted on those
-    alone (from ``base``, so its leave-one-out error never sees the held-out sample); LOO errors recorded in
-    each entry.
+    engine, engine version, model family) with at least ``MIN_SAMPLES_PER_FIELD`` samples per fitted field,
+    fitted on those alone (from ``base``, so its leave-one-out error never sees the held-out sample); LOO
+    errors recorded in each entry.
 
-    ``scoped`` (a user's calibration): the shared configuration is written once per (GPU, engine, model
-    family) the samples ran, so the profile prices only what it saw and everything else falls back to
-    the shipped profile (a sample without an engine matches any engine). Not scoped (the shipped profile,
+    ``scoped`` (a user's calibration): the shared configuration is written once per (GPU, engine, engine
+    version, model family) the samples ran, so the profile prices only what it saw and everything else falls
+    back to the shipped profile (a sample without an engine matches any engine, one without a version any
+    version of its engine). Not scoped (the shipped profile,
     fitted on the published anchors): one catch-all ``*`` entry. ``per_group`` False: no entries of
     their own for groups with enough samples (the shipped profile is the pooled fit its held-out figures
     measure)."""
@@ -97,21 +98,30 @@ def fit_profile(
     # leave-one-out needs a sample to fit on after one is held out; each refit starts from the shared fit
     refit = pooled_fitter(start=shared, base=base, fields=fields)
     loo = mean_abs_by_kind(leave_one_out(samples, fitter=refit)) if len(samples) > 1 else {}
-    scopes = sorted({(g, e, f) for g, _w, e, f in map(sample_scope, samples)}) if scoped else [(ANY, ANY, ANY)]
+    everything = (ANY, ANY, ANY, ANY)
+    scopes = sorted({(g, e, v, f) for g, _w, e, v, f in map(sample_scope, samples)}) if scoped else [everything]
     entries = [
         ProfileEntry(
-            gpu=gpu, engine=engine, model_family=family, config=shared, samples=len(samples), loo_mean_abs_error=loo
+            gpu=gpu,
+            engine=engine,
+            engine_version=version,
+            model_family=family,
+            config=shared,
+            samples=len(samples),
+            loo_mean_abs_error=loo,
         )
-        for gpu, engine, family in scopes
+        for gpu, engine, version, family in scopes
     ]
-    groups: dict[tuple[str, str, str, str], list[Sample]] = {}
+    groups: dict[tuple[str, str, str, str, str], list[Sample]] = {}
     for s in samples:
-        gpu, wdt, engine, family = sample_scope(s)
-        groups.setdefault((gpu, wdt, engine, family) if scoped else (gpu, wdt, ANY, ANY), []).append(s)
-    for (gpu, wdt, engine, family), group in sorted(groups.items()):
+        gpu, wdt, engine, version, family = sample_scope(s)
+        key = (gpu, wdt, engine, version, family) if scoped else (gpu, wdt, ANY, ANY, ANY)
+        groups.setdefault(key, []).append(s)
+    for (gpu, wdt, engine, version, family), group in sorted(groups.items()):
         if not per_group or len(group) < MIN_SAMPLES_PER_FIELD * len(fields):
             continue
-        say(f"fitting {gpu}/{wdt}/{engine}/{family} on {len(group)} samples")
+        at = engine if version == ANY else f"{engine} {version}"
+        say(f"fitting {gpu}/{wdt}/{at}/{family} on {len(group)} samples")
         cfg = fit_config(group, base=base, fields=fields)
         errs = mean_abs_by_kind(leave_one_out(group, fitter=pooled_fitter(start=cfg, base=base, fields=fields)))
         entries.append(
@@ -119,6 +129,7 @@ def fit_profile(
                 gpu=gpu,
                 weight_dtype=wdt,
                 engine=engine,
+                engine_version=version,
                 model_family=family,
                 config=cfg,
                 samples=len(group),
@@ -128,16 +139,21 @@ def fit_profile(
     return Profile(name=name, source=source, entries=tuple(entries))
 
 
-def sample_scope(sample: Sample) -> tuple[str, str, str, str]:
-    """(GPU, weight dtype, engine, model family) of a sample, ``*`` for an engine or family it does not name.
-    An engine the cost model does not know is an error: an entry for it would never price anything."""
+def sample_scope(sample: Sample) -> tuple[str, str, str, str, str]:
+    """(GPU, weight dtype, engine, engine version, model family) of a sample, ``*`` for an engine, version or
+    family it does not name. An engine the cost model does not know is an error: an entry for it would
+    never price anything; so is a version without an engine."""
     if sample.engine and not known_engine(sample.engine):
         raise InputError(
             f"sample {sample.source}: engine {sample.engine[:50]!r} is not one the cost model knows",
-            fix="name it vllm, sglang, trtllm, tensorrt-llm or nvidia-nim (no version), or leave it out",
+            fix="name it vllm, sglang, trtllm, tensorrt-llm or nvidia-nim (its version in --engine-version)",
         )
+    if sample.engine_version and not sample.engine:
+        raise InputError(f"sample {sample.source}: an engine version with no engine", fix="add --engine")
     spec = spec_of(sample)
-    return (get_gpu(sample.gpu).name, str(spec.weight_dtype), engine_of(sample.engine) or ANY, spec.model_type or ANY)
+    engine = engine_of(sample.engine) or ANY
+    return (get_gpu(sample.gpu).name, str(spec.weight_dtype), engine, sample.engine_version or ANY,
+            spec.model_type or ANY)  # fmt: skip
 
 
 __all__ = ["fit_profile", "leave_group_out", "leave_one_out", "mean_abs_by_kind", "sample_scope"]

@@ -321,11 +321,12 @@ def gemm_input_widths(spec: ModelSpec, tp: int) -> tuple[float, float, float, fl
 
 
 def resolve_config(spec: ModelSpec, gpu: GpuSpec, config: PerfConfig | None, engine: str | None = None) -> PerfConfig:
-    """``config``, else the active calibration profile's entry for this GPU, weight dtype, engine and
-    model family (``config.json``'s ``model_type``)."""
+    """``config``, else the active calibration profile's entry for this GPU, weight dtype, engine (and its
+    version: ``vllm==0.11.0``, ``perf/engine_names.cost_engine``) and model family (``config.json``'s
+    ``model_type``)."""
     if config is not None:
         return config
-    return active_config(gpu.name, str(spec.weight_dtype), engine=engine_of(engine), family=spec.model_type or None)
+    return active_config(gpu.name, str(spec.weight_dtype), engine=engine, family=spec.model_type or None)
 
 
 def prefill_chunks(batch: int, input_len: int, budget: int | None) -> list[list[tuple[int, int]]]:

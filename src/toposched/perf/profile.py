@@ -27,7 +27,7 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_valida
 from toposched.errors import InputError, first_problem
 from toposched.inputs import load_json, read_text
 from toposched.perf.coefficients import PerfConfig
-from toposched.perf.engine_names import ENGINE_ALIASES, engine_of
+from toposched.perf.engine_names import ENGINE_ALIASES, engine_of, engine_version, version_matches, version_of
 
 ANY = "*"
 
@@ -40,6 +40,12 @@ class ProfileEntry(BaseModel):
     gpu: str = Field(default=ANY, min_length=1, max_length=100)
     weight_dtype: str = Field(default=ANY, min_length=1, max_length=40)
     engine: str = Field(default=ANY, min_length=1, max_length=50, description="cost engine (``engine_of``) or *")
+    engine_version: str = Field(
+        default=ANY,
+        min_length=1,
+        max_length=41,
+        description="the engine version it was fitted on, or *: holds the versions it leads (0.11 holds 0.11.2)",
+    )
     model_family: str = Field(
         default=ANY, min_length=1, max_length=100, description="config.json model_type (llama, deepseek_v3, ...) or *"
     )
@@ -72,6 +78,12 @@ class ProfileEntry(BaseModel):
             raise ValueError(f"engine {value[:50]!r} is not one of *, {', '.join(sorted(ENGINE_ALIASES))}")
         return engine_of(value) or ANY
 
+    @field_validator("engine_version")
+    @classmethod
+    def _version(cls, value: str) -> str:
+        """``*`` or a version (``perf/engine_names.engine_version``)."""
+        return value if value == ANY else (engine_version(value) or ANY)
+
     loo_mean_abs_error: dict[str, float] = Field(
         default_factory=dict, description="leave-one-out mean |relative error| per kind (ttft, tpot, ...)"
     )
@@ -91,17 +103,24 @@ class Profile(BaseModel):
         self, gpu: str, weight_dtype: str, *, engine: str | None = None, family: str | None = None
     ) -> ProfileEntry | None:
         """The most specific entry whose scope holds the setup, or None. Each scope field is ``*`` or
-        the setup's value (an unknown engine or family, None, is matched by ``*`` only); more named
-        fields win, and among as many, the GPU counts most, then the weight dtype, the engine, the
-        family; the first entry in the file wins a tie."""
+        the setup's value (an unknown engine or family, None, is matched by ``*`` only; an entry's engine
+        version holds the versions it leads, ``engine`` may carry one: ``vllm==0.11.0``); more named
+        fields win, and among as many, the GPU counts most, then the weight dtype, the engine, its
+        version (the longer the more specific), the family; the first entry in the file wins a tie."""
+        name, version = engine_of(engine), version_of(engine)
         best: tuple[tuple[int, ...], ProfileEntry] | None = None
         for entry in self.entries:
-            fields = ((entry.gpu, gpu), (entry.weight_dtype, weight_dtype), (entry.engine, engine),
+            fields = ((entry.gpu, gpu), (entry.weight_dtype, weight_dtype), (entry.engine, name),
                       (entry.model_family, family))  # fmt: skip
             if any(have != ANY and have != want for have, want in fields):
                 continue
-            named = tuple(int(have != ANY) for have, _want in fields)
-            rank = (sum(named), *named)
+            if entry.engine_version != ANY and not version_matches(entry.engine_version, version):
+                continue
+            gpu_, dtype_, engine_, family_ = (int(have != ANY) for have, _want in fields)
+            versioned = int(entry.engine_version != ANY)
+            # a longer version (0.11.2) is more specific than the one it extends (0.11)
+            depth = len(entry.engine_version.split(".")) if versioned else 0
+            rank = (gpu_ + dtype_ + engine_ + versioned + family_, gpu_, dtype_, engine_, depth, family_)
             if best is None or rank > best[0]:
                 best = (rank, entry)
         return None if best is None else best[1]
@@ -198,13 +217,19 @@ class Priced(BaseModel):
         """One line: ``profile 'mine', entry H100-SXM / * / vllm / llama (12 samples)``."""
         if self.entry is None:
             return "the uncalibrated defaults (no profile entry matches)"
-        scope = " / ".join(self.entry[k] for k in ("gpu", "weight_dtype", "engine", "model_family"))
+        version = self.entry.get("engine_version", ANY)
+        engine = self.entry["engine"] + ("" if version == ANY else f" {version}")
+        scope = " / ".join((self.entry["gpu"], self.entry["weight_dtype"], engine, self.entry["model_family"]))
         which = "the shipped profile" if self.shipped else f"profile {self.profile!r}"
         return f"{which}, entry {scope} (gpu / weight dtype / engine / family; {self.samples} samples)"
 
 
 def _priced(profile: Profile, entry: ProfileEntry | None, shipped: bool) -> Priced:
-    scope = None if entry is None else entry.model_dump(include={"gpu", "weight_dtype", "engine", "model_family"})
+    scope = (
+        None
+        if entry is None
+        else entry.model_dump(include={"gpu", "weight_dtype", "engine", "engine_version", "model_family"})
+    )
     return Priced(profile=profile.name, entry=scope, samples=entry.samples if entry else 0, shipped=shipped)
 
 

@@ -24,8 +24,9 @@ Formats (``read_samples(path, fmt=...)``; ``auto`` picks by content):
   ``Infinity``, which is not JSON: that one key's ``Infinity`` is read as ``"inf"``.
 * ``csv``: a header line and one sample a row. Columns (``CSV_COLUMNS``): model, gpu, tp, pp,
   weight_dtype, batch, input_len, output_len, ttft_ms, tpot_ms, tokens_per_s; optional engine,
-  kv_dtype, link, ep, num_requests, max_batched_tokens (the engine's prompt tokens per pass), output_dist
-  (``fixed`` or ``exponential``: outputs of the dataset's own lengths), ttft_at (``client`` or ``engine``).
+  engine_version, kv_dtype, link, ep, num_requests, max_batched_tokens (the engine's prompt tokens per
+  pass), output_dist (``fixed`` or ``exponential``: outputs of the dataset's own lengths), ttft_at
+  (``client`` or ``engine``).
   An empty measurement cell means not measured.
 * ``prometheus``: a Prometheus exposition (text format 0.0.4) of a vLLM or SGLang server: one saved
   file is one snapshot (means since the server started); ``window_sample(before, after, ...)`` takes
@@ -66,7 +67,8 @@ CSV_COLUMNS: tuple[str, ...] = (
     "tokens_per_s",
 )  # fmt: skip
 CSV_OPTIONAL: tuple[str, ...] = (
-    "engine", "kv_dtype", "link", "ep", "num_requests", "max_batched_tokens", "output_dist", "ttft_at"
+    "engine", "engine_version", "kv_dtype", "link", "ep", "num_requests", "max_batched_tokens", "output_dist",
+    "ttft_at",
 )  # fmt: skip
 
 # ---------------------------------------------------------------------------------------------- common

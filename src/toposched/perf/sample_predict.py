@@ -57,7 +57,9 @@ def predict_sample(
     spec = spec_of(sample)
     gpu = get_gpu(sample.gpu)
     link = get_link(sample.link or gpu.native_link)
-    model = PassModel(spec, gpu, tp=sample.tp, pp=sample.pp, link=link, pp_link=link, cfg=config, engine=sample.engine)
+    model = PassModel(
+        spec, gpu, tp=sample.tp, pp=sample.pp, link=link, pp_link=link, cfg=config, engine=sample.cost_engine
+    )
     budget = sample.max_batched_tokens or max_batched_tokens
     run = ServingRun(model, sample.batch, sample.input_len, sample.output_len, budget)
     out: dict[str, float] = {}

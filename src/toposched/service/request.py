@@ -129,7 +129,8 @@ class ServiceRequest(PlacementRequest):
         ``allow_cross_domain`` is left out while false, so the keys of requests that do not ask for the
         fallback are those booked before the field existed (and the admission queue's fallback retry,
         which sets it on the solver's request only, keeps the key the client sent); ``pd`` is left out
-        while absent, for the same reason; ``engine`` while it is the default ``vllm``.
+        while absent, for the same reason; ``engine`` while it is the default ``vllm``, ``engine_version``
+        while absent.
         """
         fields = set(ServiceRequest.model_fields) - {"id"}
         if not self.allow_cross_domain:
@@ -142,5 +143,7 @@ class ServiceRequest(PlacementRequest):
             fields.discard("request_rate")
         if self.engine == "vllm":  # the default, and the engine of every request booked before the field
             fields.discard("engine")
+        if self.engine_version is None:  # likewise
+            fields.discard("engine_version")
         fields.discard("serving_role")  # always None here (the roles of pd are the service's own requests)
         return json.dumps(self.model_dump(mode="json", include=fields), sort_keys=True)

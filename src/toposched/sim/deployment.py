@@ -126,6 +126,7 @@ def placement_template(tenant: Tenant, slo_tpot_ms: float | None) -> PlacementRe
         weight_dtype=tenant.weight_dtype,
         kv_dtype=tenant.kv_dtype,
         engine=tenant.engine,
+        engine_version=tenant.engine_version,
         max_model_len=tenant.max_model_len,
         concurrent_seqs=tenant.batch,
         input_len=tenant.input_len.mean,
@@ -162,7 +163,7 @@ def build_deployment(index: int, tenant: Tenant, scheduler: Scheduler, *, where:
         o, g = c.option, c.options.gpu
         pp_link = get_link(fabric_link(scheduler.cluster.fabric)) if o.pp > 1 else None
         cost = StepCost(
-            o.spec, g, tp=o.tp, pp=o.pp, link=get_link(g.native_link), pp_link=pp_link, engine=tenant.engine
+            o.spec, g, tp=o.tp, pp=o.pp, link=get_link(g.native_link), pp_link=pp_link, engine=tenant.cost_engine
         )
         tpot = cost.decode_ms(batch, inp + out / 2)
         # the steady state of continuous batching (perf/serving_run.py, what a plan predicts): one request's

@@ -22,6 +22,7 @@ from typing import Annotated, Literal
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
 from toposched.names import ObjectId, node_name_problem
+from toposched.perf.engine_names import cost_engine, engine_version
 from toposched.solver.request import SloClass
 
 MAX_REQUESTS = 1_000_000
@@ -136,6 +137,20 @@ class Tenant(_Value):
     engine: Literal["vllm", "sglang", "trtllm"] = Field(
         default="vllm", description="the engine the instances run: it prices their steps (perf/latency.py)"
     )
+    engine_version: str | None = Field(
+        default=None, max_length=41, description="its version: a profile entry fitted on that version prices it"
+    )
+
+    @field_validator("engine_version")
+    @classmethod
+    def _version(cls, value: str | None) -> str | None:
+        return engine_version(value)
+
+    @property
+    def cost_engine(self) -> str | None:
+        """The engine and its version as the cost model takes them (``perf/engine_names.cost_engine``)."""
+        return cost_engine(self.engine, self.engine_version)
+
     tp: int | Literal["auto"] = Field(default="auto", description="the TP degree of every instance, or auto")
     slo_class: SloClass = Field(default="interactive", description="the instances' class (admission, budget share)")
     slo_mix: dict[str, float] | None = Field(
@@ -274,6 +289,7 @@ class Scenario(_Value):
     weight_dtype: str | None = Field(default=None, max_length=40)
     kv_dtype: str | None = Field(default=None, max_length=40)
     engine: Literal["vllm", "sglang", "trtllm"] = "vllm"
+    engine_version: str | None = Field(default=None, max_length=41)
     input_len: Lengths = Lengths()
     output_len: Lengths = Lengths(mean=256)
     slo_ms: float = Field(
@@ -324,8 +340,9 @@ class Scenario(_Value):
         _check_mix(self.slo_mix, "slo_mix")
         if self.tenants and self.model is not None:
             raise ValueError("give either model (one tenant) or tenants, not both")
-        if self.tenants and self.engine != "vllm":
+        if self.tenants and (self.engine != "vllm" or self.engine_version is not None):
             raise ValueError("engine at the top level is the one-tenant shorthand's: give each tenant its engine")
+        engine_version(self.engine_version)  # the shorthand's tenant checks it again; fail here, where it is
         if not self.tenants and self.model is None:
             raise ValueError("give a model (one tenant) or a list of tenants")
         names = [t.name for t in self.tenants]
@@ -363,6 +380,7 @@ class Scenario(_Value):
                 weight_dtype=self.weight_dtype,
                 kv_dtype=self.kv_dtype,
                 engine=self.engine,
+                engine_version=self.engine_version,
                 slo_mix=self.slo_mix,
                 batch=self.batch,
                 input_len=self.input_len,

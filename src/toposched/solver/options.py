@@ -106,7 +106,7 @@ class OptionSet:
 
     def pass_model(self, option: DegreeOption, link: str, pp_link: str | None = None) -> PassModel:
         """The cost model of one pass of ``option`` over these links (``perf/latency.py``)."""
-        spec, gpu, engine = option.spec, self.gpu, self.request.engine
+        spec, gpu, engine = option.spec, self.gpu, self.request.cost_engine
         return PassModel(
             spec, gpu, tp=option.tp, pp=option.pp, link=get_link(link),
             pp_link=get_link(pp_link) if pp_link else get_link(link), cfg=resolve_config(spec, gpu, None, engine),
@@ -154,7 +154,7 @@ class OptionSet:
                 batch=self.request.concurrent_seqs or RESERVE_SEQS,
                 input_len=self.request.input_len,
                 output_len=self.request.output_len,
-                engine=self.request.engine,
+                engine=self.request.cost_engine,
             )
         return self._latency[key]
 

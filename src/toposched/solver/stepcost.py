@@ -83,8 +83,8 @@ def step_cost(scheduler: Scheduler, request: PlacementRequest, placement: Placem
         pp_link,
         placement.compression is not None,
         placement.overlap,
-        resolve_config(option.spec, gpu, None, request.engine),  # in the key: one cache across profiles
-        request.engine,
+        resolve_config(option.spec, gpu, None, request.cost_engine),  # in the key: one cache across profiles
+        request.cost_engine,
     )
 
 
