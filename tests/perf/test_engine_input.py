@@ -177,3 +177,21 @@ def test_the_engine_rows_are_set_up_from_their_setups_not_their_outputs(tmp_path
     setup = ("model", "gpu", "engine", "tp", "weight_dtype", "batch", "num_requests", "input_len", "output_len")
     assert [s.model_dump(include=set(setup)) for s in again] == [s.model_dump(include=set(setup)) for s in samples]
     assert left_again == left and all(": " in why for why in left)
+
+
+def test_estimate_prices_a_built_tensorrt_engine_apart_from_the_python_launched_ones(run_cli: RunCli) -> None:
+    """``--engine tensorrt-llm`` / ``nim``: TensorRT-LLM's KV rule (as ``trtllm``), and a prefill that runs as one
+    enqueued engine, so no host launch cost per kernel: its TTFT is lower than vLLM's and TensorRT-LLM's
+    PyTorch backend's (``trtllm``, what ``launch trtllm`` starts), which the model prices alike."""
+    args = ("estimate", "-m", "llama-3.1-70b", "-g", "H100-SXM", "--tp", "4", "--batch", "16", "--input-len",
+            "2048", "--output-len", "256", "--json")  # fmt: skip
+    out = {e: json.loads(run_cli(*args, "--engine", e).stdout) for e in ("vllm", "trtllm", "tensorrt-llm", "nim")}
+    assert out["tensorrt-llm"]["cost_engine"] == "tensorrt-llm" and out["nim"]["cost_engine"] == "nvidia-nim"
+    assert out["tensorrt-llm"]["engine"] == out["trtllm"]["engine"] == "trtllm"  # the memory rule
+    assert out["tensorrt-llm"]["kv_tokens_capacity"] == out["trtllm"]["kv_tokens_capacity"]
+    assert out["tensorrt-llm"]["ttft_ms"] < out["trtllm"]["ttft_ms"] - 10
+    assert out["tensorrt-llm"]["prefill"]["small_kernels_ms"] < out["vllm"]["prefill"]["small_kernels_ms"] / 10
+    assert out["nim"]["ttft_ms"] == out["tensorrt-llm"]["ttft_ms"]
+    assert out["trtllm"]["ttft_ms"] == out["vllm"]["ttft_ms"]  # both launch a prefill op by op from Python
+    bad = run_cli(*args, "--engine", "tgi")
+    assert bad.exit_code == 2 and "tensorrt-llm or nim" in bad.stderr

@@ -41,8 +41,12 @@ MAX_GIB = 1 << 16
 """Largest --usable-memory-gib accepted."""
 ENGINE_HELP = (
     "Whose KV sizing rule: vllm (0.33 profile run, default), sglang (0.5.23 mem_fraction_static) or trtllm "
-    "(TensorRT-LLM: a fraction of the memory free after weights and buffers)."
+    "(TensorRT-LLM: a fraction of the memory free after weights and buffers; its PyTorch backend, as `launch "
+    "trtllm` starts it); tensorrt-llm or nim: a built TensorRT engine (trtllm-build, NVIDIA NIM), TensorRT-LLM's "
+    "KV rule, its prefill one enqueued engine (no host launch cost per kernel)."
 )
+TENSORRT_ENGINE_NAMES = ("tensorrt-llm", "nim")
+"""``--engine`` names of a built TensorRT engine: TensorRT-LLM's memory rule, the cost model's TensorRT path."""
 SEQS_HELP = "Engine max_num_seqs (sizes vLLM's sampler warm-up). Default: the engine's for this GPU."
 TOKENS_HELP = "Engine max_num_batched_tokens (SGLang: chunked_prefill_size). Default: the engine's for this GPU."
 UTIL_HELP = "vLLM gpu_memory_utilization (default 0.92)."
@@ -86,10 +90,14 @@ def _memory_config(
     kv_free_fraction: float | None = None,
     allow_int4_kv: bool = False,
 ) -> MemoryConfig:
-    """The engine's memory settings: flags where given, else the engine's defaults for this GPU."""
+    """The engine's memory settings: flags where given, else the engine's defaults for this GPU (a TensorRT
+    engine's, ``tensorrt-llm`` or ``nim``, are TensorRT-LLM's)."""
     name = engine.strip().lower()
+    name = "trtllm" if name in TENSORRT_ENGINE_NAMES else name
     if name not in ENGINES:
-        raise InputError(f"unknown engine {engine[:40]!r}", fix="use --engine vllm, sglang or trtllm")
+        raise InputError(
+            f"unknown engine {engine[:40]!r}", fix="use --engine vllm, sglang, trtllm, tensorrt-llm or nim"
+        )
     if name != "vllm" and gpu_memory_utilization is not None:
         raise InputError("--gpu-memory-utilization is vLLM's setting", fix=f"leave it out with --engine {name}")
     if name != "sglang" and mem_fraction_static is not None:
@@ -371,7 +379,7 @@ def estimate(
                          max_num_seqs=max_num_seqs,
                          max_num_batched_tokens=max_num_batched_tokens)  # fmt: skip
     version = checked_version(engine_version)
-    priced_engine = cost_engine(cfg.engine, version)
+    priced_engine = cost_engine(engine, version)  # the name given: tensorrt-llm is not trtllm's PyTorch backend
     loaded = load_profile(profile) if profile else None
     with use_profile(loaded):
         coefficients, priced = active_entry(g.name, str(spec.weight_dtype), engine=priced_engine,
@@ -390,7 +398,7 @@ def estimate(
         "model": spec.name, "gpu": g.name, "tp": tp, "pp": pp, "link": tp_link.name,
         "weight_dtype": spec.weight_dtype, "batch": batch, "input_len": input_len, "output_len": output_len,
         "tpot_context_len": context, "profile": loaded.name if loaded is not None else None,
-        "cost_engine": engine_of(cfg.engine), "engine_version": version, "priced_by": priced.model_dump(),
+        "cost_engine": engine_of(engine), "engine_version": version, "priced_by": priced.model_dump(),
         "client_overhead_ms": coefficients.client_overhead_ms,
         **_engine_json(cfg, memory_bytes), "fits_memory": mem.fits,
         "kv_tokens_capacity": mem.kv_tokens_capacity,
@@ -411,7 +419,7 @@ def estimate(
                         ("engine overhead", "overhead_ms"), ("total", "total_ms")):  # fmt: skip
         table.add_row(label, f"{getattr(r.prefill, attr):.2f}", f"{getattr(r.decode, attr):.2f}")
     console.print(table)
-    at = f"{engine_of(cfg.engine)}" + (f" {version}" if version else "")
+    at = f"{engine_of(engine)}" + (f" {version}" if version else "")
     console.print(f"Priced for {at} by {priced.describe()}.", soft_wrap=True, markup=False)
     e2e = point.ttft_ms + (output_len - 1) * point.tpot_ms
     console.print(
