@@ -14,6 +14,9 @@ that version (``version_matches``: by leading components, ``0.11`` holds ``0.11.
 from __future__ import annotations
 
 import re
+from typing import Annotated
+
+from pydantic import AfterValidator
 
 from toposched.errors import InputError
 
@@ -48,6 +51,17 @@ def engine_version(version: str | None) -> str | None:
     if len(text) > 40 or not _VERSION.fullmatch(text):
         raise ValueError(f"engine version {text[:50]!r} is not a version such as 0.11.0 or 1.3.0rc20")
     return text
+
+
+def _given_version(version: str) -> str:
+    normalised = engine_version(version)
+    if normalised is None:
+        raise ValueError("an empty engine version: leave the field out instead")
+    return normalised
+
+
+EngineVersion = Annotated[str, AfterValidator(_given_version)]
+"""A model field's engine version (``engine_version``: normalised, or a ValueError naming it)."""
 
 
 def checked_version(version: str | None, flag: str = "--engine-version") -> str | None:
@@ -98,6 +112,7 @@ def known_engine(engine: str | None) -> bool:
 __all__ = [
     "ENGINE_ALIASES",
     "SEPARATOR",
+    "EngineVersion",
     "checked_version",
     "cost_engine",
     "engine_of",

@@ -7,10 +7,10 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import Any
 
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
+from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
 from toposched.errors import InputError, UnknownNameError, first_problem
-from toposched.perf.engine_names import engine_version
+from toposched.perf.engine_names import EngineVersion
 from toposched.perf.hardware import gpu_registry
 from toposched.perf.links import link_registry
 from toposched.perf.samples import Sample
@@ -25,7 +25,7 @@ class Setup(BaseModel):
     model: str | None = Field(default=None, min_length=1, max_length=500)
     gpu: str | None = Field(default=None, min_length=1, max_length=100)
     engine: str | None = Field(default=None, min_length=1, max_length=50)
-    engine_version: str | None = Field(default=None, min_length=1, max_length=41)
+    engine_version: EngineVersion | None = Field(default=None, min_length=1, max_length=41)
     tp: int | None = Field(default=None, ge=1, le=1024)
     pp: int | None = Field(default=None, ge=1, le=64)
     ep: int | None = Field(default=None, ge=1, le=1024)
@@ -35,11 +35,6 @@ class Setup(BaseModel):
     batch: int | None = Field(default=None, ge=1, le=1_000_000)
     input_len: int | None = Field(default=None, ge=1, le=10_000_000)
     output_len: int | None = Field(default=None, ge=1, le=10_000_000)
-
-    @field_validator("engine_version")
-    @classmethod
-    def _version(cls, value: str | None) -> str | None:
-        return engine_version(value)
 
     def given(self) -> dict[str, Any]:
         return {k: v for k, v in self.model_dump().items() if v is not None}

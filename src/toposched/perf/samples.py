@@ -10,9 +10,9 @@ from __future__ import annotations
 
 from typing import Literal
 
-from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
+from pydantic import BaseModel, ConfigDict, Field, model_validator
 
-from toposched.perf.engine_names import cost_engine, engine_version
+from toposched.perf.engine_names import EngineVersion, cost_engine
 
 
 class Sample(BaseModel):
@@ -24,7 +24,7 @@ class Sample(BaseModel):
     model: str = Field(min_length=1, max_length=500, description="catalog name, Hugging Face id or config.json path")
     gpu: str = Field(min_length=1, max_length=100, description="GPU table key, e.g. H100-SXM")
     engine: str | None = Field(default=None, max_length=50, description="vllm, sglang, tensorrt-llm, ...")
-    engine_version: str | None = Field(default=None, max_length=41, description="the engine's version, e.g. 0.11.0")
+    engine_version: EngineVersion | None = Field(default=None, max_length=41, description="the engine's version")
     tp: int = Field(default=1, ge=1, le=1024)
     pp: int = Field(default=1, ge=1, le=64)
     ep: int = Field(default=1, ge=1, le=1024)
@@ -58,11 +58,6 @@ class Sample(BaseModel):
     ttft_ms: float | None = Field(default=None, gt=0, le=1e9)
     tpot_ms: float | None = Field(default=None, gt=0, le=1e9)
     tokens_per_s: float | None = Field(default=None, gt=0, le=1e12, description="output tokens/s, all GPUs")
-
-    @field_validator("engine_version")
-    @classmethod
-    def _version(cls, value: str | None) -> str | None:
-        return engine_version(value)
 
     @property
     def cost_engine(self) -> str | None:

@@ -22,7 +22,7 @@ from typing import Annotated, Literal
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
 from toposched.names import ObjectId, node_name_problem
-from toposched.perf.engine_names import cost_engine, engine_version
+from toposched.perf.engine_names import EngineVersion, cost_engine
 from toposched.solver.request import SloClass
 
 MAX_REQUESTS = 1_000_000
@@ -137,14 +137,9 @@ class Tenant(_Value):
     engine: Literal["vllm", "sglang", "trtllm"] = Field(
         default="vllm", description="the engine the instances run: it prices their steps (perf/latency.py)"
     )
-    engine_version: str | None = Field(
+    engine_version: EngineVersion | None = Field(
         default=None, max_length=41, description="its version: a profile entry fitted on that version prices it"
     )
-
-    @field_validator("engine_version")
-    @classmethod
-    def _version(cls, value: str | None) -> str | None:
-        return engine_version(value)
 
     @property
     def cost_engine(self) -> str | None:
@@ -289,7 +284,7 @@ class Scenario(_Value):
     weight_dtype: str | None = Field(default=None, max_length=40)
     kv_dtype: str | None = Field(default=None, max_length=40)
     engine: Literal["vllm", "sglang", "trtllm"] = "vllm"
-    engine_version: str | None = Field(default=None, max_length=41)
+    engine_version: EngineVersion | None = Field(default=None, max_length=41)
     input_len: Lengths = Lengths()
     output_len: Lengths = Lengths(mean=256)
     slo_ms: float = Field(
@@ -342,7 +337,6 @@ class Scenario(_Value):
             raise ValueError("give either model (one tenant) or tenants, not both")
         if self.tenants and (self.engine != "vllm" or self.engine_version is not None):
             raise ValueError("engine at the top level is the one-tenant shorthand's: give each tenant its engine")
-        engine_version(self.engine_version)  # the shorthand's tenant checks it again; fail here, where it is
         if not self.tenants and self.model is None:
             raise ValueError("give a model (one tenant) or a list of tenants")
         names = [t.name for t in self.tenants]

@@ -11,10 +11,10 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import Annotated, Generic, Literal, TypeVar
 
-from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
+from pydantic import BaseModel, ConfigDict, Field, model_validator
 
 from toposched.names import Label, LabelValue, NodeName, ObjectId, PlacementId, Word
-from toposched.perf.engine_names import cost_engine, engine_version
+from toposched.perf.engine_names import EngineVersion, cost_engine
 from toposched.perf.step import COMPRESSION_RATIO
 
 Affinity = Literal["auto", "nvlink", "numa", "pcie-switch", "node", "none"]
@@ -95,7 +95,7 @@ class PlacementRequest(BaseModel):
         description="the engine the instances run (trtllm: TensorRT-LLM's PyTorch backend, as `launch trtllm` "
         "starts it): it prices their steps and picks the calibration profile's entry (perf/engine_names.py engine_of)",
     )
-    engine_version: str | None = Field(
+    engine_version: EngineVersion | None = Field(
         default=None,
         max_length=41,
         description="the engine's version (e.g. 0.11.0): a calibration profile entry fitted on that version "
@@ -157,11 +157,6 @@ class PlacementRequest(BaseModel):
         "break a wholly free domain (of the cluster's largest size) while this many or fewer are left; the "
         "request is unplaced (queued) instead, so the caller can wait for room and drop the headroom later",
     )
-
-    @field_validator("engine_version")
-    @classmethod
-    def _version(cls, value: str | None) -> str | None:
-        return engine_version(value)
 
     @property
     def cost_engine(self) -> str | None:
