@@ -55,6 +55,7 @@ from pathlib import Path
 
 import gemm_tables  # the benchmark next to this one
 import numpy as np
+from packaging.version import Version
 from scipy.optimize import least_squares
 
 from toposched.perf import get_gpu
@@ -63,6 +64,7 @@ from toposched.perf.latency import roofline
 from toposched.perf.profile import active_config
 
 TABLE = Path(__file__).resolve().parents[1] / "tests" / "data" / "reference" / "data" / "aiconfigurator_moe.csv"
+DATA = Path(__file__).resolve().parents[1] / "src" / "toposched" / "data" / "moe_engines.json"
 WEIGHT_BYTES = {"bfloat16": 2.0, "fp8": 1.0, "fp8_block": 1.0}
 NAMES = ("moe_tile_m", "moe_layer_us")
 NAMES_ETA = (*NAMES, "eta_moe", "eta_moe_fp8")
@@ -338,6 +340,32 @@ def _ok(e: np.ndarray) -> np.ndarray:
     return e[~np.isnan(e)]
 
 
+WITHIN = 0.15
+"""A dtype cell prices an engine (``engine_data``) only where its fit is within this mean error in sample and
+on a GPU it did not see."""
+
+
+def engine_data(rows: list[Row]) -> dict[str, object]:
+    """What ``src/toposched/data/moe_engines.json`` holds (``perf/moe_engines.py`` reads it): each engine's
+    recommended fit, its dtype cells within ``WITHIN`` (the others listed with their errors and left to the
+    pooled term) and the newest engine version its tables measured (the fit prices that version on)."""
+    out: dict[str, object] = {}
+    for e in sorted({r.engine for r in rows}):
+        ev = evaluate(rows, e)
+        coefficients = ev.fit.coefficients()
+        left: dict[str, str] = {}
+        for d in list(ev.fit.eta_moe):
+            ins, held = (np.abs(part).mean() for part in (ev.part(d)[0], _ok(ev.part(d)[1])))
+            if max(ins, held) > WITHIN:
+                left[d] = f"{ins:.1%} in sample, {held:.1%} on a held-out GPU"
+                for key in ("eta_moe", "mem_moe"):
+                    del coefficients[key][d]  # type: ignore[attr-defined]
+        newest = max({r.version for r in rows if r.engine == e}, key=Version)
+        out[e] = {"from_version": newest, **coefficients, "left_out": left}
+    source = "benchmarks/moe_tables.py --write: aiconfigurator-core 0.12.0's fused-MoE tables, fitted per engine"
+    return {"source": source, "engines": out}
+
+
 def per_engine_main(rows: list[Row], as_json: bool = False) -> int:
     engines = sorted({r.engine for r in rows})
     if as_json:
@@ -430,8 +458,13 @@ def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--json", action="store_true", help="print the fitted coefficients as JSON")
     ap.add_argument("--per-engine", action="store_true", help="only the per-engine fits (with --json: theirs)")
+    ap.add_argument("--write", action="store_true", help=f"write the per-engine fits to {DATA.name} and stop")
     args = ap.parse_args(argv)
     rows = load()
+    if args.write:
+        DATA.write_text(json.dumps(engine_data(rows), indent=1, sort_keys=True) + "\n")
+        print(f"wrote {DATA}")
+        return 0
     if args.per_engine:
         return per_engine_main(rows, as_json=args.json)
     x = fit(rows)

@@ -188,3 +188,20 @@ def test_calibrate_scopes_its_profile_to_the_engine_version(run_cli: RunCli, tmp
     csv.write_text(csv.read_text().replace("v0.11.0", "nightly"))
     bad = run_cli("calibrate", str(csv))
     assert bad.exit_code == 2 and "bench.csv:2" in bad.stderr and "is not a version" in bad.stderr
+
+
+def test_a_launch_plans_for_the_version_it_is_given(run_cli: RunCli, profile_file: Path, tmp_path: Path) -> None:
+    """``--engine-version`` is a plan option: every launch command that plans takes it; a saved plan already
+    says the version it was sized for, so both at once is an error."""
+    from toposched.cli.plan_source import PlanSource
+
+    source = PlanSource(model="llama-3.1-8b", preset="hgx-h100", concurrent_seqs=8, profile=profile_file,
+                        engine_version="0.11.0")  # fmt: skip
+    doc = source.resolve("vllm")
+    assert doc.request.engine_version == "0.11.0" and doc.request.cost_engine == "vllm==0.11.0"
+    planned = run_cli("plan", "--preset", "hgx-h100", "--model", "llama-3.1-8b", "--engine-version", "0.11", "--json")
+    plan = tmp_path / "plan.json"
+    plan.write_text(planned.stdout)
+    both = run_cli("launch", "vllm", "--plan", str(plan), "--engine-version", "0.11.0")
+    assert both.exit_code == 2 and "--engine-version" in both.stderr
+    assert run_cli("launch", "vllm", "--plan", str(plan), "--format", "json").exit_code == 0

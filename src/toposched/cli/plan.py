@@ -131,16 +131,13 @@ def plan(
     engine: str = typer.Option(
         "vllm", "--engine", help="Engine the instances run: vllm, sglang or trtllm (prices their steps)."
     ),
-    engine_version: str | None = typer.Option(
-        None, "--engine-version", help="The engine's version (e.g. 0.11.0): a profile entry fitted on it prices it."
-    ),
     quiet: bool = QUIET,
     *,
     source: PlanSource,
 ) -> None:
     """Choose parallel degrees and exact GPUs for model instances, with predicted latency and reasons."""
     with Reporter("plan", quiet=quiet) as progress:
-        placed = replace(source, engine=engine, engine_version=engine_version).place(progress)
+        placed = replace(source, engine=engine).place(progress)
         if json_out:
             progress.stage("writing the plan")
             doc = placed.document()

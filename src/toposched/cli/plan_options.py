@@ -84,6 +84,15 @@ _OPTIONS: dict[str, tuple[Any, Any]] = {
         ),
     ),
     "weight_dtype": (str | None, typer.Option(None, "--weight-dtype", help="bf16|fp16|fp8|int8|int4.")),
+    "engine_version": (
+        str | None,
+        typer.Option(
+            None,
+            "--engine-version",
+            help="The engine's version (e.g. 0.11.0): a calibration profile entry fitted on it, and from the "
+            "version its tables measured the engine's own MoE kernels, price the plan.",
+        ),
+    ),
     "kv_dtype": (str | None, typer.Option(None, "--kv-dtype", help="auto|fp8|int8|int4.")),
     "affinity": (str, typer.Option("auto", "--affinity", help="auto|nvlink|pcie-switch|numa|node|none.")),
     "policy": (str, typer.Option("slo", "--policy", help=f"Placement policy: {'|'.join(POLICIES.names())}.")),

@@ -282,6 +282,10 @@ class PlanSource:
         if self.plan is not None:
             if self.model is not None or self.topology() is not None:
                 raise InputError("give --plan, or --model with a topology source, not both")
+            if self.engine_version is not None:
+                raise InputError(
+                    "give --plan (its request says the engine version it was sized for) or --engine-version"
+                )
             # used as it is, whichever engine launches it: its request says the engine it was sized for
             return load_plan(self.plan)
         if engine is not None and self.engine not in (None, engine):

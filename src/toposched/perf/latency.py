@@ -65,6 +65,7 @@ from toposched.perf.coefficients import PerfConfig
 from toposched.perf.engine_names import engine_of
 from toposched.perf.hardware import GpuSpec
 from toposched.perf.links import LinkSpec
+from toposched.perf.moe_engines import moe_kernels
 from toposched.perf.profile import active_config
 from toposched.workload.dtypes import activation_bytes, weight_format
 from toposched.workload.memory import kv_bytes_per_token_per_layer, padded_vocab
@@ -206,7 +207,11 @@ class PassModel:
         self._flops_attn = gpu.bf16_flops * cfg.eta_attn
         # memory seconds = _mem_fixed + _mem_per_expert x experts touched + _mem_per_kv x KV tokens read
         self._mem_fixed = (fixed * wb + head * ab) / bw
-        self._mem_per_expert = moe_layers * spec.expert_params() / tp * wb / bw
+        # an engine version at or past its fused-MoE tables' prices the experts by them (perf/moe_engines.py)
+        kernels = moe_kernels(engine, str(spec.weight_dtype), spec.fp8_block, gpu) if spec.moe else None
+        self.moe_kernels = kernels
+        self._moe_tile = kernels.moe_tile_m if kernels else cfg.moe_tile_m
+        self._mem_per_expert = moe_layers * spec.expert_params() / tp * wb / bw / (kernels.mem_moe if kernels else 1.0)
         self._mem_per_kv = kv_bytes_per_token_per_layer(spec, tp) * spec.num_layers / (gpu.hbm_bandwidth * cfg.eta_kv)
         # the attention kernels' fixed costs (benchmarks/attention_tables.py): per layer and pass, and per
         # decode sequence, KV head on this GPU (MLA: its one latent head) and layer
@@ -221,6 +226,9 @@ class PassModel:
         self._moe = spec.moe
         # one token through one expert (its gate+up and down GEMMs)
         self._expert_flops_per_row = 2.0 * (spec.expert_params() / tp + n_half * expert_k) * moe_layers
+        if kernels is not None and spec.moe is not None:  # its grouped-GEMM efficiency, n / (n + n_half) wide
+            width = spec.moe.expert_intermediate_size / tp
+            self._expert_flops_per_row *= (width + kernels.moe_n_half) / width / kernels.eta_moe
         self._ar_bytes_per_token = spec.hidden_size * ab
         if spec.mla is not None:  # MLA prefill: QK over nope + rope dims, PV over v_head_dim
             m = spec.mla
@@ -240,7 +248,7 @@ class PassModel:
         ) * 1e-3
         self._small_ms = (
             spec.num_layers * cfg.kernels_per_layer * cfg.kernel_us
-            + moe_layers * cfg.moe_layer_us
+            + moe_layers * (kernels.moe_layer_us if kernels else cfg.moe_layer_us)
             + (spec.num_layers * cfg.mla_layer_us if spec.mla is not None else 0.0)
         ) * 1e-3
 
@@ -285,7 +293,7 @@ class PassModel:
         if self._moe is not None and touched > 0:
             # grouped GEMM: each touched expert runs max(tokens it got, one tile) rows
             per_expert = tokens * self._moe.experts_per_token / touched
-            rows = touched * max(per_expert, self.cfg.moe_tile_m)
+            rows = touched * max(per_expert, self._moe_tile)
             cmp += rows * self._expert_flops_per_row / self._flops_w
         overhead = self.cfg.prefill_overhead_ms if chunks else self.cfg.step_overhead_ms
         small = self._small_ms * (self._prefill_factor if chunks else 1.0)

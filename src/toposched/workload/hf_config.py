@@ -302,6 +302,13 @@ def _attention_shape(cfg: Mapping[str, Any], hidden: int, source: str) -> tuple[
     return heads, kv_heads, head_dim
 
 
+def _block_scaled(cfg: Mapping[str, Any]) -> bool:
+    """Whether ``quantization_config`` scales FP8 weights per block (a two-number ``weight_block_size``)."""
+    quant = cfg.get("quantization_config")
+    block = quant.get("weight_block_size") if isinstance(quant, Mapping) else None
+    return isinstance(block, list) and len(block) == 2 and all(isinstance(v, int) and v > 0 for v in block)
+
+
 def spec_from_config(cfg: Mapping[str, Any], *, name: str, source: str = "<config>") -> ModelSpec:
     """Build a ModelSpec from a parsed ``config.json`` (no I/O). Unknown keys are ignored.
 
@@ -349,6 +356,7 @@ def spec_from_config(cfg: Mapping[str, Any], *, name: str, source: str = "<confi
         hf_id=model_id if isinstance(model_id, str) and len(model_id) <= 200 else None,
         model_type=model_type,
         unquantized=_unquantized_of(cfg, layers, source) if weight not in ("bf16", "fp16") else frozenset(),
+        fp8_block=weight == "fp8" and _block_scaled(cfg),
     )
 
 

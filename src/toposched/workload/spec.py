@@ -84,17 +84,23 @@ class ModelSpec:
     """(layer, projection) pairs a quantised checkpoint keeps at 16 bits (``quantization_config``'s
     ``ignore`` / ``modules_to_not_convert`` / ``ignored_layers``); projection is one of
     ``LINEAR_NAMES`` (``workload/hf_config.py``). Empty for 16-bit checkpoints."""
+    fp8_block: bool = False
+    """FP8 weights scaled per block (``quantization_config.weight_block_size``: DeepSeek-V3's 128 x 128), not
+    per tensor. Serving a 16-bit checkpoint in FP8 (``--weight-dtype fp8``) quantises it per tensor."""
 
     def linear_at_16_bits(self, layer: int, projection: str) -> bool:
         """Whether a quantised checkpoint keeps this projection of ``layer`` in 16 bits."""
         return (layer, projection) in self.unquantized
 
     def with_dtypes(self, weight_dtype: WeightDtype | None = None, kv_dtype: KvDtype | None = None) -> ModelSpec:
-        """A copy served with other dtypes (``None`` keeps the current one)."""
+        """A copy served with other dtypes (``None`` keeps the current one; another weight dtype is quantised
+        from the checkpoint per tensor, so it drops the block scaling)."""
+        weight = weight_dtype or self.weight_dtype
         return replace(
             self,
-            weight_dtype=weight_dtype or self.weight_dtype,
+            weight_dtype=weight,
             kv_dtype=kv_dtype or self.kv_dtype,
+            fp8_block=self.fp8_block and weight == self.weight_dtype,
         )
 
     # ---- structure -------------------------------------------------------------------------
