@@ -105,6 +105,13 @@ def _engine(engine: str, version: str) -> str:
     return "tensorrt-llm"
 
 
+def _version(text: str) -> str | None:
+    """The first version in an anchor's ``engine_version`` text (``v0.21.0rc2 (docker image ...)`` ->
+    ``0.21.0rc2``, ``1.0 (doc revision for v1.0)`` -> ``1.0``), a sample's ``engine_version``."""
+    m = re.search(r"\bv?(\d+(?:\.\d+)+(?:rc\d+|\.post\d+)?)", text)
+    return m.group(1) if m else None
+
+
 def _model(text: str) -> str | None:
     return MODEL_MAP.get(text.split(" (")[0].strip())
 
@@ -187,6 +194,7 @@ def load_samples(path: Path = ANCHORS) -> tuple[list[Sample], list[str], dict[st
                 model=model,
                 gpu=gpu,
                 engine=_engine(r["engine"], str(r.get("engine_version", ""))),
+                engine_version=_version(str(r.get("engine_version", ""))),
                 tp=tp,
                 weight_dtype=wdt,
                 kv_dtype=kvd,

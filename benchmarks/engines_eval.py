@@ -160,6 +160,7 @@ def load(path: Path = ROWS) -> tuple[list[Sample], list[str]]:
                 model=model,
                 gpu=gpu,
                 engine=engine,
+                engine_version=r.get("engine_version"),
                 tp=tp,
                 weight_dtype=wdt,
                 batch=batch,
