@@ -98,45 +98,30 @@ def fit_profile(
     # leave-one-out needs a sample to fit on after one is held out; each refit starts from the shared fit
     refit = pooled_fitter(start=shared, base=base, fields=fields)
     loo = mean_abs_by_kind(leave_one_out(samples, fitter=refit)) if len(samples) > 1 else {}
-    everything = (ANY, ANY, ANY, ANY)
-    scopes = sorted({(g, e, v, f) for g, _w, e, v, f in map(sample_scope, samples)}) if scoped else [everything]
-    entries = [
-        ProfileEntry(
-            gpu=gpu,
-            engine=engine,
-            engine_version=version,
-            model_family=family,
-            config=shared,
-            samples=len(samples),
-            loo_mean_abs_error=loo,
-        )
-        for gpu, engine, version, family in scopes
-    ]
+    scopes = sorted({(g, ANY, e, v, f) for g, _w, e, v, f in map(sample_scope, samples)}) if scoped else [(ANY,) * 5]
+    entries = [_entry(scope, shared, len(samples), loo) for scope in scopes]
     groups: dict[tuple[str, str, str, str, str], list[Sample]] = {}
     for s in samples:
         gpu, wdt, engine, version, family = sample_scope(s)
         key = (gpu, wdt, engine, version, family) if scoped else (gpu, wdt, ANY, ANY, ANY)
         groups.setdefault(key, []).append(s)
-    for (gpu, wdt, engine, version, family), group in sorted(groups.items()):
+    for scope, group in sorted(groups.items()):
         if not per_group or len(group) < MIN_SAMPLES_PER_FIELD * len(fields):
             continue
+        gpu, wdt, engine, version, family = scope
         at = engine if version == ANY else f"{engine} {version}"
         say(f"fitting {gpu}/{wdt}/{at}/{family} on {len(group)} samples")
         cfg = fit_config(group, base=base, fields=fields)
         errs = mean_abs_by_kind(leave_one_out(group, fitter=pooled_fitter(start=cfg, base=base, fields=fields)))
-        entries.append(
-            ProfileEntry(
-                gpu=gpu,
-                weight_dtype=wdt,
-                engine=engine,
-                engine_version=version,
-                model_family=family,
-                config=cfg,
-                samples=len(group),
-                loo_mean_abs_error=errs,
-            )
-        )
+        entries.append(_entry(scope, cfg, len(group), errs))
     return Profile(name=name, source=source, entries=tuple(entries))
+
+
+def _entry(scope: tuple[str, str, str, str, str], cfg: PerfConfig, samples: int, loo: dict[str, float]) -> ProfileEntry:
+    """A profile entry for ``scope``: (GPU, weight dtype, engine, engine version, model family)."""
+    gpu, wdt, engine, version, family = scope
+    return ProfileEntry(gpu=gpu, weight_dtype=wdt, engine=engine, engine_version=version, model_family=family,
+                        config=cfg, samples=samples, loo_mean_abs_error=loo)  # fmt: skip
 
 
 def sample_scope(sample: Sample) -> tuple[str, str, str, str, str]:
