@@ -185,7 +185,9 @@ def test_estimate_prices_a_built_tensorrt_engine_apart_from_the_python_launched_
     PyTorch backend's (``trtllm``, what ``launch trtllm`` starts), which the model prices alike."""
     args = ("estimate", "-m", "llama-3.1-70b", "-g", "H100-SXM", "--tp", "4", "--batch", "16", "--input-len",
             "2048", "--output-len", "256", "--json")  # fmt: skip
-    out = {e: json.loads(run_cli(*args, "--engine", e).stdout) for e in ("vllm", "trtllm", "tensorrt-llm", "nim")}
+    names = ("vllm", "trtllm", "tensorrt-llm", "nim", "nvidia-nim")  # every name the cost model knows is taken
+    out = {e: json.loads(run_cli(*args, "--engine", e).stdout) for e in names}
+    assert out["nvidia-nim"] == out["nim"]
     assert out["tensorrt-llm"]["cost_engine"] == "tensorrt-llm" and out["nim"]["cost_engine"] == "nvidia-nim"
     assert out["tensorrt-llm"]["engine"] == out["trtllm"]["engine"] == "trtllm"  # the memory rule
     assert out["tensorrt-llm"]["kv_tokens_capacity"] == out["trtllm"]["kv_tokens_capacity"]

@@ -205,3 +205,42 @@ def test_a_launch_plans_for_the_version_it_is_given(run_cli: RunCli, profile_fil
     both = run_cli("launch", "vllm", "--plan", str(plan), "--engine-version", "0.11.0")
     assert both.exit_code == 2 and "--engine-version" in both.stderr
     assert run_cli("launch", "vllm", "--plan", str(plan), "--format", "json").exit_code == 0
+
+
+def test_versions_follow_pep_440_where_they_can() -> None:
+    """The engines' packages report PEP 440 versions: spellings meet, and a local build label (``+cu128``) is
+    the same release to a profile entry."""
+    assert engine_version("1.3.0-rc20") == "1.3.0rc20" and engine_version("V0.11.0+CU128") == "0.11.0+cu128"
+    assert version_matches("0.11.0", "0.11.0+cu128") and version_matches("0.11", "0.11.3+cu126")
+    assert version_matches("1.3.0rc20", "1.3.0rc20+local") and not version_matches("1.3.0rc20", "1.3.0")
+    entry = ProfileEntry(engine="vllm", engine_version="0.11.0", config=PerfConfig(eta_mem=0.6))
+    assert Profile(entries=(entry,)).find("H100-SXM", "bf16", engine="vllm==0.11.0+cu128") is not None
+    with pytest.raises(ValidationError, match="needs the engine"):  # versions of different engines do not compare
+        ProfileEntry(engine_version="0.11", config=PerfConfig())
+
+
+def test_a_version_is_its_own_field_and_belongs_to_its_engine() -> None:
+    from toposched.perf.sample_setup import Setup, make_sample
+    from toposched.perf.samples import Sample
+
+    row = {"model": "llama-3.1-8b", "gpu": "H100-SXM", "batch": 1, "input_len": 10, "output_len": 10,
+           "tpot_ms": 5.0, "engine": "vllm", "engine_version": "0.11.0"}  # fmt: skip
+    assert make_sample(row, Setup(), where="f:2").cost_engine == "vllm==0.11.0"
+    # --engine naming another engine drops the file's version (it was vLLM's); with --engine-version it is that
+    assert make_sample(row, Setup(engine="sglang"), where="f:2").cost_engine == "sglang"
+    both = Setup(engine="sglang", engine_version="0.5.7")
+    assert make_sample(row, both, where="f:2").cost_engine == "sglang==0.5.7"
+    assert make_sample(row, Setup(engine="VLLM"), where="f:2").cost_engine == "vllm==0.11.0"
+    with pytest.raises(InputError, match="give its version as engine_version"):
+        make_sample({**row, "engine": "vllm==0.11.0"}, Setup(), where="f:2")
+    with pytest.raises(ValidationError, match="give its version as engine_version"):
+        Sample.model_validate({**row, "source": "s", "engine": "sglang==0.5.7"})
+
+
+def test_a_k8s_launch_runs_the_version_it_was_priced_for(run_cli: RunCli) -> None:
+    args = ("launch", "k8s", "--preset", "hgx-h100", "-m", "llama-3.1-8b", "--engine-version")
+    other = run_cli(*args, "0.11.0")  # the default image runs vLLM 0.33.0
+    assert other.exit_code == 2 and "priced for vllm 0.11.0 but the image vllm/vllm-openai:v0.33.0" in other.stderr
+    assert run_cli(*args, "0.33").exit_code == 0
+    assert run_cli(*args, "0.11.0", "--image", "vllm/vllm-openai:v0.11.0").exit_code == 0
+    assert run_cli(*args, "0.11.0", "--image", "registry.local:5000/vllm:latest").exit_code == 0  # not a version

@@ -120,3 +120,17 @@ def test_a_tp_shard_pays_the_width_curve_on_every_gemm_it_runs() -> None:
     extra += 2 * 1 * 100.0 * 4096 / (gpu.bf16_flops * flat.eta_flops)  # the lm_head: the last token only
     assert (sb.compute_ms - sa.compute_ms) * 1e-3 == pytest.approx(extra, rel=1e-9)
     assert sb.memory_ms == sa.memory_ms  # the curve is a compute efficiency: the weights read are the same
+
+
+def test_mla_and_moe_layers_list_the_input_widths_of_the_gemms_the_engines_run() -> None:
+    """DeepSeek-V3 at TP8: the engines fuse MLA's q_a and kv_a into one GEMM over the 7,168-wide hidden state,
+    then q_b reads the 1,536-wide q LoRA, kv_b the 512-wide KV latent and o 128 heads x 128 / 8; a dense MLP
+    layer reads the hidden state and 18,432 / 8, its shared expert and each routed expert 7,168 and 2,048 / 8.
+    Qwen3-235B-A22B at TP8: QKV 4,096 and O 64 x 128 / 8; an expert 4,096 and 1,536 / 8."""
+    assert gemm_input_widths(resolve_model("deepseek-v3"), 8) == (
+        7168 + 1536 + 512 + 2048, 7168 + 2304, 7168 + 256, 7168 + 256
+    )  # fmt: skip
+    assert gemm_input_widths(resolve_model("qwen3-235b-a22b"), 8) == (4096 + 1024, 4096 + 1536, 0.0, 4096 + 192)
+    lite = resolve_model("deepseek-v2-lite")  # no q LoRA: q_proj and kv_a each read the hidden state
+    assert lite.mla is not None and not lite.mla.q_lora_rank
+    assert gemm_input_widths(lite, 1)[0] == 2 * 2048 + 512 + 16 * 128

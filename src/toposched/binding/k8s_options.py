@@ -14,6 +14,7 @@ from toposched.binding.k8s_dra import DEFAULT_DRA_DRIVER, GPU_REQUESTS, GpuReque
 from toposched.binding.node_launch import Engine
 from toposched.binding.plan_doc import PlanDoc
 from toposched.errors import InputError, first_problem
+from toposched.perf.engine_names import engine_version, version_matches
 from toposched.topology.model import ResourceName
 
 Obj = dict[str, Any]
@@ -125,6 +126,23 @@ class K8sOptions:
     def ssh_secret(self) -> str:
         """The Secret a multi-node TensorRT-LLM instance's pods take their ssh key pair from."""
         return self.mpi_ssh_secret or dns_name(self.name_prefix, "mpi-ssh", limit=253)
+
+    def check_image_version(self, priced: str | None) -> None:
+        """Refuse an image whose tag names another version of the engine than the plan was priced for
+        (``--engine-version``); a tag that is no version (``latest``, a digest) is the user's to vouch for."""
+        image = self.image or DEFAULT_IMAGES[self.engine]
+        if priced is None or image is None or "@" in image:
+            return
+        tag = image.rsplit("/", 1)[-1].partition(":")[2]
+        try:
+            running = engine_version(tag)
+        except ValueError:
+            return
+        if running is not None and not (version_matches(priced, running) or version_matches(running, priced)):
+            raise InputError(
+                f"the plan is priced for {self.engine} {priced} but the image {image[:100]} runs {running}",
+                fix=f"pass --image with a {priced} tag, or plan with --engine-version {running}",
+            )
 
     def resolved_image(self) -> str:
         image = self.image or DEFAULT_IMAGES[self.engine]

@@ -176,6 +176,7 @@ def register_launch(launch_app: typer.Typer) -> None:
             output = render_roles(_roles(roles), group, opts)
         else:
             doc = source.resolve(opts.engine, quiet=quiet)
+            opts.check_image_version(doc.request.engine_version)
             if kubelet:
                 # Node names and the reason travel in fields, never in a YAML comment: only the serialiser writes.
                 configs = [k.document() for k in kubelet_configs(doc, policy=topology_policy)]

@@ -15,7 +15,7 @@ from rich.table import Table
 
 from toposched.cli._common import console, err_console, print_json
 from toposched.errors import InfeasibleError, InputError
-from toposched.perf.engine_names import checked_version, cost_engine, engine_of
+from toposched.perf.engine_names import ENGINE_ALIASES, checked_version, cost_engine, engine_of
 from toposched.perf.hardware import GpuSpec, get_gpu, variant_note
 from toposched.perf.latency import LatencyEstimate, PassModel, StepTime, predict_latency
 from toposched.perf.links import get_link
@@ -45,8 +45,6 @@ ENGINE_HELP = (
     "trtllm` starts it); tensorrt-llm or nim: a built TensorRT engine (trtllm-build, NVIDIA NIM), TensorRT-LLM's "
     "KV rule, its prefill one enqueued engine (no host launch cost per kernel)."
 )
-TENSORRT_ENGINE_NAMES = ("tensorrt-llm", "nim")
-"""``--engine`` names of a built TensorRT engine: TensorRT-LLM's memory rule, the cost model's TensorRT path."""
 SEQS_HELP = "Engine max_num_seqs (sizes vLLM's sampler warm-up). Default: the engine's for this GPU."
 TOKENS_HELP = "Engine max_num_batched_tokens (SGLang: chunked_prefill_size). Default: the engine's for this GPU."
 UTIL_HELP = "vLLM gpu_memory_utilization (default 0.92)."
@@ -92,14 +90,14 @@ def _memory_config(
 ) -> MemoryConfig:
     """The engine's memory settings: flags where given, else the engine's defaults for this GPU (a TensorRT
     engine's, ``tensorrt-llm`` or ``nim``, are TensorRT-LLM's)."""
-    name = engine.strip().lower()
-    name = "trtllm" if name in TENSORRT_ENGINE_NAMES else name
-    if name not in ENGINES:
+    given = engine.strip().lower()
+    if given not in ENGINE_ALIASES:  # the cost model's names; every TensorRT-LLM or NIM one sizes like trtllm
         raise InputError(
             f"unknown engine {engine[:40]!r}", fix="use --engine vllm, sglang, trtllm, tensorrt-llm or nim"
         )
+    name = given if given in ENGINES else "trtllm"
     if name != "vllm" and gpu_memory_utilization is not None:
-        raise InputError("--gpu-memory-utilization is vLLM's setting", fix=f"leave it out with --engine {name}")
+        raise InputError("--gpu-memory-utilization is vLLM's setting", fix=f"leave it out with --engine {given}")
     if name != "sglang" and mem_fraction_static is not None:
         raise InputError("--mem-fraction-static is SGLang's setting", fix="add --engine sglang")
     if name != "trtllm" and kv_free_fraction is not None:

@@ -23,7 +23,8 @@ class PerfConfig(BaseModel):
     eta_mem: float = Field(0.799, ge=0.3, le=1.0)
     """Achievable HBM fraction of a GEMM's weight read (and of the KV read): measured on NVIDIA's GEMM
     tables (aiconfigurator-core 0.12.0: 7,825 GEMMs inside vLLM, SGLang and TensorRT-LLM on A100, H100 and
-    H200; ``benchmarks/gemm_tables.py``), as are the eight below. AIC's own constant is 0.8 (perf-anchors §0).
+    H200; ``benchmarks/gemm_tables.py``), as are ``eta_flops``, ``eta_flops_fp8``, ``gemm_n_half``, ``gemm_n_half_fp8``,
+    ``gemm_us``, ``gemm_us_fp8`` and ``roofline_p``. AIC's own constant is 0.8 (perf-anchors §0).
     Not fitted on the serving anchors (``fitting.OPERATOR_FIELDS``); a user's ``calibrate`` may move it."""
     eta_flops: float = Field(0.792, ge=0.1, le=1.0)
     """Achievable BF16/FP16 dense GEMM fraction of BF16 peak for a wide GEMM (the GEMM tables; literature

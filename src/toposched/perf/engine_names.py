@@ -16,6 +16,7 @@ from __future__ import annotations
 import re
 from typing import Annotated
 
+from packaging.version import InvalidVersion, Version
 from pydantic import AfterValidator
 
 from toposched.errors import InputError
@@ -41,16 +42,21 @@ _VERSION = re.compile(r"[0-9][0-9a-z]*(?:[.+-][0-9a-z]+){0,7}")
 
 
 def engine_version(version: str | None) -> str | None:
-    """A version as users write it (``0.11.0``, ``v0.5.3.post3``, ``1.3.0rc20``), normalised: lower case,
-    no leading ``v``; None for None or an empty one. ValueError for anything else (it reaches profiles,
-    JSON and reports: digits first, then letters, digits and ``.+-``, at most 40 characters)."""
+    """A version as users write it (``0.11.0``, ``v0.5.3.post3``, ``1.3.0-rc20``, ``0.11.0+cu128``), normalised:
+    lower case, no leading ``v``, and PEP 440's spelling where it is one (``1.3.0-rc20`` -> ``1.3.0rc20``,
+    the way the engines' own packages report it); None for None or an empty one. ValueError for anything else
+    (it reaches profiles, JSON and reports: digits first, then letters, digits and ``.+-``, at most 40
+    characters)."""
     text = (version or "").strip().lower()
     if not text:
         return None
     text = text[1:] if text.startswith("v") else text
     if len(text) > 40 or not _VERSION.fullmatch(text):
         raise ValueError(f"engine version {text[:50]!r} is not a version such as 0.11.0 or 1.3.0rc20")
-    return text
+    try:
+        return str(Version(text))
+    except InvalidVersion:
+        return text
 
 
 def _given_version(version: str) -> str:
@@ -62,6 +68,16 @@ def _given_version(version: str) -> str:
 
 EngineVersion = Annotated[str, AfterValidator(_given_version)]
 """A model field's engine version (``engine_version``: normalised, or a ValueError naming it)."""
+
+
+def _plain_name(engine: str) -> str:
+    if SEPARATOR in engine:
+        raise ValueError(f"engine {engine[:50]!r}: give its version as engine_version (--engine-version)")
+    return engine
+
+
+EngineName = Annotated[str, AfterValidator(_plain_name)]
+"""A model field's engine name as users give it: no ``==version`` (that is ``engine_version``'s)."""
 
 
 def checked_version(version: str | None, flag: str = "--engine-version") -> str | None:
@@ -96,12 +112,21 @@ def version_of(engine: str | None) -> str | None:
 
 
 def version_matches(scope: str, version: str | None) -> bool:
-    """Whether a profile entry's version ``scope`` holds ``version``: its dotted components lead the
-    version's (``0.11`` holds ``0.11.0`` and ``0.11.2``, not ``0.1`` or ``0.12.0``); no version, no match."""
+    """Whether a profile entry's version ``scope`` holds ``version``: a release (``0.11``, ``0.11.0``) holds
+    the versions whose release numbers it leads (``0.11`` holds ``0.11.0``, ``0.11.2``, ``0.11.0+cu128``, not
+    ``0.1`` or ``0.12.0``); a scope with a pre-, post- or dev-release part (``1.3.0rc20``) holds that version
+    only, whatever its local build label (``+cu128``); no version, no match. Versions PEP 440 cannot read are
+    compared by their dotted components."""
     if version is None:
         return False
-    want, have = scope.split("."), version.split(".")
-    return have[: len(want)] == want
+    try:
+        want, have = Version(scope), Version(version)
+    except InvalidVersion:
+        parts, given = scope.split("."), version.split(".")
+        return given[: len(parts)] == parts
+    if want.pre is not None or want.post is not None or want.dev is not None:
+        return want.public == have.public
+    return have.release[: len(want.release)] == want.release
 
 
 def known_engine(engine: str | None) -> bool:
@@ -112,6 +137,7 @@ def known_engine(engine: str | None) -> bool:
 __all__ = [
     "ENGINE_ALIASES",
     "SEPARATOR",
+    "EngineName",
     "EngineVersion",
     "checked_version",
     "cost_engine",

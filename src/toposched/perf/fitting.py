@@ -47,9 +47,10 @@ DEFAULT_FIELDS: tuple[str, ...] = (
     "comm_scale",
 )
 """Fields fitted on the published serving rows (the shipped profile, ``benchmarks/anchors_loo.py``);
-``OPERATOR_FIELDS``, ``gemm_us``/``gemm_us_fp8``, ``kernel_us``, ``kernels_per_layer`` and ``eta_attn``
-stay at their measured or literature values (``eta_attn``: only two published prompts are long enough
-for attention to matter, and fitted on them it traded against the fixed prefill cost: docs/cost-model.md)."""
+``OPERATOR_FIELDS``, ``gemm_us``/``gemm_us_fp8``, ``gemm_n_half``/``gemm_n_half_fp8``, the attention
+tables' fields, ``kernel_us`` and ``kernels_per_layer`` stay at their measured or literature values
+(``eta_attn``: only two published prompts are long enough for attention to matter, and fitted on them
+it traded against the fixed prefill cost: docs/cost-model.md)."""
 
 CALIBRATION_FIELDS: tuple[str, ...] = OPERATOR_FIELDS + DEFAULT_FIELDS
 """Fields a user's ``calibrate`` fits on their own runs."""

@@ -7,6 +7,7 @@ One forward pass over ``T`` new tokens of ``S`` sequences, summed over the pipel
     T_cmp   = dense GEMM FLOPs / (eta(dtype) x peak(dtype))
             + grouped expert GEMM FLOPs (tile-padded rows) / (eta(dtype) x peak(dtype))
             + lm_head FLOPs / (eta_flops x BF16 peak)
+              (each GEMM at eta x n / (n + gemm_n_half(dtype)) over its n output columns per GPU)
     T_attn  = KV bytes read / (eta_kv x HBM bandwidth) + attention FLOPs / (eta_attn x BF16 peak)
               (+ attn_s_half keys per prefill query token) + layers x attn_us (prefill) or attn_us_decode
               + decode sequences x KV heads x layers x attn_seq_ns    (NVIDIA's attention tables)
@@ -26,7 +27,9 @@ One forward pass over ``T`` new tokens of ``S`` sequences, summed over the pipel
 * MoE experts run as a grouped GEMM: with ``m = T k / E_touched`` tokens per touched expert, each
   touched expert costs ``max(m, moe_tile_m)`` token rows (a tile is computed whole, so few tokens per
   expert waste most of it); the router, top-k, permute and unpermute kernels cost ``moe_layer_us``
-  per MoE layer. Decode reads only the experts the batch routes to:
+  per MoE layer. An engine version at or past its fused-MoE tables' prices the experts by that engine's
+  fit instead (its tile, routing cost, HBM fraction and grouped-GEMM efficiency: ``perf/moe_engines.py``).
+  Decode reads only the experts the batch routes to:
   ``E x (1 - (1 - k/E)^T)`` per MoE layer.
 * MLA (DeepSeek-V2/V3) decode runs with the absorbed weights: per head and context token it does
   ``2 (2 kv_lora_rank + rope dim)`` FLOPs on the latent cache, and its extra projections and norms
@@ -211,7 +214,9 @@ class PassModel:
         kernels = moe_kernels(engine, str(spec.weight_dtype), spec.fp8_block, gpu) if spec.moe else None
         self.moe_kernels = kernels
         self._moe_tile = kernels.moe_tile_m if kernels else cfg.moe_tile_m
-        self._mem_per_expert = moe_layers * spec.expert_params() / tp * wb / bw / (kernels.mem_moe if kernels else 1.0)
+        # (a calibrated eta_mem or GEMM efficiency times the engine's fraction stays at most the GPU's peak)
+        mem_moe = min(kernels.mem_moe, 1.0 / cfg.eta_mem) if kernels else 1.0
+        self._mem_per_expert = moe_layers * spec.expert_params() / tp * wb / bw / mem_moe
         self._mem_per_kv = kv_bytes_per_token_per_layer(spec, tp) * spec.num_layers / (gpu.hbm_bandwidth * cfg.eta_kv)
         # the attention kernels' fixed costs (benchmarks/attention_tables.py): per layer and pass, and per
         # decode sequence, KV head on this GPU (MLA: its one latent head) and layer
@@ -228,7 +233,8 @@ class PassModel:
         self._expert_flops_per_row = 2.0 * (spec.expert_params() / tp + n_half * expert_k) * moe_layers
         if kernels is not None and spec.moe is not None:  # its grouped-GEMM efficiency, n / (n + n_half) wide
             width = spec.moe.expert_intermediate_size / tp
-            self._expert_flops_per_row *= (width + kernels.moe_n_half) / width / kernels.eta_moe
+            eta_moe = min(kernels.eta_moe, 1.0 / cfg.gemm_eta(str(spec.weight_dtype), gpu))
+            self._expert_flops_per_row *= (width + kernels.moe_n_half) / width / eta_moe
         self._ar_bytes_per_token = spec.hidden_size * ab
         if spec.mla is not None:  # MLA prefill: QK over nope + rope dims, PV over v_head_dim
             m = spec.mla
@@ -315,9 +321,12 @@ def gemm_input_widths(spec: ModelSpec, tp: int) -> tuple[float, float, float, fl
     experts of an MoE layer, one routed expert). A fused QKV or gate+up GEMM counts once; the router is
     left out (a narrow BF16 GEMM the width curve was not measured on)."""
     h = spec.hidden_size
-    if spec.mla is not None:  # q_a, q_b, kv_a, kv_b, o (q_b reads the hidden state without a q LoRA)
+    if spec.mla is not None:
+        # with a q LoRA the engines fuse q_a and kv_a into one GEMM over the hidden state (vLLM
+        # fused_qkv_a_proj, SGLang fused_qkv_a_proj_with_mqa, TensorRT-LLM fused_a), then q_b, kv_b, o;
+        # without one, q_proj and kv_a each read the hidden state
         m = spec.mla
-        attn = h + (m.q_lora_rank + h if m.q_lora_rank else h) + m.kv_lora_rank + spec.num_heads * m.v_head_dim / tp
+        attn = (h + m.q_lora_rank if m.q_lora_rank else 2 * h) + m.kv_lora_rank + spec.num_heads * m.v_head_dim / tp
     else:  # QKV, O
         attn = h + spec.num_heads * spec.head_dim / tp
     mlp = h + spec.intermediate_size / tp  # gate+up, down

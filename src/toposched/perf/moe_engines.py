@@ -12,7 +12,8 @@ versions (vLLM 0.11, SGLang 0.5.5-0.5.7, TensorRT-LLM 0.15-1.0) were predicted w
 pooled MoE term (docs/cost-model.md): the kernels change between versions. So a fit prices an engine only at
 the version its tables measured or a later one, and only when the version is given (``--engine-version``,
 ``engine_version``); anything else keeps the pooled MoE term of the profile (``moe_tile_m``,
-``moe_layer_us``). NIM is not switched by version: its version numbers are not TensorRT-LLM's.
+``moe_layer_us``). NIM is not switched by version: its version numbers are not TensorRT-LLM's. The fits'
+``t_half`` (a curve over tokens per expert) is not read: the recommended form has none (it is 0).
 """
 
 from __future__ import annotations

@@ -22,7 +22,7 @@ from importlib import resources
 from pathlib import Path
 from typing import Literal
 
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
 from toposched.errors import InputError, first_problem
 from toposched.inputs import load_json, read_text
@@ -83,6 +83,13 @@ class ProfileEntry(BaseModel):
     def _version(cls, value: str) -> str:
         """``*`` or a version (``perf/engine_names.engine_version``)."""
         return value if value == ANY else (engine_version(value) or ANY)
+
+    @model_validator(mode="after")
+    def _versioned_engine(self) -> ProfileEntry:
+        """A version belongs to one engine: versions of different engines are not comparable."""
+        if self.engine_version != ANY and self.engine == ANY:
+            raise ValueError(f"engine_version {self.engine_version!r} needs the engine it is a version of")
+        return self
 
     loo_mean_abs_error: dict[str, float] = Field(
         default_factory=dict, description="leave-one-out mean |relative error| per kind (ttft, tpot, ...)"

@@ -10,7 +10,7 @@ from typing import Any
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
 from toposched.errors import InputError, UnknownNameError, first_problem
-from toposched.perf.engine_names import EngineVersion
+from toposched.perf.engine_names import EngineName, EngineVersion, engine_of
 from toposched.perf.hardware import gpu_registry
 from toposched.perf.links import link_registry
 from toposched.perf.samples import Sample
@@ -24,7 +24,7 @@ class Setup(BaseModel):
 
     model: str | None = Field(default=None, min_length=1, max_length=500)
     gpu: str | None = Field(default=None, min_length=1, max_length=100)
-    engine: str | None = Field(default=None, min_length=1, max_length=50)
+    engine: EngineName | None = Field(default=None, min_length=1, max_length=50)
     engine_version: EngineVersion | None = Field(default=None, min_length=1, max_length=41)
     tp: int | None = Field(default=None, ge=1, le=1024)
     pp: int | None = Field(default=None, ge=1, le=64)
@@ -64,7 +64,14 @@ def _kv(name: str, where: str) -> str:
 def make_sample(fields: Mapping[str, Any], setup: Setup, *, where: str) -> Sample:
     """A ``Sample`` from what a file gave (``fields``) and the options (``setup``, which win)."""
     data: dict[str, Any] = {k: v for k, v in fields.items() if v is not None}
-    data.update(setup.given())
+    given = setup.given()
+    if (
+        "engine" in given
+        and "engine_version" not in given
+        and engine_of(given["engine"]) != engine_of(data.get("engine"))
+    ):
+        data.pop("engine_version", None)  # the file's version is its own engine's, not the one --engine names
+    data.update(given)
     data["source"] = where[:500]
     for key, fix in (("model", "pass --model"), ("gpu", "pass --gpu (e.g. H100-SXM)")):
         if not data.get(key):

@@ -12,7 +12,7 @@ from typing import Literal
 
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
-from toposched.perf.engine_names import EngineVersion, cost_engine
+from toposched.perf.engine_names import EngineName, EngineVersion, cost_engine
 
 
 class Sample(BaseModel):
@@ -23,7 +23,7 @@ class Sample(BaseModel):
     source: str = Field(min_length=1, max_length=500, description="file:line, URL or anchor id")
     model: str = Field(min_length=1, max_length=500, description="catalog name, Hugging Face id or config.json path")
     gpu: str = Field(min_length=1, max_length=100, description="GPU table key, e.g. H100-SXM")
-    engine: str | None = Field(default=None, max_length=50, description="vllm, sglang, tensorrt-llm, ...")
+    engine: EngineName | None = Field(default=None, max_length=50, description="vllm, sglang, tensorrt-llm, ...")
     engine_version: EngineVersion | None = Field(default=None, max_length=41, description="the engine's version")
     tp: int = Field(default=1, ge=1, le=1024)
     pp: int = Field(default=1, ge=1, le=64)
