@@ -103,3 +103,18 @@ def test_a_calibrated_efficiency_and_an_engines_fraction_stay_within_the_gpus_pe
         model = PassModel(spec, H100, tp=2, pp=1, link=link, pp_link=link, cfg=cfg, engine="trtllm==1.3.0")
         steps.append(model.step(chunks=[(0, 4096)]))
     assert steps[0] == steps[1]
+
+
+def test_estimate_says_when_an_engines_tables_price_the_experts(run_cli) -> None:  # type: ignore[no-untyped-def]
+    args = ("estimate", "-m", "mixtral-8x7b", "-g", "H100-SXM", "--tp", "2", "--batch", "8", "--input-len", "1024",
+            "--output-len", "128")  # fmt: skip
+    versioned = json.loads(run_cli(*args, "--engine-version", "0.33.0", "--json").stdout)
+    assert versioned["moe_priced_by"] == {"table": "vllm", "from_version": "0.24.0"}
+    assert json.loads(run_cli(*args, "--json").stdout)["moe_priced_by"] is None
+    assert (
+        "MoE experts priced by vllm's fused-MoE tables (measured on 0.24.0"
+        in run_cli(*args, "--engine-version", "0.33.0").stdout
+    )
+    dense = ("estimate", "-m", "llama-3.1-8b", "-g", "H100-SXM", "--tp", "1", "--batch", "1", "--input-len", "8",
+             "--output-len", "8", "--engine-version", "0.33.0", "--json")  # fmt: skip
+    assert json.loads(run_cli(*dense).stdout)["moe_priced_by"] is None  # no experts to price

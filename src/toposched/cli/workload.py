@@ -125,6 +125,12 @@ def _memory_config(
     return MemoryConfig(**kw)
 
 
+def _moe_source(passes: PassModel) -> dict[str, str] | None:
+    """Which engine's fused-MoE tables price the experts (an engine version at or past theirs), else None."""
+    k = passes.moe_kernels
+    return None if k is None else {"table": k.table, "from_version": k.from_version}
+
+
 def _engine_json(cfg: MemoryConfig, memory_bytes: int) -> dict[str, Any]:
     return {
         "engine": cfg.engine,
@@ -397,6 +403,7 @@ def estimate(
         "weight_dtype": spec.weight_dtype, "batch": batch, "input_len": input_len, "output_len": output_len,
         "tpot_context_len": context, "profile": loaded.name if loaded is not None else None,
         "cost_engine": engine_of(engine), "engine_version": version, "priced_by": priced.model_dump(),
+        "moe_priced_by": _moe_source(passes),
         "client_overhead_ms": coefficients.client_overhead_ms,
         **_engine_json(cfg, memory_bytes), "fits_memory": mem.fits,
         "kv_tokens_capacity": mem.kv_tokens_capacity,
@@ -419,6 +426,14 @@ def estimate(
     console.print(table)
     at = f"{engine_of(engine)}" + (f" {version}" if version else "")
     console.print(f"Priced for {at} by {priced.describe()}.", soft_wrap=True, markup=False)
+    moe = _moe_source(passes)
+    if moe is not None:
+        console.print(
+            f"MoE experts priced by {moe['table']}'s fused-MoE tables (measured on {moe['from_version']}; "
+            "perf/moe_engines.py), not the profile's moe_tile_m / moe_layer_us.",
+            soft_wrap=True,
+            markup=False,
+        )
     e2e = point.ttft_ms + (output_len - 1) * point.tpot_ms
     console.print(
         f"Serving {batch} requests at once (continuous batching, chunks of {cfg.max_num_batched_tokens} tokens): "
