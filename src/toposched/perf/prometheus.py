@@ -10,6 +10,8 @@ import re
 from dataclasses import dataclass
 from typing import Any
 
+from prometheus_client.parser import text_string_to_metric_families
+
 from toposched.errors import InputError
 from toposched.perf.sample_setup import Setup, make_sample
 from toposched.perf.samples import Sample
@@ -45,10 +47,6 @@ PROMETHEUS_METRICS: dict[str, dict[str, str]] = {
     },
 }
 
-_NAME = r"[a-zA-Z_:][a-zA-Z0-9_:]*"
-_SAMPLE = re.compile(rf"^({_NAME})(?:\{{(.*)\}})?[ \t]+(\S+)(?:[ \t]+(-?\d+))?[ \t]*$")
-_LABEL = re.compile(r'\s*([a-zA-Z_][a-zA-Z0-9_]*)\s*=\s*"((?:[^"\\]|\\.)*)"\s*(,|$)')
-
 
 @dataclass(frozen=True)
 class Exposition:
@@ -67,37 +65,37 @@ class Exposition:
 
 
 def parse_exposition(text: str, *, source: str) -> Exposition:
-    """Prometheus text format 0.0.4; one error naming the line that is not."""
+    """Prometheus text format 0.0.4, read by ``prometheus_client``'s own parser (what both engines expose their
+    metrics with); one error naming the line that is not."""
     series: dict[tuple[str, tuple[tuple[str, str], ...]], float] = {}
-    for number, raw in enumerate(text.splitlines(), 1):
-        line = raw.strip()
-        if not line or line.startswith("#"):
-            continue
-        m = _SAMPLE.match(line)
-        if m is None:
-            raise InputError(f"{source}:{number}: not a Prometheus sample line: {line[:60]!r}")
-        name, body, value_text, _ = m.groups()
-        labels: list[tuple[str, str]] = []
-        rest = body or ""
-        while rest.strip():
-            lm = _LABEL.match(rest)
-            if lm is None:
-                raise InputError(f"{source}:{number}: bad labels in {line[:60]!r}")
-            labels.append((lm.group(1), lm.group(2)))
-            rest = rest[lm.end() :]
-        try:
-            value = float(value_text)
-        except ValueError:
-            raise InputError(f"{source}:{number}: {value_text[:30]!r} is not a number") from None
-        key = (name, tuple(sorted(labels)))
-        if key in series:
-            raise InputError(f"{source}:{number}: series {name} with these labels appears twice")
-        series[key] = value
-        if len(series) > 1_000_000:
-            raise InputError(f"{source}: more than 1,000,000 series", fix="scrape one engine")
+    try:
+        for family in text_string_to_metric_families(text):
+            for sample in family.samples:
+                key = (sample.name, tuple(sorted(sample.labels.items())))
+                if key in series:
+                    raise InputError(f"{source}: series {sample.name[:80]} with these labels appears twice")
+                series[key] = float(sample.value)
+                if len(series) > 1_000_000:
+                    raise InputError(f"{source}: more than 1,000,000 series", fix="scrape one engine")
+    except (ValueError, IndexError, KeyError) as exc:
+        number, line = _bad_line(text)
+        what = "bad labels in" if "label" in str(exc).lower() else "not a Prometheus sample line:"
+        raise InputError(f"{source}:{number}: {what} {line[:60]!r}") from None
     if not series:
         raise InputError(f"{source}: no Prometheus samples in it", fix="save the engine's /metrics text")
     return Exposition(source, series)
+
+
+def _bad_line(text: str) -> tuple[str, str]:
+    """(number, text) of the first line the parser refuses on its own: for the error, once the text as a whole
+    failed (a line it takes alone but not in its place, e.g. after a TYPE line, gives "?")."""
+    for number, line in enumerate(text.splitlines(), 1):
+        if line.strip() and not line.lstrip().startswith("#"):
+            try:
+                list(text_string_to_metric_families(line + "\n"))
+            except (ValueError, IndexError, KeyError):
+                return str(number), line.strip()
+    return "?", ""
 
 
 @dataclass(frozen=True)
