@@ -10,8 +10,6 @@ import re
 from dataclasses import dataclass
 from typing import Any
 
-from prometheus_client.parser import text_string_to_metric_families
-
 from toposched.errors import InputError
 from toposched.perf.sample_setup import Setup, make_sample
 from toposched.perf.samples import Sample
@@ -67,6 +65,8 @@ class Exposition:
 def parse_exposition(text: str, *, source: str) -> Exposition:
     """Prometheus text format 0.0.4, read by ``prometheus_client``'s own parser (what both engines expose their
     metrics with); one error naming the line that is not."""
+    from prometheus_client.parser import text_string_to_metric_families  # here: plan and estimate start without it
+
     series: dict[tuple[str, tuple[tuple[str, str], ...]], float] = {}
     try:
         for family in text_string_to_metric_families(text):
@@ -89,6 +89,8 @@ def parse_exposition(text: str, *, source: str) -> Exposition:
 def _bad_line(text: str) -> tuple[str, str]:
     """(number, text) of the first line the parser refuses on its own: for the error, once the text as a whole
     failed (a line it takes alone but not in its place, e.g. after a TYPE line, gives "?")."""
+    from prometheus_client.parser import text_string_to_metric_families
+
     for number, line in enumerate(text.splitlines(), 1):
         if line.strip() and not line.lstrip().startswith("#"):
             try:
